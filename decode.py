@@ -1,0 +1,103 @@
+"""
+Generate text with any decoding method and see which tokens each target forward produced.
+
+    python decode.py --method ar --prompt "def fibonacci(n):"
+    python decode.py --method list
+    echo "import os" | python decode.py --method ar --json
+
+The continuation is printed with the tokens of each target forward grouped: alternating colours on a
+terminal, [brackets] otherwise. A method that produces several tokens per forward shows longer groups.
+"""
+import argparse
+import json
+import sys
+
+import torch
+
+from nanospec.checkpoint import CheckpointError, load_models
+from nanospec.decoding import MODULES, METHODS, check_method
+from nanospec.trainer import pick_device
+
+COLOURS = ("\033[30;46m", "\033[30;43m")  # black on cyan, black on yellow
+RESET = "\033[0m"
+
+
+def method_flags(parser):
+    """Each method's OPTIONS become --kebab-case flags; a flag left unset lets the method use its default."""
+    seen = {}
+    for method, module in MODULES.items():
+        for name, (typ, default, help_text) in module.OPTIONS.items():
+            if name in seen:
+                seen[name].append(method)
+                continue
+            seen[name] = [method]
+            kwargs = {"action": "store_true"} if typ is bool else {"type": typ}
+            parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                                help=f"{help_text} (default {default})", **kwargs)
+    return seen
+
+
+def grouped(tokenizer, ids, groups, colour):
+    """The continuation with each target forward's tokens marked."""
+    parts, i = [], 0
+    for n, size in enumerate(groups):
+        if size == 0:
+            continue
+        text = tokenizer.decode(ids[i:i + size])
+        i += size
+        parts.append(f"{COLOURS[n % 2]}{text}{RESET}" if colour else f"[{text}]")
+    return "".join(parts)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--method", default="ar", help="decoding method, or 'list' to list them")
+    p.add_argument("--prompt", default=None, help="prompt text (default: read standard input)")
+    p.add_argument("--max-new-tokens", type=int, default=100, help="tokens to generate at most")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; >0 samples")
+    p.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens only")
+    p.add_argument("--top-p", type=float, default=None, help="sample from the smallest set with this much mass")
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling (same seed, same output)")
+    p.add_argument("--ckpt", default="out", help="folder with tokenizer.tiktoken and target.pt from `make train`")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    p.add_argument("--json", action="store_true", help="print one JSON object on one line instead")
+    options = method_flags(p)
+    args = p.parse_args(argv)
+
+    if args.method == "list":
+        for name, module in MODULES.items():
+            doc = (module.__doc__ or "").strip().splitlines()
+            print(f"{name:14s} {doc[0] if doc else ''}")
+        return
+    try:
+        if args.method not in METHODS:
+            raise ValueError(f"unknown method {args.method!r}; choose one of: {', '.join(METHODS)} (or --method list)")
+        for name, methods in options.items():
+            if getattr(args, name) is not None and args.method not in methods:
+                raise ValueError(f"--{name.replace('_', '-')} is an option of {', '.join(methods)}, not of {args.method}")
+        device = pick_device(args.device)
+        models = load_models(args.ckpt, device)
+        check_method(args.method, models)
+        prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+        prompt_ids = models.tokenizer.encode(prompt)
+        kwargs = {name: getattr(args, name) for name in MODULES[args.method].OPTIONS if getattr(args, name) is not None}
+        ids, stats = METHODS[args.method](models, prompt_ids, args.max_new_tokens, temperature=args.temperature,
+                                          top_k=args.top_k, top_p=args.top_p, seed=args.seed, **kwargs)
+    except (ValueError, CheckpointError) as e:
+        sys.exit(f"error: {e}")
+
+    text = models.tokenizer.decode(ids)
+    if args.json:
+        print(json.dumps({"method": args.method, "prompt": prompt, "ids": ids, "text": text, "stats": stats}))
+        return
+    colour = sys.stdout.isatty()
+    print(prompt + grouped(models.tokenizer, ids, stats["accepted_per_step"], colour))
+    note = {"context": " (stopped: the model's context is full)", "eot": " (stopped at end-of-text)"}.get(stats["stop"], "")
+    print(f"\n--- {args.method}: {stats['new_tokens']} tokens, {stats['target_forwards']} target forwards, "
+          f"{stats['tokens_per_forward']:.2f} tokens/forward, {stats['wall_time']:.2f}s "
+          f"({stats['new_tokens'] / max(stats['wall_time'], 1e-9):.1f} tokens/s){note}")
+
+
+if __name__ == "__main__":
+    main()

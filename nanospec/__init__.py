@@ -1,0 +1,1 @@
+"""nanospec: parallel and speculative decoding from scratch, in plain PyTorch."""

@@ -1,0 +1,86 @@
+"""
+Checkpoints: one file per trained part (`target.pt`, `draft.pt`, and later drafters) in one run folder, next
+to the tokenizer they were trained with (`tokenizer.tiktoken`).
+
+Each file holds the part's config, its weights, the identity (sha256) of the tokenizer, and what training needs
+to resume (optimizer state, step, seconds trained). Writes are atomic: write a temporary file, then rename it
+over the old one, so a crash or Ctrl-C mid-write leaves the previous checkpoint intact. Loading uses
+`torch.load(weights_only=True)`: a checkpoint is data, never code.
+"""
+import os
+from dataclasses import dataclass, asdict
+
+import torch
+
+from nanospec.model import GPT, GPTConfig
+from nanospec.tokenizer import Tokenizer
+
+
+class CheckpointError(Exception):
+    """A missing, corrupt or mismatched checkpoint; the message says what to do."""
+
+
+def save_atomic(obj, path):
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)  # atomic on POSIX and Windows: readers see the old file or the new one
+
+
+def load_checkpoint(path, tokenizer_identity=None):
+    """Read a checkpoint dict; clear errors for missing, corrupt and mismatched files."""
+    if not os.path.exists(path):
+        raise CheckpointError(f"no checkpoint at {path}: run `make train` (or `python train_tiny.py`) first")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated file, not a torch file, or one that holds code
+        raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__}); delete it and run `make train`")
+    if not isinstance(ckpt, dict) or "config" not in ckpt or "model" not in ckpt:
+        raise CheckpointError(f"{path} is not a nanospec checkpoint; delete it and run `make train`")
+    if tokenizer_identity is not None and ckpt.get("tokenizer") != tokenizer_identity:
+        raise CheckpointError(f"{path} was trained with a different tokenizer than the one beside it; "
+                              "retrain it (delete it and run `make train`) or use the matching --ckpt folder")
+    return ckpt
+
+
+def gpt_checkpoint(model, tokenizer_identity, **extra):
+    return {"config": asdict(model.config), "model": model.state_dict(), "tokenizer": tokenizer_identity, **extra}
+
+
+def load_gpt(path, tokenizer_identity=None, device="cpu"):
+    ckpt = load_checkpoint(path, tokenizer_identity)
+    model = GPT(GPTConfig(**ckpt["config"]))
+    model.load_state_dict(ckpt["model"])
+    return model.to(device).eval()
+
+
+@dataclass
+class Models:
+    """Everything a decoding method may use. Methods take what they need and say so if a part is missing."""
+    target: GPT  # the model whose output every method must reproduce; carries the MTP heads
+    tokenizer: Tokenizer = None  # for display and end-of-text; tests with random models may leave it out
+    draft: GPT = None  # a smaller GPT on the same tokenizer, for `speculative`
+    eagle: torch.nn.Module = None  # feature-level draft head, for `eagle`
+    parallelspec: torch.nn.Module = None  # mask-token parallel drafter, for `parallelspec`
+    eot: int = None  # end-of-text id: generation stops there (None: never stops early)
+
+
+PARTS = ("draft", "eagle", "parallelspec")  # optional parts, each in `<part>.pt` beside target.pt
+
+
+def load_models(ckpt_dir, device="cpu"):
+    """Load the tokenizer, the target and every optional part present in a run folder."""
+    tok_path = os.path.join(ckpt_dir, "tokenizer.tiktoken")
+    if not os.path.exists(tok_path):
+        raise CheckpointError(f"no tokenizer at {tok_path}: run `make train` (or pass --ckpt FOLDER)")
+    tokenizer = Tokenizer.load(tok_path)
+    target = load_gpt(os.path.join(ckpt_dir, "target.pt"), tokenizer.identity, device)
+    models = Models(target=target, tokenizer=tokenizer, eot=tokenizer.eot)
+    for part in PARTS:
+        path = os.path.join(ckpt_dir, f"{part}.pt")
+        if os.path.exists(path):
+            setattr(models, part, LOADERS[part](path, tokenizer.identity, device))
+    return models
+
+
+# How each optional part is rebuilt from its file. Drafters register their loader here.
+LOADERS = {"draft": load_gpt}

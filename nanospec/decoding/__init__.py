@@ -1,0 +1,29 @@
+"""
+The registry: every `--method` name maps to a module with the same three things,
+
+    generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
+             **options) -> (ids, stats)
+    NEEDS:   the model parts it uses beyond the target, e.g. ("draft",)
+    OPTIONS: its own options, name -> (type, default, help); decode.py turns each into a --kebab-case flag
+
+`decode.py`, the benchmark and the tests all go through `METHODS`.
+"""
+from nanospec.decoding import ar
+
+MODULES = {
+    "ar": ar,
+}
+METHODS = {name: module.generate for name, module in MODULES.items()}
+
+# The command that trains each optional part, for the error a method gives when its part is missing.
+TRAIN_COMMAND = {part: f"python train_tiny.py --stage {part}" for part in ("draft", "eagle", "parallelspec")}
+
+
+def check_method(name, models):
+    """Raise a one-line ValueError if `name` is unknown or the checkpoint lacks a part it needs."""
+    if name not in MODULES:
+        raise ValueError(f"unknown method {name!r}; choose one of: {', '.join(MODULES)}")
+    for part in MODULES[name].NEEDS:
+        if getattr(models, part, None) is None:
+            raise ValueError(f"--method {name} needs the {part} model, which the checkpoint lacks: "
+                             f"run `{TRAIN_COMMAND.get(part, 'make train')}`")

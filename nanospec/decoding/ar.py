@@ -1,0 +1,45 @@
+"""
+`ar`: plain autoregressive decoding, one token per target forward. The reference every other method must
+reproduce: token for token under greedy decoding, in distribution under sampling.
+
+Each step feeds the last token to the model, which attends to the KV cache of everything before it:
+    prompt [12, 7, 40] -> forward over all 3 (prefill) -> 88;  forward [88] -> 5;  forward [5] -> ...
+
+`generate_nocache` is the slow, obvious path: a full forward over the whole sequence for every token, no cache.
+It is kept as the oracle that the cached path (and through it every fast method) is tested against.
+"""
+import torch
+
+from nanospec.decoding.common import start, check_sampling, tensor
+from nanospec.verify import warp, sample
+
+NEEDS = ()  # model parts beyond the target
+OPTIONS = {}  # method-specific options: name -> (type, default, help)
+
+
+@torch.inference_mode()
+def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None):
+    check_sampling(temperature, top_k, top_p)
+    run = start(models, prompt_ids, max_new_tokens, seed)
+    target = models.target
+    device = target.wte.weight.device
+    cache = target.new_cache()
+    x = tensor(run.prompt, device)  # (1, T) the prompt, then one token at a time
+    while True:
+        logits = target(x, cache=cache).logits[0, -1]  # (V,) next-token logits
+        token = sample(warp(logits, temperature, top_k, top_p), run.generator).item()
+        if run.emit([token]):
+            return run.out, run.stats()
+        x = tensor([token], device)
+
+
+@torch.inference_mode()
+def generate_nocache(target, prompt_ids, max_new_tokens):
+    """Greedy decoding the slow way: recompute the whole sequence for every token."""
+    ids = list(prompt_ids)
+    for _ in range(max_new_tokens):
+        if len(ids) >= target.config.block_size:
+            break
+        logits = target(tensor(ids, target.wte.weight.device)).logits[0, -1]  # (V,)
+        ids.append(int(logits.argmax()))
+    return ids[len(prompt_ids):]

@@ -1,0 +1,223 @@
+"""
+The GPT that every decoding method runs: a plain pre-norm transformer with multi-token-prediction (MTP)
+heads, a forward pass that takes explicit position ids and an attention mask, and a KV cache that can
+append, roll back and compact.
+
+Why position ids and a mask? To verify several guesses in one pass. A chain of guesses is ordinary causal
+attention. A *tree* of guesses needs each node to see only its ancestors, at the position it would have in
+its own sequence:
+
+    prefix "def f" (cached, positions 0..1), tree:  root "(" -> "x" -> ")"        node: 0 1 2 3
+                                                         \\-> "self"              pos:  2 3 4 3
+    node 3 ("self") attends to the prefix, node 0 and itself, never to "x" or ")".
+
+MTP heads (Gloeckle et al. 2024, arXiv 2404.19737; Stern et al. 2018, arXiv 1811.03115): head i (1-based)
+predicts token t+1+i from the trunk's hidden state at t, sharing the final norm and unembedding with the main
+head. nanospec's heads are residual MLP blocks (as in Medusa, arXiv 2401.10774), not transformer layers as in
+Meta's design: an MLP head reads one position and keeps no cache, so drafting from the heads costs a few
+matrix-vector products at the last accepted position and tree verification needs no per-head cache.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 2048  # BPE tokens incl. end-of-text; small, since unembedding cost grows with it
+    block_size: int = 256  # longest context in tokens; sets the learned position table and the cache size
+    n_layer: int = 4  # transformer blocks in the trunk
+    n_head: int = 4  # attention heads per block; n_embd must divide by it
+    n_embd: int = 192  # width of the residual stream
+    n_future: int = 3  # MTP heads: head i predicts token t+1+i, on top of the main head's t+1
+    dropout: float = 0.0  # tiny models on a few MB rarely need it; kept for larger presets
+    bias: bool = False  # biases in linears and norms: slightly faster and no worse without
+
+
+class KVCache:
+    """Keys and values of every layer for the tokens seen so far, in preallocated tensors.
+
+    Slots [0, length) hold real tokens. A forward writes its T new tokens at [length, length+T) in every
+    layer, then `advance(T)` makes them part of the cache. Decoding methods then keep what was accepted:
+    `rollback(n)` drops everything from slot n on (a chain), `compact(keep)` keeps the listed slots in order
+    (a tree path). Nothing outside this class touches its tensors.
+    """
+
+    def __init__(self, config, batch_size=1, device="cpu", dtype=torch.float32, max_len=None):
+        n_layer, H = config.n_layer, config.n_head
+        self.max_len = max_len or config.block_size
+        shape = (n_layer, batch_size, H, self.max_len, config.n_embd // H)  # (L, B, nh, S, hs)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.length = 0
+
+    def update(self, layer, k_new, v_new):
+        """Write the new tokens' keys/values (B, nh, T, hs) for one layer; return all of them so far."""
+        T = k_new.size(2)
+        end = self.length + T
+        if end > self.max_len:
+            raise ValueError(f"KV cache full: {end} tokens > {self.max_len}; shorten the prompt or the generation")
+        self.k[layer, :, :, self.length:end] = k_new
+        self.v[layer, :, :, self.length:end] = v_new
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, nh, length+T, hs)
+
+    def advance(self, T):
+        self.length += T
+
+    def rollback(self, length):
+        """Forget every slot from `length` on. Cheap: the slots are simply overwritten later."""
+        assert 0 <= length <= self.length, (length, self.length)
+        self.length = length
+
+    def compact(self, keep):
+        """Keep only the slots listed in `keep` (increasing), moved to 0..len(keep)-1.
+        Example: length 7, keep [0, 1, 2, 3, 5] (prefix 0..3, then tree node 5) -> slot 4 := slot 5, length 5."""
+        keep = torch.as_tensor(keep, dtype=torch.long, device=self.k.device)
+        identity = torch.arange(len(keep), device=keep.device)
+        moved = (keep != identity).nonzero()
+        if len(moved):  # slots before the first moved one are already in place
+            first = moved[0, 0].item()
+            src = keep[first:]
+            self.k[:, :, :, first:len(keep)] = self.k[:, :, :, src]
+            self.v[:, :, :, first:len(keep)] = self.v[:, :, :, src]
+        self.length = len(keep)
+
+    def clone(self):
+        other = KVCache.__new__(KVCache)
+        other.max_len, other.length = self.max_len, self.length
+        other.k, other.v = self.k.clone(), self.v.clone()
+        return other
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.n_head, self.dropout = config.n_head, config.dropout
+
+    def forward(self, x, mask, cache=None, layer=0):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # (B, nh, S, hs), S = cached + T
+        p = self.dropout if self.training else 0.0
+        if mask is None:  # plain causal attention over T == S tokens (training, no cache)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+        else:  # mask (T, S) bool, True = may attend
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, mask, cache=None, layer=0):
+        x = x + self.attn(self.ln_1(x), mask, cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+
+class MTPHead(nn.Module):
+    """x + W2 gelu(W1 norm(x)): one residual MLP block per head; W2 starts at zero so every head starts as a
+    copy of the main head (the trunk already predicts t+1, a fair first guess for t+2)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+        nn.init.zeros_(self.mlp.c_proj.weight)
+
+    def forward(self, h):
+        return h + self.mlp(self.ln(h))
+
+
+@dataclass
+class Output:
+    logits: torch.Tensor  # (B, T, V) main head: token t+1
+    hidden: torch.Tensor  # (B, T, C) trunk output before the final norm: the feature drafters read
+    head_logits: torch.Tensor = None  # (B, n_future, T, V) MTP heads, when asked for
+
+
+def causal_mask(n_cached, T, device):
+    """(T, n_cached+T) bool: new token i sees every cached token and new tokens 0..i."""
+    return torch.ones(T, n_cached + T, dtype=torch.bool, device=device).tril(diagonal=n_cached)
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.heads = nn.ModuleList(MTPHead(config) for _ in range(config.n_future))
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied: saves vocab*n_embd parameters, trains no worse
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
+            if name.endswith("c_proj.weight") and not name.startswith("heads."):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters()) - self.wpe.weight.numel()
+
+    def forward(self, idx, pos=None, cache=None, mask=None, heads=False):
+        """idx (B, T) new tokens; pos (T,) or (B, T) position ids, default: right after the cache;
+        cache: a KVCache the new keys/values are written to (then advanced by T);
+        mask (T, cached+T) bool, True = may attend, default causal; heads: also run the MTP heads."""
+        B, T = idx.shape
+        n_cached = cache.length if cache is not None else 0
+        if pos is None:
+            pos = torch.arange(n_cached, n_cached + T, device=idx.device)  # (T,)
+        if mask is None and n_cached > 0:  # (is_causal in attention only fits a square T == S mask)
+            mask = causal_mask(n_cached, T, idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask, cache, i)
+        if cache is not None:
+            cache.advance(T)
+        out = Output(logits=self.lm_head(self.ln_f(x)), hidden=x)
+        if heads:
+            out.head_logits = self.head_logits(x)
+        return out
+
+    def head_logits(self, hidden):
+        """hidden (B, T, C) trunk output -> (B, n_future, T, V): head i's logits for token t+1+i."""
+        if not len(self.heads):
+            raise ValueError("this model has no MTP heads (n_future = 0)")
+        return torch.stack([self.lm_head(self.ln_f(h(hidden))) for h in self.heads], dim=1)
+
+    def new_cache(self, batch_size=1, max_len=None):
+        w = self.wte.weight
+        return KVCache(self.config, batch_size, w.device, w.dtype, max_len)

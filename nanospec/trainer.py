@@ -1,0 +1,150 @@
+"""
+One training loop for every trained part (target, draft, drafters): AdamW, linear warmup then cosine decay,
+periodic validation, a progress line, atomic checkpoints, resume, and a clean stop on Ctrl-C.
+
+The part-specific bits come in as two functions: `loss_fn(model, step) -> (loss, {name: value})` draws its own
+batch for that step and returns the loss to minimise, and `eval_fn(model) -> {name: val loss}`.
+
+Schedule: progress = max(step / max_iters, seconds / max_seconds), so a run that hits its time budget first
+still decays its learning rate to the end instead of stopping at full speed.
+"""
+import math
+import os
+import time
+from dataclasses import dataclass, asdict
+
+import numpy as np
+import torch
+
+from nanospec.checkpoint import save_atomic
+
+
+@dataclass
+class TrainConfig:
+    max_iters: int = 800  # optimizer steps; the main knob of training time
+    max_seconds: float = 0.0  # also stop (and finish the schedule) after this many seconds; 0 = no limit
+    batch_size: int = 16  # sequences per step
+    lr: float = 2e-3  # peak learning rate; tiny models take large rates
+    min_lr: float = 2e-4  # the cosine ends here, a tenth of the peak
+    warmup_iters: int = 40  # linear warmup avoids early divergence with a large rate
+    weight_decay: float = 0.1  # AdamW decay on matrices only (not norms, biases, embeddings' positions)
+    grad_clip: float = 1.0  # clip the global gradient norm: one bad batch cannot wreck the run
+    eval_interval: int = 100  # steps between validation runs (also a checkpoint each time)
+    seed: int = 1337  # seeds init and batches: the same command gives the same model
+
+
+def pick_device(name="auto"):
+    """'auto' -> cuda, then mps, then cpu; a named device that is not there is a clear error."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA GPU is visible here; use --device cpu or auto")
+    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ValueError("--device mps: Apple's MPS backend is not available here; use --device cpu or auto")
+    if name not in ("cpu", "cuda", "mps") and not name.startswith("cuda:"):
+        raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda or mps")
+    return name
+
+
+def autocast_dtype(device):
+    """bfloat16 autocast where the hardware does it fast (recent GPUs, CPUs with AVX512-BF16/AMX), else fp32.
+    Weights and optimizer state stay fp32; only matmuls run in bf16. About 2x on such a CPU."""
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    if device == "cpu":
+        try:
+            flags = open("/proc/cpuinfo").read()
+        except OSError:
+            return None
+        return torch.bfloat16 if ("avx512_bf16" in flags or "amx_bf16" in flags) else None
+    return None
+
+
+def make_optimizer(model, cfg):
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+
+
+def lr_at(cfg, step, progress):
+    if step < cfg.warmup_iters:
+        return cfg.lr * (step + 1) / cfg.warmup_iters
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def batch_rng(cfg, step):
+    """The batch of step s depends only on (seed, s): a resumed run sees the same data as an unbroken one."""
+    return np.random.default_rng([cfg.seed, step])
+
+
+def train(name, model, loss_fn, eval_fn, cfg, ckpt_path, ckpt_fields, device, tokens_per_step):
+    """Train `model` in place; resume from `ckpt_path` if it holds an unfinished run of the same part.
+    `ckpt_fields()` returns what the checkpoint stores besides the training state (config, weights, tokenizer)."""
+    opt = make_optimizer(model, cfg)
+    step, seconds = 0, 0.0
+    if os.path.exists(ckpt_path):
+        from nanospec.checkpoint import load_checkpoint
+        ckpt = load_checkpoint(ckpt_path)
+        if "optimizer" in ckpt:
+            model.load_state_dict(ckpt["model"])
+            opt.load_state_dict(ckpt["optimizer"])
+            step, seconds = ckpt["step"], ckpt["seconds"]
+            print(f"{name}: resuming from {ckpt_path} at step {step} ({seconds:.0f}s trained)")
+    amp = autocast_dtype(device)
+
+    def save(done):
+        save_atomic({**ckpt_fields(), "optimizer": opt.state_dict(), "step": step, "seconds": seconds,
+                     "done": done, "train_config": asdict(cfg)}, ckpt_path)
+
+    def evaluate():
+        model.eval()
+        with torch.no_grad(), torch.autocast(device.split(":")[0], dtype=amp or torch.float32, enabled=amp is not None):
+            losses = eval_fn(model)
+        model.train()
+        print(f"{name}: step {step} | val " + " | ".join(f"{k} {v:.3f}" for k, v in losses.items()), flush=True)
+        return losses
+
+    model.train()
+    losses, t_last, tok_rate = {}, time.perf_counter(), 0.0
+    try:
+        while step < cfg.max_iters and not (cfg.max_seconds and seconds >= cfg.max_seconds):
+            t0 = time.perf_counter()
+            progress = max(step / cfg.max_iters, seconds / cfg.max_seconds if cfg.max_seconds else 0.0)
+            for g in opt.param_groups:
+                g["lr"] = lr_at(cfg, step, progress)
+            with torch.autocast(device.split(":")[0], dtype=amp or torch.float32, enabled=amp is not None):
+                loss, parts = loss_fn(model, step)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            dt = time.perf_counter() - t0
+            seconds += dt
+            tok_rate = 0.9 * tok_rate + 0.1 * tokens_per_step / dt if tok_rate else tokens_per_step / dt
+            if step % cfg.eval_interval == 0 or time.perf_counter() - t_last > 10 or step == cfg.max_iters:
+                t_last = time.perf_counter()
+                left = (cfg.max_iters - step) * dt
+                if cfg.max_seconds:
+                    left = min(left, cfg.max_seconds - seconds)
+                shown = " | ".join(f"{k} {v:.3f}" for k, v in parts.items())
+                print(f"{name}: step {step}/{cfg.max_iters} | loss {loss.item():.3f} | {shown} | "
+                      f"{tok_rate / 1e3:.1f}k tok/s | lr {opt.param_groups[0]['lr']:.1e} | "
+                      f"{seconds:.0f}s, ~{max(0, left):.0f}s left", flush=True)
+            if step % cfg.eval_interval == 0 and step < cfg.max_iters:
+                losses = evaluate()
+                save(done=False)
+    except KeyboardInterrupt:
+        save(done=False)
+        print(f"\n{name}: interrupted at step {step}; checkpoint saved to {ckpt_path}. Run the same command to resume.")
+        raise SystemExit(130)
+    losses = evaluate()
+    save(done=True)
+    print(f"{name}: done, {step} steps in {seconds:.0f}s, saved {ckpt_path}")
+    return losses

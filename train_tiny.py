@@ -1,0 +1,209 @@
+"""
+Train everything nanospec decodes with, in stages, each skipped when its output already exists:
+
+    corpus     data/train.txt, data/val.txt   (Python's own standard library source, split by file)
+    tokenizer  out/tokenizer.tiktoken         (byte-level BPE trained on the training split)
+    target     out/target.pt                  (the GPT with its MTP heads, trained jointly)
+    draft      out/draft.pt                   (a much smaller GPT on the same tokenizer, for `speculative`)
+
+    python train_tiny.py                      # all stages with the default CPU preset (`make train`)
+    python train_tiny.py --stage draft        # one stage (its prerequisites run if missing)
+    python train_tiny.py --preset toy --max-iters 20 --out-dir /tmp/toy   # a toy model in seconds
+
+A crash or Ctrl-C loses at most the steps since the last checkpoint: run the same command to resume.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, replace
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from nanospec import corpus
+from nanospec.checkpoint import CheckpointError, gpt_checkpoint, load_checkpoint
+from nanospec.model import GPT, GPTConfig
+from nanospec.tokenizer import Tokenizer, save_tokenizer, train_bpe
+from nanospec.trainer import TrainConfig, batch_rng, pick_device, train
+
+# Named sizes. `tiny` is the default: all of `make train` within 10 minutes on a 2-core CPU.
+# `small` and `medium` are for a GPU. `toy` is for tests and smoke runs (seconds, useless output).
+PRESETS = {
+    "toy": dict(corpus_bytes=300_000, vocab_size=320, head_weight=0.3,
+                target=GPTConfig(vocab_size=0, block_size=64, n_layer=2, n_head=2, n_embd=32, n_future=2),
+                draft=GPTConfig(vocab_size=0, block_size=64, n_layer=1, n_head=2, n_embd=16, n_future=0),
+                target_train=TrainConfig(max_iters=30, batch_size=8, eval_interval=15, warmup_iters=5),
+                draft_train=TrainConfig(max_iters=20, batch_size=8, eval_interval=10, warmup_iters=5)),
+    "tiny": dict(corpus_bytes=4_000_000, vocab_size=2048, head_weight=0.3,
+                 target=GPTConfig(vocab_size=0, block_size=256, n_layer=4, n_head=4, n_embd=192, n_future=3),
+                 draft=GPTConfig(vocab_size=0, block_size=256, n_layer=1, n_head=2, n_embd=96, n_future=0),
+                 target_train=TrainConfig(max_iters=900, max_seconds=330),
+                 draft_train=TrainConfig(max_iters=600, max_seconds=60, lr=3e-3)),
+    "small": dict(corpus_bytes=20_000_000, vocab_size=4096, head_weight=0.3,
+                  target=GPTConfig(vocab_size=0, block_size=512, n_layer=8, n_head=8, n_embd=512, n_future=4),
+                  draft=GPTConfig(vocab_size=0, block_size=512, n_layer=2, n_head=4, n_embd=192, n_future=0),
+                  target_train=TrainConfig(max_iters=5000, batch_size=32, lr=1e-3, min_lr=1e-4, warmup_iters=200),
+                  draft_train=TrainConfig(max_iters=3000, batch_size=32, lr=2e-3, warmup_iters=100)),
+}
+
+
+def windows(tokens, rng, batch_size, length):
+    """Random contiguous windows (batch_size, length) of a token array."""
+    starts = rng.integers(0, len(tokens) - length, size=batch_size)
+    return torch.from_numpy(np.stack([tokens[s:s + length] for s in starts]).astype(np.int64))
+
+
+def fixed_windows(tokens, n, length):
+    """n evenly spaced windows: the same validation batches at every evaluation."""
+    starts = np.linspace(0, len(tokens) - length - 1, n).astype(np.int64)
+    return torch.from_numpy(np.stack([tokens[s:s + length] for s in starts]).astype(np.int64))
+
+
+def lm_losses(model, w, head_positions=None):
+    """w (B, T+1+n_future) windows -> {main, head1..}: cross-entropies of the main head (t+1) and each MTP
+    head i (t+1+i). `head_positions` (S,) restricts the heads to some positions, to save time in training."""
+    cfg = model.config
+    T = w.size(1) - 1 - cfg.n_future
+    out = model(w[:, :T])
+    V = cfg.vocab_size
+    losses = {"main": F.cross_entropy(out.logits.reshape(-1, V), w[:, 1:T + 1].reshape(-1))}
+    if cfg.n_future:
+        pos = head_positions if head_positions is not None else torch.arange(T)
+        head_logits = model.head_logits(out.hidden[:, pos])  # (B, n_future, S, V)
+        for i in range(1, cfg.n_future + 1):
+            target = w[:, pos + 1 + i]  # (B, S)
+            losses[f"head{i}"] = F.cross_entropy(head_logits[:, i - 1].reshape(-1, V), target.reshape(-1))
+    return losses
+
+
+def train_gpt(name, ctx, model_cfg, train_cfg, head_weight):
+    """Train one GPT (target or draft) on the corpus, or skip it if its checkpoint is complete."""
+    path = os.path.join(ctx.out_dir, f"{name}.pt")
+    model_cfg = replace(model_cfg, vocab_size=ctx.tokenizer.vocab_size)
+    if os.path.exists(path):
+        ckpt = load_checkpoint(path, ctx.tokenizer.identity)
+        if ckpt["config"] != asdict(model_cfg):
+            raise CheckpointError(f"{path} holds a model of another size than preset {ctx.preset!r}; "
+                                  "delete it or use another --out-dir")
+        if ckpt.get("done"):
+            print(f"{name}: {path} is complete, skipping (delete it to retrain)")
+            return
+    torch.manual_seed(train_cfg.seed)
+    model = GPT(model_cfg).to(ctx.device)
+    print(f"{name}: {model.num_params() / 1e6:.2f}M parameters, {model_cfg}")
+    T, nf, B = model_cfg.block_size, model_cfg.n_future, train_cfg.batch_size
+    val = fixed_windows(ctx.val_tokens, 4 * B, T + 1 + nf).to(ctx.device)
+
+    def loss_fn(model, step):
+        rng = batch_rng(train_cfg, step)
+        w = windows(ctx.train_tokens, rng, B, T + 1 + nf).to(ctx.device)
+        # MTP heads see a random quarter of the positions: 4x cheaper, and the gradient is still unbiased
+        pos = torch.from_numpy(rng.choice(T, max(1, T // 4), replace=False)).to(ctx.device)
+        losses = lm_losses(model, w, pos)
+        loss = losses["main"] + sum(head_weight * 0.8 ** (i - 1) * losses[f"head{i}"] for i in range(1, nf + 1))
+        return loss, {k: v.item() for k, v in losses.items()}
+
+    def eval_fn(model):
+        parts = [lm_losses(model, val[i:i + B]) for i in range(0, len(val), B)]
+        return {k: sum(p[k].item() for p in parts) / len(parts) for k in parts[0]}
+
+    train(name, model, loss_fn, eval_fn, train_cfg, path,
+          lambda: gpt_checkpoint(model, ctx.tokenizer.identity), ctx.device, B * T)
+
+
+def stage_corpus(ctx):
+    meta = os.path.join(ctx.data_dir, "corpus.json")
+    if os.path.exists(meta):
+        built = json.load(open(meta))
+        wanted = os.path.abspath(ctx.args.corpus) if ctx.args.corpus else None
+        if wanted is None or built["source"] == wanted:
+            print(f"corpus: {ctx.data_dir}/train.txt exists, skipping")
+            return
+        if os.path.exists(os.path.join(ctx.out_dir, "tokenizer.tiktoken")):
+            raise ValueError(f"{ctx.out_dir} was trained on another corpus ({built['source']}): "
+                             "pass a new --out-dir and --data-dir for --corpus " + ctx.args.corpus)
+    corpus.build_corpus(out_dir=ctx.data_dir, source=ctx.args.corpus, budget_bytes=ctx.cfg["corpus_bytes"])
+
+
+def stage_tokenizer(ctx):
+    path = os.path.join(ctx.out_dir, "tokenizer.tiktoken")
+    if os.path.exists(path):
+        print(f"tokenizer: {path} exists, skipping")
+    else:
+        t0 = time.time()
+        text = open(os.path.join(ctx.data_dir, "train.txt"), encoding="utf-8").read()
+        ranks = train_bpe(text, ctx.cfg["vocab_size"] - 1)  # -1: the end-of-text special takes the last id
+        save_tokenizer(ranks, path[:-len(".tiktoken")])
+        print(f"tokenizer: {len(ranks)} merges+bytes trained in {time.time() - t0:.1f}s, saved {path}")
+    ctx.tokenizer = Tokenizer.load(path)
+    splits = {}
+    for split in ("train", "val"):
+        text = open(os.path.join(ctx.data_dir, f"{split}.txt"), encoding="utf-8").read()
+        splits[split] = np.array(ctx.tokenizer.encode_corpus(text), dtype=np.uint16)
+    ctx.train_tokens, ctx.val_tokens = splits["train"], splits["val"]
+    stats = json.load(open(os.path.join(ctx.data_dir, "corpus.json")))
+    corpus.print_stats(stats, {k: len(v) for k, v in splits.items()})
+    print(f"tokenizer: vocab {ctx.tokenizer.vocab_size} (incl. end-of-text), listing in {path[:-9]}.vocab")
+
+
+def stage_target(ctx):
+    train_gpt("target", ctx, ctx.cfg["target"], ctx.train_cfg("target_train"), ctx.cfg["head_weight"])
+
+
+def stage_draft(ctx):
+    train_gpt("draft", ctx, ctx.cfg["draft"], ctx.train_cfg("draft_train"), 0.0)
+
+
+# Run in this order by `--stage all`. corpus and tokenizer always run (cheap, skipped when present).
+STAGES = {"corpus": stage_corpus, "tokenizer": stage_tokenizer, "target": stage_target, "draft": stage_draft}
+
+
+class Context:
+    def __init__(self, args):
+        self.args, self.preset, self.cfg = args, args.preset, PRESETS[args.preset]
+        self.data_dir, self.out_dir = args.data_dir, args.out_dir
+        self.device = pick_device(args.device)
+        self.tokenizer = self.train_tokens = self.val_tokens = None
+
+    def train_cfg(self, key):
+        cfg = self.cfg[key]
+        if self.args.max_iters is not None:
+            cfg = replace(cfg, max_iters=self.args.max_iters, eval_interval=min(cfg.eval_interval, self.args.max_iters))
+        if self.args.max_seconds is not None:
+            cfg = replace(cfg, max_seconds=self.args.max_seconds)
+        return replace(cfg, seed=self.args.seed)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Train nanospec's corpus, tokenizer, target GPT and draft models.")
+    p.add_argument("--preset", default="tiny", choices=PRESETS, help="model and training sizes (tiny: 2-core CPU, ~10 min)")
+    p.add_argument("--stage", default="all", choices=["all", *STAGES], help="run one stage (and what it needs) or all")
+    p.add_argument("--corpus", default=None, help="UTF-8 text file or folder to train on (default: Python's stdlib source)")
+    p.add_argument("--data-dir", default="data", help="where the corpus splits are written")
+    p.add_argument("--out-dir", default="out", help="where the tokenizer and checkpoints are written")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    p.add_argument("--max-iters", type=int, default=None, help="override every trained stage's step count")
+    p.add_argument("--max-seconds", type=float, default=None, help="override every trained stage's time budget")
+    p.add_argument("--seed", type=int, default=1337, help="seeds initialisation and batch order")
+    args = p.parse_args(argv)
+    try:
+        if args.max_iters is not None and args.max_iters < 1:
+            raise ValueError("--max-iters must be at least 1")
+        ctx = Context(args)
+        os.makedirs(args.out_dir, exist_ok=True)
+        torch.set_float32_matmul_precision("high")
+        print(f"preset {args.preset} | device {ctx.device} | torch {torch.__version__} | threads {torch.get_num_threads()}")
+        t0 = time.time()
+        wanted = list(STAGES) if args.stage == "all" else ["corpus", "tokenizer", args.stage]
+        for name in dict.fromkeys(wanted):
+            STAGES[name](ctx)
+        print(f"all done in {time.time() - t0:.0f}s")
+    except (ValueError, FileNotFoundError, CheckpointError) as e:
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()
