@@ -67,6 +67,19 @@ class Models:
 PARTS = ("draft", "eagle", "parallelspec")  # optional parts, each in `<part>.pt` beside target.pt
 
 
+def load_part(part, path, tokenizer_identity, device):
+    """Rebuild one optional part from its file. Drafter modules are imported here, when needed."""
+    if part == "draft":
+        return load_gpt(path, tokenizer_identity, device)
+    if part == "eagle":
+        from nanospec.drafters.eagle import load_eagle
+        return load_eagle(path, tokenizer_identity, device)
+    if part == "parallelspec":
+        from nanospec.drafters.parallelspec import load_parallelspec
+        return load_parallelspec(path, tokenizer_identity, device)
+    raise ValueError(f"unknown model part {part!r}")
+
+
 def load_models(ckpt_dir, device="cpu"):
     """Load the tokenizer, the target and every optional part present in a run folder."""
     tok_path = os.path.join(ckpt_dir, "tokenizer.tiktoken")
@@ -78,9 +91,5 @@ def load_models(ckpt_dir, device="cpu"):
     for part in PARTS:
         path = os.path.join(ckpt_dir, f"{part}.pt")
         if os.path.exists(path):
-            setattr(models, part, LOADERS[part](path, tokenizer.identity, device))
+            setattr(models, part, load_part(part, path, tokenizer.identity, device))
     return models
-
-
-# How each optional part is rebuilt from its file. Drafters register their loader here.
-LOADERS = {"draft": load_gpt}

@@ -1,0 +1,120 @@
+"""The two commands users run, end to end on a toy model trained in seconds: train_tiny.py (stages, resume,
+atomic checkpoints, clear errors) and decode.py (grouped output, --json, one-line errors)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import decode
+import train_tiny
+from nanospec.checkpoint import CheckpointError, load_checkpoint, load_models
+from nanospec.decoding.ar import generate_nocache
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """A toy run folder: corpus from a few stdlib-like files, tokenizer, target and draft, ~5 s."""
+    base = tmp_path_factory.mktemp("toy")
+    src = base / "src"
+    src.mkdir()
+    for i in range(12):
+        body = "".join(f"    x{j} = f(x{j - 1}, {i})  # step {j}\n" for j in range(1, 30))
+        (src / f"m{i:02d}.py").write_text(f'def run_{i}(x0):\n    """Run {i} steps."""\n{body}    return x29\n')
+    args = ["--preset", "toy", "--corpus", str(src), "--data-dir", str(base / "data"), "--out-dir", str(base / "out"),
+            "--max-iters", "6"]
+    train_tiny.main(args)
+    return base, args
+
+
+def run_cli(*args, stdin=None):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, input=stdin, timeout=120)
+
+
+def test_train_writes_complete_checkpoints_and_skips_them(toy, capsys):
+    base, args = toy
+    for part in ("target", "draft"):
+        ckpt = load_checkpoint(str(base / "out" / f"{part}.pt"))
+        assert ckpt["done"] and ckpt["step"] == 6
+    train_tiny.main(args)  # everything exists: nothing retrains
+    assert "complete, skipping" in capsys.readouterr().out
+
+
+def test_train_resumes_from_an_unfinished_checkpoint(toy, capsys):
+    base, args = toy
+    path = base / "out" / "draft.pt"
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["done"], ckpt["step"] = False, 3  # as if stopped at step 3
+    torch.save(ckpt, path)
+    train_tiny.main(args + ["--stage", "draft"])
+    out = capsys.readouterr().out
+    assert "resuming from" in out and "at step 3" in out
+    assert load_checkpoint(str(path))["step"] == 6
+
+
+def test_corrupt_and_mismatched_checkpoints_are_clear_errors(toy, tmp_path):
+    base, _ = toy
+    bad = tmp_path / "target.pt"
+    bad.write_bytes(open(base / "out" / "target.pt", "rb").read()[:1000])  # truncated mid-write
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        load_checkpoint(str(bad))
+    with pytest.raises(CheckpointError, match="different tokenizer"):
+        load_checkpoint(str(base / "out" / "target.pt"), tokenizer_identity="0" * 64)
+    with pytest.raises(CheckpointError, match="make train"):
+        load_checkpoint(str(tmp_path / "missing.pt"))
+
+
+def test_decode_ar_matches_the_nocache_loop_and_prints_json(toy):
+    base, _ = toy
+    res = run_cli("decode.py", "--ckpt", str(base / "out"), "--method", "ar", "--prompt", "def run_3(x0):",
+                  "--max-new-tokens", "12", "--json", "--device", "cpu")
+    assert res.returncode == 0, res.stderr
+    obj = json.loads(res.stdout)
+    assert set(obj) == {"method", "prompt", "ids", "text", "stats"}
+    for key in ("new_tokens", "target_forwards", "tokens_per_forward", "accepted_per_step", "wall_time"):
+        assert key in obj["stats"]
+    models = load_models(str(base / "out"))
+    prompt_ids = models.tokenizer.encode("def run_3(x0):")
+    expect = generate_nocache(models.target, prompt_ids, 12)
+    assert obj["ids"] == [t for t in expect[:len(obj["ids"])]] and obj["text"] == models.tokenizer.decode(obj["ids"])
+
+
+def test_decode_groups_tokens_by_forward_in_brackets(toy, capsys):
+    base, _ = toy
+    decode.main(["--ckpt", str(base / "out"), "--prompt", "def run_3(x0):", "--max-new-tokens", "5", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert out.startswith("def run_3(x0):[") and "tokens/forward" in out
+
+
+def test_stdin_prompt(toy):
+    base, _ = toy
+    res = run_cli("decode.py", "--ckpt", str(base / "out"), "--max-new-tokens", "3", "--json", stdin="def f(")
+    assert res.returncode == 0 and json.loads(res.stdout)["prompt"] == "def f("
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--method", "nope"], "unknown method"),
+    (["--temperature", "-1"], "temperature"),
+    (["--max-new-tokens", "0"], "max_new_tokens"),
+    (["--prompt", "x " * 200], "context"),
+    (["--device", "cuda"] if not torch.cuda.is_available() else ["--device", "tpu"], "device"),
+])
+def test_bad_input_is_a_one_line_error(toy, extra, message):
+    base, _ = toy
+    res = run_cli("decode.py", "--ckpt", str(base / "out"), "--prompt", "def f(", *extra)
+    assert res.returncode != 0 and message in res.stderr
+    assert res.stderr.strip().count("\n") == 0 and "Traceback" not in res.stderr
+
+
+def test_missing_checkpoint_says_run_make_train(tmp_path):
+    res = run_cli("decode.py", "--ckpt", str(tmp_path), "--prompt", "x")
+    assert res.returncode != 0 and "make train" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_method_list():
+    res = run_cli("decode.py", "--method", "list")
+    assert res.returncode == 0 and res.stdout.startswith("ar")
