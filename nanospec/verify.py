@@ -1,0 +1,330 @@
+"""
+Verification core: pure functions on probability tensors, no model inside.
+
+Every decoding method turns logits into probabilities with `warp` (the same warping for the target and for
+any draft, so losslessness holds with respect to the warped target), draws tokens with `sample`, and checks
+guesses with the rules below. Notation: `p_target` is the target's next-token distribution, `q_draft` the
+distribution a draft token was drawn from.
+
+Everything rests on one rule (Leviathan et al. 2022, arXiv 2211.17192; Chen et al. 2023, arXiv 2302.01318):
+a token x drawn from q is accepted with probability `accept_prob = min(1, p(x)/q(x))`; on rejection the
+emitted token is drawn from `residual = norm(max(0, p - q))`. The output then follows p exactly:
+    P(out = y) = min(p(y), q(y)) + (1 - sum min(p, q)) * residual(y) = p(y).
+The other rules are the same two functions applied differently:
+  - verify_chain             the rule at each position of a drafted chain, bonus token from p at the end
+  - verify_chain_point_mass  deterministic drafts: q is a point mass at the draft, so accept_prob = p(x) and
+                             the residual is p with x removed (= "sample y ~ p, keep it while it matches")
+  - verify_tree_point_mass   a tree of deterministic drafts (Medusa / EAGLE-2 top-k trees, arXiv 2406.16858)
+  - verify_tree_sampled      a tree whose children are i.i.d. samples from q (SpecInfer, arXiv 2305.09781)
+  - typical_accept           Medusa's typical acceptance (arXiv 2401.10774); LOSSY, kept as an option and
+                             as a negative control for the tests.
+
+Greedy decoding is the zero-temperature case: `warp` returns a one-hot distribution at the argmax, and every
+rule below then reduces to "accept while the guess equals the target's argmax, then emit the argmax".
+
+Each rule has a per-step function (one chain or one tree, Python ints out: what the decoding methods call)
+and a `_batched` twin over a leading batch dimension (what the statistical tests run on 1e5 rows at once).
+The per-step function is the batched one with a batch of 1, so the tests check the code the methods run.
+All randomness comes from the `generator` passed in; nothing here seeds anything.
+"""
+import torch
+
+from nanospec.tree import depths, path_to
+
+
+def warp(logits, temperature=0.0, top_k=None, top_p=None):
+    """Logits (..., V) -> probabilities (..., V) after temperature, top-k and top-p (in that order).
+
+    temperature == 0 gives a one-hot at the argmax (first index on ties), i.e. greedy decoding.
+    top_k keeps the k largest logits (ties with the k-th are all kept); top_p keeps the smallest set of most
+    probable tokens whose mass reaches top_p (always at least the most probable one).
+    Example: logits [2., 1., 0.], temperature 1, top_k 2 -> softmax([2., 1.]) = [0.731, 0.269, 0.].
+    Example: probs [0.5, 0.3, 0.2], top_p 0.6 -> keep [0.5, 0.3] -> [0.625, 0.375, 0.].
+    Warping is row by row with no state, so target and draft logits warped with the same settings are
+    treated identically, which the losslessness of every rule below relies on.
+    """
+    if temperature == 0.0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.size(-1)).to(logits.dtype)
+    logits = logits / temperature
+    if top_k is not None and top_k > 0 and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (..., 1) smallest kept logit
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p is not None and top_p < 1.0:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        # keep the smallest prefix whose mass reaches top_p: drop a token if the mass before it already does
+        drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= top_p
+        drop_sorted[..., 0] = False  # the most probable token always stays (top_p <= 0 would drop them all)
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs, generator=None):
+    """Draw one token per row from probabilities (..., V) -> LongTensor (...). A one-hot row always gives
+    its hot index, so greedy decoding through `sample` is deterministic. Rows need not sum to exactly 1."""
+    flat = probs.reshape(-1, probs.size(-1))  # (R, V)
+    out = torch.multinomial(flat, 1, generator=generator)  # (R, 1)
+    return out.reshape(probs.shape[:-1])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The two pieces every lossless rule is made of.
+
+
+def accept_prob(p, q, x):
+    """Probability of accepting token x drawn from q when the target is p: min(1, p(x) / q(x)).
+
+    p, q (..., V); x (...) LongTensor -> (...). Example: p = [0.2, 0.8], q = [0.6, 0.4]:
+    x = 0 -> 0.2/0.6 = 1/3; x = 1 -> min(1, 2) = 1. Summed over x ~ q this is sum(min(p, q)).
+    A token the draft could not have produced (q(x) = 0) counts as accepted if p(x) > 0: it never happens
+    when x really was drawn from q, and the convention keeps the rule free of 0/0.
+    """
+    p_x = p.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # (...)
+    q_x = q.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # (...)
+    ratio = p_x / torch.where(q_x > 0, q_x, torch.ones_like(q_x))
+    return torch.where(q_x > 0, ratio.clamp(max=1.0), (p_x > 0).to(p.dtype))
+
+
+def residual(p, q):
+    """Where to draw from after a rejection: norm(max(0, p - q)), row by row. p, q (..., V) -> (..., V).
+
+    Example: p = [0.2, 0.8], q = [0.6, 0.4] -> max(0, p - q) = [0, 0.4] -> [0, 1].
+    It holds exactly the mass p has and q lacks. When that mass is 0 (p <= q everywhere, i.e. p == q) a
+    rejection cannot happen, since every accept_prob is 1; we return p rather than divide by zero.
+    A point-mass draft q = one_hot(x) gives p with x zeroed and renormalised; q = 0 gives p itself.
+    """
+    excess = (p - q).clamp(min=0)  # (..., V)
+    mass = excess.sum(-1, keepdim=True)  # (..., 1)
+    safe_mass = torch.where(mass > 0, mass, torch.ones_like(mass))
+    return torch.where(mass > 0, excess / safe_mass, p)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Chains: one drafted token per position.
+
+
+def verify_chain_batched(p_target, q_draft, draft_tokens, generator=None):
+    """`verify_chain` on B independent chains at once.
+
+    p_target (B, k+1, V): target probs at each draft position and at the bonus position.
+    q_draft (B, k, V): the draft probs each token was sampled from. draft_tokens (B, k) LongTensor.
+    Returns n_accepted (B,) and next_token (B,), both LongTensor.
+    """
+    B, k = draft_tokens.shape
+    # one uniform per position, compared with that position's acceptance probability
+    u = torch.rand(B, k, generator=generator, dtype=p_target.dtype, device=p_target.device)  # (B, k)
+    accepted = u < accept_prob(p_target[:, :k], q_draft, draft_tokens)  # (B, k)
+    n_accepted = accepted.long().cumprod(-1).sum(-1)  # (B,) length of the all-accepted prefix
+    # The next token comes from residual(p_i, q_i) at the first rejection i, or from p_k (the bonus) when all
+    # k were accepted. A zero row of q at the bonus position makes this one formula: residual(p, 0) = p.
+    q_padded = torch.cat([q_draft, torch.zeros_like(p_target[:, :1])], dim=1)  # (B, k+1, V)
+    rows = torch.arange(B, device=p_target.device)
+    dist = residual(p_target[rows, n_accepted], q_padded[rows, n_accepted])  # (B, V)
+    return n_accepted, sample(dist, generator)
+
+
+def verify_chain(p_target, q_draft, draft_tokens, generator=None):
+    """Speculative sampling over a chain of k drafts (Leviathan et al. 2022; Chen et al. 2023).
+
+    p_target (k+1, V): target probs at each draft position plus the bonus position.
+    q_draft (k, V): the draft's probs the tokens were sampled from. draft_tokens (k,) LongTensor.
+    Accept x_i with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection emit a sample of
+    norm(max(0, p_i - q_i)); if all k are accepted emit a bonus sample from p_target[k].
+    Returns (n_accepted, next_token): the emitted tokens are draft_tokens[:n_accepted] + [next_token].
+    Example (greedy, p and q one-hot): draft [5, 9, 2], target argmax [5, 9, 7, 3] -> (2, 7), emit [5, 9, 7].
+    Example (sampling): p_0 = [0.2, 0.8], q_0 = [0.6, 0.4], draft [0, ...]: accept with prob 1/3; else emit
+    a sample of norm([0, 0.4]) = token 1.
+    """
+    n, nxt = verify_chain_batched(p_target[None], q_draft[None], draft_tokens[None], generator)
+    return int(n[0]), int(nxt[0])
+
+
+def verify_chain_point_mass_batched(p_target, draft_tokens, generator=None):
+    """`verify_chain_point_mass` on B chains: p_target (B, k+1, V), draft_tokens (B, k) -> (B,), (B,)."""
+    q_draft = torch.nn.functional.one_hot(draft_tokens, p_target.size(-1)).to(p_target.dtype)  # (B, k, V)
+    return verify_chain_batched(p_target, q_draft, draft_tokens, generator)
+
+
+def verify_chain_point_mass(p_target, draft_tokens, generator=None):
+    """Verify deterministic drafts (MTP heads, n-gram lookups, top-1 chains): no q, the draft is a guess.
+
+    p_target (k+1, V); draft_tokens (k,). A guess is a draft whose q is a point mass at x, so the chain rule
+    applies with q_i = one_hot(x_i): accept x_i with prob p_i(x_i); on rejection emit a sample of p_i with x_i
+    removed. That is exactly "sample y ~ p_i, keep it while y == x_i; the first y that differs IS the emitted
+    token", and it is lossless. Re-sampling a fresh y' ~ p_i after the mismatch is NOT: y' may be x_i again,
+    so x_i comes out with probability p(x) + (1 - p(x)) p(x).
+    Returns (n_accepted, next_token). With one-hot p (greedy) this is "accept while draft == argmax":
+    draft [5, 9, 2], target argmax [5, 9, 7, 3] -> (2, 7), emit [5, 9, 7].
+    """
+    n, nxt = verify_chain_point_mass_batched(p_target[None], draft_tokens[None], generator)
+    return int(n[0]), int(nxt[0])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Trees (nanospec/tree.py): node 0 is the root, a token already fixed; every other node is a drafted token under
+# its parent, and every parent comes before its children.
+
+
+def _layout(parents):
+    """parents (N,) -> (parents as a list, children[u] in index order, depth[u]).
+    Example: [-1, 0, 0, 1] -> ([-1, 0, 0, 1], [[1, 2], [3], [], []], [0, 1, 1, 2])."""
+    parents = [int(v) for v in parents]
+    if parents[0] != -1 or min(parents[1:], default=0) < 0:
+        raise ValueError(f"parents[0] must be -1 (the root) and only there, got {parents}")
+    depth = depths(parents)  # checks that every parent comes before its children
+    children = [[] for _ in parents]
+    for c in range(1, len(parents)):
+        children[parents[c]].append(c)
+    return parents, children, depth
+
+
+def _walk_tree(p_target, tokens, parents, proposal, generator):
+    """The walk shared by both lossless tree rules, on B trees with the same shape.
+
+    p_target (B, N, V); tokens (B, N); parents (N,). proposal(rows, node, child) -> (B, V) is the q the child's
+    token was drawn from. At each node, from P = p_target[node]: try the children in index order, accepting
+    child c with accept_prob(P, q_c, x_c); after a rejection P <- residual(P, q_c). Descend into an accepted
+    child; when none is accepted (or at a leaf) emit a sample of P.
+    Returns path (B, D) with -1 after the last accepted node (D = the tree's depth), next_token (B,).
+    """
+    B, N, V = p_target.shape
+    parents, children, depth = _layout(parents)
+    D, width = max(depth), max(len(ch) for ch in children)
+    device = p_target.device
+    # child_table[u, j] = j-th child of node u, -1 if u has fewer children
+    child_table = torch.full((N, width), -1, dtype=torch.long, device=device)  # (N, width)
+    for u, ch in enumerate(children):
+        child_table[u, : len(ch)] = torch.tensor(ch, dtype=torch.long)
+    rows = torch.arange(B, device=device)
+    node = torch.zeros(B, dtype=torch.long, device=device)  # (B,) where each tree's walk stands
+    alive = torch.ones(B, dtype=torch.bool, device=device)  # (B,) still descending
+    P = p_target[:, 0]  # (B, V) what the next token must follow, given the rejections so far
+    path = torch.full((B, D), -1, dtype=torch.long, device=device)  # (B, D)
+    for d in range(D):
+        chosen = torch.full((B,), -1, dtype=torch.long, device=device)  # (B,) accepted child, -1 if none yet
+        for j in range(width):
+            child = child_table[node, j]  # (B,)
+            trying = alive & (child >= 0) & (chosen < 0)
+            c = child.clamp(min=0)
+            x, q = tokens[rows, c], proposal(rows, node, c)  # (B,), (B, V)
+            u = torch.rand(B, generator=generator, dtype=p_target.dtype, device=device)  # (B,)
+            ok = u < accept_prob(P, q, x)
+            chosen = torch.where(trying & ok, child, chosen)
+            P = torch.where((trying & ~ok)[:, None], residual(P, q), P)
+        alive = chosen >= 0
+        path[:, d] = chosen
+        node = torch.where(alive, chosen, node)
+        P = torch.where(alive[:, None], p_target[rows, node], P)
+    return path, sample(P, generator)
+
+
+def _path_list(path_row):
+    return [int(v) for v in path_row if v >= 0]
+
+
+def verify_tree_point_mass_batched(p_target, tokens, parents, generator=None):
+    """`verify_tree_point_mass` on B trees of one shape: p_target (B, N, V), tokens (B, N), parents (N,).
+    Returns path (B, D) padded with -1, next_token (B,)."""
+    V = p_target.size(-1)
+
+    def proposal(rows, node, child):  # a guess is a point mass at its own token
+        return torch.nn.functional.one_hot(tokens[rows, child], V).to(p_target.dtype)
+
+    return _walk_tree(p_target, tokens, parents, proposal, generator)
+
+
+def verify_tree_point_mass(p_target, tokens, parents, generator=None):
+    """Lossless verification of a tree of deterministic drafts (top-k trees: Medusa, EAGLE-2/3).
+
+    tokens (N,), parents (N,) with parents[0] == -1: node 0 is the root, an already fixed token.
+    p_target (N, V): the target's distribution of the NEXT token after each node.
+    At node u: P = p_target[u]; for each child c in index order accept with prob P[x_c] / sum(P); on rejection
+    set P[x_c] = 0 and renormalise (a duplicate token then has P = 0 and is skipped). Descend into an accepted
+    child; if none is accepted, emit a sample from P. This is the chain's point-mass rule at every node, and it
+    is the same as "draw y ~ p_u, descend if y is a child": the total acceptance at u is the sum of its
+    children's p. Returns (path, next_token): path = accepted node indices, root excluded, in order.
+    Example (greedy): tokens [0, 5, 8, 9, 7], parents [-1, 0, 0, 1, 1], target argmax after nodes
+    0..4 = [8, 1, 7, 4, 2] -> node 1 (5) rejected, node 2 (8) accepted, it has no children -> ([2], 7).
+    """
+    path, nxt = verify_tree_point_mass_batched(p_target[None], torch.as_tensor(tokens)[None], parents, generator)
+    return _path_list(path[0]), int(nxt[0])
+
+
+def verify_tree_sampled_batched(p_target, q_draft, tokens, parents, generator=None):
+    """`verify_tree_sampled` on B trees of one shape: p_target, q_draft (B, N, V), tokens (B, N), parents (N,).
+    Returns path (B, D) padded with -1, next_token (B,)."""
+
+    def proposal(rows, node, child):  # children of u were drawn from q_draft[u]
+        return q_draft[rows, node]
+
+    return _walk_tree(p_target, tokens, parents, proposal, generator)
+
+
+def verify_tree_sampled(p_target, q_draft, tokens, parents, generator=None):
+    """Lossless verification of a tree whose children were drawn i.i.d. from q at their parent (with
+    replacement): SpecInfer's multi-step speculative sampling, i.e. recursive rejection sampling.
+
+    p_target, q_draft (N, V): the target's next-token distribution after each node, and the draft
+    distribution node u's children were drawn from. tokens (N,), parents (N,) as in verify_tree_point_mass.
+    At node u: P = p_target[u]; for each child c in order accept with prob min(1, P(x_c) / q_u(x_c)); on
+    rejection P = norm(max(0, P - q_u)). If none is accepted, emit a sample from P.
+    Only valid when the children really are samples of q_u: for top-k children use verify_tree_point_mass
+    (feeding a top-k tree here with the draft's softmax as q biases the output).
+    Example: p_0 = [0.2, 0.8], q_0 = [0.6, 0.4], two children both token 0: the first is accepted with prob 1/3;
+    after a rejection P = [0, 1], so the second has prob 0 and the emitted token is 1.
+    Returns (path, next_token) as verify_tree_point_mass.
+    """
+    path, nxt = verify_tree_sampled_batched(
+        p_target[None], q_draft[None], torch.as_tensor(tokens)[None], parents, generator
+    )
+    return _path_list(path[0]), int(nxt[0])
+
+
+def typical_accept_batched(p_target, tokens, parents, posterior_threshold=0.09, posterior_alpha=0.3, generator=None):
+    """`typical_accept` on B trees of one shape: p_target (B, N, V), tokens (B, N), parents (N,).
+    Returns path (B, D) padded with -1, next_token (B,)."""
+    B, N, V = p_target.shape
+    parents, _, depth = _layout(parents)
+    device = p_target.device
+    entropy = torch.special.entr(p_target).sum(-1)  # (B, N) H(p_u), with 0 log 0 = 0
+    threshold = torch.clamp(posterior_alpha * torch.exp(-entropy), max=posterior_threshold)  # (B, N)
+    par = torch.tensor(parents[1:], dtype=torch.long, device=device)  # (N-1,) parent of nodes 1..N-1
+    p_tok = p_target[:, par].gather(-1, tokens[:, 1:, None]).squeeze(-1)  # (B, N-1) p_parent(own token)
+    ok = p_tok > threshold[:, par]  # (B, N-1) each node judged alone
+    # a node is reached if it and all its ancestors pass; score = sum of log p along its path
+    reached = torch.ones(B, N, dtype=torch.bool, device=device)  # (B, N)
+    score = torch.zeros(B, N, dtype=p_target.dtype, device=device)  # (B, N)
+    for c in range(1, N):  # parents come before their children
+        reached[:, c] = reached[:, parents[c]] & ok[:, c - 1]
+        score[:, c] = score[:, parents[c]] + torch.log(p_tok[:, c - 1])
+    # the deepest reached node wins, ties broken by the higher score (then the lower index)
+    depth_t = torch.tensor(depth, device=device)  # (N,)
+    best_depth = torch.where(reached, depth_t, -1).max(-1, keepdim=True).values  # (B, 1)
+    finalists = reached & (depth_t == best_depth)  # (B, N)
+    best = torch.where(finalists, score, float("-inf")).argmax(-1)  # (B,)
+    # path to each node, root excluded, padded with -1: ancestors[n] = [.., parent, n]
+    D = max(depth)
+    ancestors = torch.full((N, D), -1, dtype=torch.long, device=device)  # (N, D)
+    for n in range(1, N):
+        ancestors[n, :depth[n]] = torch.tensor(path_to(parents, n)[1:], dtype=torch.long)
+    rows = torch.arange(B, device=device)
+    return ancestors[best], sample(p_target[rows, best], generator)
+
+
+def typical_accept(p_target, tokens, parents, posterior_threshold=0.09, posterior_alpha=0.3, generator=None):
+    """Medusa's typical acceptance (Cai et al. 2024). LOSSY BY DESIGN: the output does NOT follow p_target.
+
+    It accepts any "plausible" draft without a random test: child x of node u is accepted when
+    p_u(x) > min(posterior_threshold, posterior_alpha * exp(-H(p_u))). It follows the longest path of accepted
+    nodes (ties: highest sum of log p along the path), then emits a sample from p at the last accepted node.
+    Example: p_root = [0.5, 0.3, 0.2] (threshold min(0.09, 0.3 e^-1.03) = 0.09), one child with token 2:
+    0.2 > 0.09, so token 2 is emitted every time, where p gives it 20%. Greedy (one-hot p) stays exact:
+    the threshold is 0.09 and only the argmax passes. Kept as an option for medusa and as a negative control.
+    tokens (N,), parents (N,), p_target (N, V) as in verify_tree_point_mass. Returns (path, next_token).
+    """
+    path, nxt = typical_accept_batched(
+        p_target[None], torch.as_tensor(tokens)[None], parents, posterior_threshold, posterior_alpha, generator
+    )
+    return _path_list(path[0]), int(nxt[0])

@@ -1,0 +1,746 @@
+"""
+Tests for nanospec/verify.py: every lossless rule must reproduce the target distribution p exactly.
+
+Four kinds of test, from cheapest to strongest:
+  - exact: the output law computed FROM THE IMPLEMENTATION'S OWN accept_prob and residual, by enumerating
+    the rule's branches, equals p to 1e-9 (hypothesis generates p and q, zeros and extreme ratios included);
+  - statistical: 1e5+ draws through the real (batched) functions, total-variation distance to the exact law
+    below a high-probability bound derived from the sample size (`tv_bound`);
+  - negative controls: deliberately broken samplers, judged by the same statistic, must exceed the bound,
+    which shows the statistical tests can see a bias of the size real bugs cause;
+  - greedy: one-hot targets give the literal argmax-match answers.
+Everything runs in float64 on toy distributions over V = 2..6 tokens and bigram toy "models".
+"""
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nanospec.tree import depths
+from nanospec.verify import (
+    accept_prob,
+    residual,
+    sample,
+    typical_accept,
+    typical_accept_batched,
+    verify_chain,
+    verify_chain_batched,
+    verify_chain_point_mass,
+    verify_chain_point_mass_batched,
+    verify_tree_point_mass,
+    verify_tree_point_mass_batched,
+    verify_tree_sampled,
+    verify_tree_sampled_batched,
+    warp,
+)
+
+F64 = torch.float64
+DELTA = 1e-6  # allowed probability that a correct sampler fails one statistical test
+N_DRAWS = 100_000  # draws (or independent sequences) per statistical test
+EXACT = settings(max_examples=200, deadline=None)
+
+
+def dist(values):
+    t = torch.tensor(values, dtype=F64)
+    return t / t.sum(-1, keepdim=True)
+
+
+def one_hot(x, V):
+    return torch.nn.functional.one_hot(torch.as_tensor(x), V).to(F64)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Statistics
+
+
+def tv_bound(n_outcomes, n_draws, delta=DELTA):
+    """Distance the empirical law of n_draws i.i.d. draws stays within, with probability >= 1 - delta.
+
+    Bretagnolle-Huber-Carol: for K outcomes, P(sum_i |p_hat_i - p_i| >= t) <= 2^K exp(-n t^2 / 2).
+    TV is half that L1 sum, so P(TV >= eps) <= 2^K exp(-2 n eps^2), and solving for eps:
+        eps = sqrt((K ln 2 + ln(1/delta)) / (2 n)).
+    Example: K = 27 outcomes, n = 1e5 draws, delta = 1e-6 -> eps = 0.0128.
+    A correct sampler exceeds it with probability below delta; the seeds are fixed anyway.
+    """
+    return math.sqrt((n_outcomes * math.log(2) + math.log(1 / delta)) / (2 * n_draws))
+
+
+def tv(law_a, law_b):
+    return 0.5 * (law_a - law_b).abs().sum().item()
+
+
+def empirical_law(outcomes, n_outcomes):
+    """outcomes (n,) integer codes in [0, n_outcomes) -> frequencies (n_outcomes,)."""
+    return torch.bincount(outcomes, minlength=n_outcomes).to(F64) / outcomes.numel()
+
+
+def sequence_codes(seqs, V):
+    """seqs (n, L) tokens -> (n,) one integer per sequence, base V (first token most significant)."""
+    L = seqs.size(1)
+    weights = V ** torch.arange(L - 1, -1, -1)  # (L,)
+    return (seqs * weights).sum(-1)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Exact laws, enumerated from the implementation's own accept_prob and residual
+
+
+def node_law(P, proposals, xs):
+    """Law of the token one node emits (the accepted child's token, or a sample of what is left) when
+    children xs, drawn from proposals, are tried in order from target P. Batched over leading dims:
+    P (..., V); proposals: one q (..., V) per child; xs: one token tensor (...) per child.
+    Returns (law (..., V), total acceptance probability (...))."""
+    law = torch.zeros_like(P)
+    reach = torch.ones(P.shape[:-1], dtype=P.dtype)  # probability that every earlier child was rejected
+    for q, x in zip(proposals, xs):
+        a = accept_prob(P, q, x)
+        law.scatter_add_(-1, x[..., None], (reach * a)[..., None])
+        reach = reach * (1 - a)
+        P = residual(P, q)
+    return law + reach[..., None] * P, 1 - reach
+
+
+def chain_step_law(p, q):
+    """One step of the chain rule: x ~ q, accepted or replaced by a residual sample. Sums over every x."""
+    V = p.numel()
+    xs = torch.arange(V)
+    a = accept_prob(p.expand(V, V), q.expand(V, V), xs)  # (V,) acceptance of each possible draft
+    accepted = q * a  # (V,) P(draft is x and accepted)
+    return accepted + (1 - accepted.sum()) * residual(p, q), accepted.sum().item()
+
+
+def bigram_law(P, start, L):
+    """Exact law of L tokens from the bigram table P (V, V) after token `start`, indexed by sequence_codes."""
+    V = P.size(0)
+    law = torch.zeros(V**L, dtype=F64)
+    for seq in itertools.product(range(V), repeat=L):
+        prob, prev = 1.0, start
+        for x in seq:
+            prob, prev = prob * P[prev, x].item(), x
+        law[sequence_codes(torch.tensor([seq]), V)] = prob
+    return law
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hypothesis strategies: distributions with zeros, equal pairs, disjoint supports, one-hots, extreme ratios
+
+weight = st.one_of(st.just(0.0), st.just(1e-12), st.just(1.0), st.floats(0.0, 1.0))
+
+
+@st.composite
+def distributions(draw, V, support=None):
+    """A distribution over V tokens, nonzero only on `support` (default: anywhere)."""
+    support = list(range(V)) if support is None else support
+    w = [0.0] * V
+    for i in support:
+        w[i] = draw(weight)
+    if sum(w) == 0:
+        w[draw(st.sampled_from(support))] = 1.0
+    return dist(w)
+
+
+@st.composite
+def pairs(draw):
+    """(p, q) over V = 2..6 of one of several shapes, chosen to hit the rule's edge cases."""
+    V = draw(st.integers(2, 6))
+    kind = draw(st.sampled_from(["free", "equal", "disjoint", "one_hot_p", "one_hot_q", "extreme"]))
+    if kind == "equal":
+        p = draw(distributions(V))
+        return p, p.clone()
+    if kind == "disjoint":
+        cut = draw(st.integers(1, V - 1))
+        perm = draw(st.permutations(range(V)))
+        return draw(distributions(V, perm[:cut])), draw(distributions(V, perm[cut:]))
+    if kind == "one_hot_p":
+        return one_hot(draw(st.integers(0, V - 1)), V), draw(distributions(V))
+    if kind == "one_hot_q":
+        return draw(distributions(V)), one_hot(draw(st.integers(0, V - 1)), V)
+    if kind == "extreme":  # ratios of 1e-12 and 1e12 side by side
+        return dist([1.0, 1e-12] + [0.5] * (V - 2)), dist([1e-12, 1.0] + [0.5] * (V - 2))
+    return draw(distributions(V)), draw(distributions(V))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Exact laws of one step
+
+
+@EXACT
+@given(pairs())
+def test_chain_step_law_is_p(pq):
+    p, q = pq
+    law, acceptance = chain_step_law(p, q)
+    assert torch.allclose(law, p, rtol=0, atol=1e-9)
+    assert acceptance == pytest.approx(torch.minimum(p, q).sum().item(), abs=1e-9)
+
+
+@EXACT
+@given(pairs(), st.data())
+def test_point_mass_step_law_is_p(pq, data):
+    """A guess x is a draft with q = one_hot(x): accepted with prob p(x), else the emitted token is p given
+    y != x, which is what "sample y ~ p, keep it while y == x" produces. The emitted token follows p."""
+    p, _ = pq
+    V = p.numel()
+    x = data.draw(st.integers(0, V - 1))
+    law, acceptance = node_law(p, [one_hot(x, V)], [torch.tensor(x)])
+    assert acceptance == pytest.approx(p[x].item(), abs=1e-12)
+    assert torch.allclose(law, p, rtol=0, atol=1e-9)
+    if p[x] < 1:
+        y_given_mismatch = p.clone()
+        y_given_mismatch[x] = 0
+        assert torch.allclose(residual(p, one_hot(x, V)), y_given_mismatch / y_given_mismatch.sum(), atol=1e-12)
+
+
+@EXACT
+@given(pairs(), st.data())
+def test_tree_point_mass_node_law_is_p(pq, data):
+    """Several guessed children at one node, duplicates allowed: total acceptance = sum of p over the distinct
+    children, and the emitted token follows p."""
+    p, _ = pq
+    V = p.numel()
+    xs = data.draw(st.lists(st.integers(0, V - 1), min_size=1, max_size=5))
+    law, acceptance = node_law(p, [one_hot(x, V) for x in xs], [torch.tensor(x) for x in xs])
+    assert acceptance == pytest.approx(p[sorted(set(xs))].sum().item(), abs=1e-9)
+    assert torch.allclose(law, p, rtol=0, atol=1e-9)
+
+
+@EXACT
+@given(pairs(), st.integers(1, 3))
+def test_tree_sampled_node_law_is_p(pq, m):
+    """m children drawn i.i.d. from q at one node (SpecInfer): averaged over every possible set of children,
+    the emitted token follows p."""
+    p, q = pq
+    V = p.numel()
+    children = torch.tensor(list(itertools.product(range(V), repeat=m)))  # (V^m, m) every possible draw
+    prob = q[children].prod(-1)  # (V^m,) its probability under q
+    P, Q = p.expand(V**m, V), q.expand(V**m, V)
+    laws, _ = node_law(P, [Q] * m, children.unbind(-1))  # (V^m, V)
+    assert torch.allclose((prob[:, None] * laws).sum(0), p, rtol=0, atol=1e-9)
+
+
+def test_accept_prob_and_residual_literal():
+    p, q = dist([0.2, 0.8]), dist([0.6, 0.4])
+    assert accept_prob(p, q, torch.tensor(0)).item() == pytest.approx(1 / 3)
+    assert accept_prob(p, q, torch.tensor(1)).item() == 1.0
+    assert residual(p, q).tolist() == [0.0, 1.0]
+    assert residual(p, p).tolist() == p.tolist()  # empty residual falls back to p, no 0/0
+    assert residual(p, torch.zeros(2, dtype=F64)).tolist() == pytest.approx(p.tolist())
+    # a draft the proposal gives no mass: accepted iff the target wants it (never drawn in practice)
+    assert accept_prob(dist([1, 0]), dist([0, 1]), torch.tensor(0)).item() == 1.0
+    assert accept_prob(dist([0, 1]), dist([0, 1]), torch.tensor(0)).item() == 0.0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Theory: with fixed p and q the emitted count per step is a truncated geometric
+
+
+def truncated_geometric(a, k):
+    """P(N = n) for n = 1..k+1 tokens emitted per step, per-token acceptance a."""
+    return torch.tensor([a ** (n - 1) * (1 - a) for n in range(1, k + 1)] + [a**k], dtype=F64)
+
+
+P_FIXED, Q_FIXED, K_FIXED = dist([0.5, 0.3, 0.2, 0.0]), dist([0.2, 0.3, 0.3, 0.2]), 4
+
+
+def test_emitted_count_law_exact():
+    """Enumerate every draft sequence x ~ q^k and the accept/reject branches with the implementation's
+    accept_prob: the count of emitted tokens is truncated geometric with a = sum(min(p, q))."""
+    p, q, k, V = P_FIXED, Q_FIXED, K_FIXED, P_FIXED.numel()
+    law = torch.zeros(k + 1, dtype=F64)
+    for xs in itertools.product(range(V), repeat=k):
+        prob = math.prod(q[x].item() for x in xs)
+        a = accept_prob(p.expand(k, V), q.expand(k, V), torch.tensor(xs)).tolist()
+        reach = 1.0
+        for n in range(k):  # rejected at position n -> n accepted, n + 1 emitted
+            law[n] += prob * reach * (1 - a[n])
+            reach *= a[n]
+        law[k] += prob * reach
+    a = torch.minimum(p, q).sum().item()
+    assert torch.allclose(law, truncated_geometric(a, k), rtol=0, atol=1e-12)
+    mean = (law * torch.arange(1, k + 2)).sum().item()
+    assert mean == pytest.approx((1 - a ** (k + 1)) / (1 - a), abs=1e-12)
+
+
+def test_emitted_count_law_sampled():
+    p, q, k, V = P_FIXED, Q_FIXED, K_FIXED, P_FIXED.numel()
+    g = torch.Generator().manual_seed(0)
+    n = N_DRAWS
+    drafts = sample(q.expand(n, k, V), g)  # (n, k)
+    n_acc, _ = verify_chain_batched(p.expand(n, k + 1, V), q.expand(n, k, V), drafts, g)
+    a = torch.minimum(p, q).sum().item()
+    assert tv(empirical_law(n_acc, k + 1), truncated_geometric(a, k)) < tv_bound(k + 1, n)
+    # Hoeffding for the mean of a count in [1, k+1]: |mean - E[N]| < k sqrt(ln(2/delta) / (2n)) w.p. 1 - delta
+    mean_bound = k * math.sqrt(math.log(2 / DELTA) / (2 * n))
+    assert abs((n_acc + 1).double().mean().item() - (1 - a ** (k + 1)) / (1 - a)) < mean_bound
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Statistical tests through the real functions, with toy bigram "models"
+
+V3 = 3
+START = 0  # the token before the first emitted one
+P_BIGRAM = dist([[0.6, 0.3, 0.1], [0.2, 0.5, 0.3], [0.3, 0.2, 0.5]])  # target p(x_t | x_{t-1}), (V, V)
+Q_BIGRAM = dist([[0.3, 0.5, 0.2], [0.5, 0.3, 0.2], [0.2, 0.1, 0.7]])  # draft q(x_t | x_{t-1}), (V, V)
+
+
+def append(out, length, emitted, n_new, active):
+    """Write emitted[b, :n_new[b]] into out[b] after its length[b] tokens, for active rows only."""
+    pos = torch.arange(emitted.size(1))
+    keep = (pos[None] < n_new[:, None]) & active[:, None]  # (n, w)
+    rows, j = keep.nonzero(as_tuple=True)
+    out[rows, length[rows] + j] = emitted[rows, j]
+    length += torch.where(active, n_new, 0)
+
+
+def run_chain(verify, L=4, k=3, n=N_DRAWS, seed=0, greedy_drafts=False):
+    """The speculative loop on n independent sequences at once, until each has L tokens.
+
+    Each step: the draft proposes k tokens from Q_BIGRAM (sampled, or its top-1 chain with greedy_drafts),
+    the target's distributions come from P_BIGRAM, `verify(p_target (n, k+1, V), q_draft (n, k+1, V),
+    drafts (n, k), generator)` returns (n_accepted, next_token) and the emitted tokens are appended.
+    q_draft has k+1 rows: the last is the draft's distribution after its last token (only a broken
+    verifier uses it). Returns (n, L) tokens.
+    """
+    g = torch.Generator().manual_seed(seed)
+    out = torch.zeros(n, L + k, dtype=torch.long)
+    length = torch.zeros(n, dtype=torch.long)
+    last = torch.full((n,), START)
+    while (active := length < L).any():
+        context = [last]  # the token before each draft position, then the last draft
+        for _ in range(k):
+            q = Q_BIGRAM[context[-1]]  # (n, V)
+            context.append(q.argmax(-1) if greedy_drafts else sample(q, g))
+        context = torch.stack(context, 1)  # (n, k+1)
+        drafts = context[:, 1:]  # (n, k)
+        n_acc, nxt = verify(P_BIGRAM[context], Q_BIGRAM[context], drafts, g)
+        emitted = torch.cat([drafts, nxt[:, None]], 1)  # (n, k+1)
+        emitted[torch.arange(n), n_acc] = nxt
+        append(out, length, emitted, n_acc + 1, active)
+        last = torch.where(active, nxt, last)
+    return out[:, :L]
+
+
+def chain_tv(verify, L=4, **kw):
+    seqs = run_chain(verify, L=L, **kw)
+    law = empirical_law(sequence_codes(seqs, V3), V3**L)
+    return tv(law, bigram_law(P_BIGRAM, START, L)), tv_bound(V3**L, seqs.size(0))
+
+
+def real_chain(p_target, q_draft, drafts, g):
+    return verify_chain_batched(p_target, q_draft[:, :-1], drafts, g)
+
+
+def real_chain_point_mass(p_target, q_draft, drafts, g):
+    return verify_chain_point_mass_batched(p_target, drafts, g)
+
+
+SINGLE_STEP_CASES = {
+    "generic": (dist([0.5, 0.3, 0.2, 0.0]), dist([0.1, 0.2, 0.3, 0.4])),
+    "q_misses_tokens": (dist([0.4, 0.3, 0.2, 0.1]), dist([0.0, 0.5, 0.5, 0.0])),
+    "disjoint": (dist([0.7, 0.3, 0.0, 0.0]), dist([0.0, 0.0, 0.5, 0.5])),
+    "equal": (dist([0.25, 0.25, 0.4, 0.1]), dist([0.25, 0.25, 0.4, 0.1])),
+    "extreme_ratios": (dist([1.0, 1e-12, 0.5, 0.5]), dist([1e-12, 1.0, 0.5, 0.5])),
+}
+
+
+@pytest.mark.parametrize("case", SINGLE_STEP_CASES)
+def test_chain_single_step_sampled(case):
+    p, q = SINGLE_STEP_CASES[case]
+    V, n = p.numel(), N_DRAWS
+    g = torch.Generator().manual_seed(1)
+    drafts = sample(q.expand(n, 1, V), g)  # (n, 1)
+    n_acc, nxt = verify_chain_batched(p.expand(n, 2, V), q.expand(n, 1, V), drafts, g)
+    first = torch.where(n_acc == 1, drafts[:, 0], nxt)  # the first emitted token
+    assert tv(empirical_law(first, V), p) < tv_bound(V, n)
+    acceptance = n_acc.double().mean().item()
+    assert abs(acceptance - torch.minimum(p, q).sum().item()) < math.sqrt(math.log(2 / DELTA) / (2 * n))
+
+
+def test_chain_joint_law_sampled():
+    """k = 3 sampled drafts per step, 4 emitted tokens judged jointly (81 outcomes)."""
+    distance, bound = chain_tv(real_chain)
+    assert distance < bound
+
+
+def test_chain_point_mass_joint_law_sampled():
+    """Deterministic drafts (the draft's top-1 chain) verified with the point-mass rule."""
+    distance, bound = chain_tv(real_chain_point_mass, greedy_drafts=True)
+    assert distance < bound
+
+
+# Trees: every node's children are proposed from Q_BIGRAM at the node's token. Depth 2.
+PARENTS_SAMPLED = [-1, 0, 0, 1, 1, 2, 2]  # 2 children per node, drawn i.i.d. from q
+PARENTS_TOPK = [-1, 0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]  # 3 guesses per node: top-1, top-2, top-1 again
+TOP_GUESSES = Q_BIGRAM.argsort(-1, descending=True)[:, [0, 1, 0]]  # (V, 3) guesses after each token
+
+
+def build_sampled_tree(root, g):
+    """root (n,) -> tokens (n, N): children drawn i.i.d. from q at their parent's token."""
+    tokens = torch.zeros(root.size(0), len(PARENTS_SAMPLED), dtype=torch.long)
+    tokens[:, 0] = root
+    for c in range(1, len(PARENTS_SAMPLED)):
+        tokens[:, c] = sample(Q_BIGRAM[tokens[:, PARENTS_SAMPLED[c]]], g)
+    return tokens
+
+
+def build_topk_tree(root, g):
+    """root (n,) -> tokens (n, N): a deterministic tree of the draft's top guesses, with a duplicate."""
+    tokens = torch.zeros(root.size(0), len(PARENTS_TOPK), dtype=torch.long)
+    tokens[:, 0] = root
+    for u in range(len(PARENTS_TOPK)):
+        children = [c for c, par in enumerate(PARENTS_TOPK) if par == u]
+        if children:
+            tokens[:, children] = TOP_GUESSES[tokens[:, u]]
+    return tokens
+
+
+def run_tree(verify, build, parents, L=3, n=N_DRAWS, seed=0):
+    """Tree speculative decoding on n sequences at once, until each has L tokens. Each step builds a tree
+    rooted at the last token, gets p_target (n, N, V) and q_draft (n, N, V) from the bigram tables, and
+    `verify(p_target, q_draft, tokens, parents, generator)` returns (path (n, D), next_token (n,))."""
+    g = torch.Generator().manual_seed(seed)
+    D = max(depths(parents))
+    out = torch.zeros(n, L + D, dtype=torch.long)
+    length = torch.zeros(n, dtype=torch.long)
+    last = torch.full((n,), START)
+    while (active := length < L).any():
+        tokens = build(last, g)  # (n, N)
+        path, nxt = verify(P_BIGRAM[tokens], Q_BIGRAM[tokens], tokens, parents, g)
+        n_acc = (path >= 0).sum(-1)  # (n,)
+        emitted = torch.cat([tokens.gather(1, path.clamp(min=0)), nxt[:, None]], 1)  # (n, D+1)
+        emitted[torch.arange(n), n_acc] = nxt
+        append(out, length, emitted, n_acc + 1, active)
+        last = torch.where(active, nxt, last)
+    return out[:, :L]
+
+
+def tree_tv(verify, build, parents, L=3, **kw):
+    seqs = run_tree(verify, build, parents, L=L, **kw)
+    law = empirical_law(sequence_codes(seqs, V3), V3**L)
+    return tv(law, bigram_law(P_BIGRAM, START, L)), tv_bound(V3**L, seqs.size(0))
+
+
+def real_tree_sampled(p_target, q_draft, tokens, parents, g):
+    return verify_tree_sampled_batched(p_target, q_draft, tokens, parents, g)
+
+
+def real_tree_point_mass(p_target, q_draft, tokens, parents, g):
+    return verify_tree_point_mass_batched(p_target, tokens, parents, g)
+
+
+def test_tree_sampled_joint_law_sampled():
+    distance, bound = tree_tv(real_tree_sampled, build_sampled_tree, PARENTS_SAMPLED)
+    assert distance < bound
+
+
+def test_tree_point_mass_joint_law_sampled():
+    distance, bound = tree_tv(real_tree_point_mass, build_topk_tree, PARENTS_TOPK)
+    assert distance < bound
+
+
+def test_tree_point_mass_on_sampled_children_is_also_exact():
+    """The point-mass rule does not care how the children were chosen, so random children are fine too."""
+    distance, bound = tree_tv(real_tree_point_mass, build_sampled_tree, PARENTS_SAMPLED)
+    assert distance < bound
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Negative controls: each changes one thing in a correct rule, and the same statistic must catch it.
+
+
+def _chain_accept(p_target, q_draft, drafts, u):
+    k = drafts.size(1)
+    accepted = u < accept_prob(p_target[:, :k], q_draft[:, :k], drafts)
+    return accepted.long().cumprod(-1).sum(-1)  # (n,)
+
+
+def broken_unnormalised_residual(p_target, q_draft, drafts, g):
+    """After a rejection, inverse-CDF sampling from max(0, p - q) WITHOUT dividing by its mass: the missing
+    mass falls on the last token, i.e. a mixture of the residual and a point mass."""
+    n, k = drafts.shape
+    n_acc = _chain_accept(p_target, q_draft, drafts, torch.rand(n, k, generator=g, dtype=F64))
+    rows = torch.arange(n)
+    q_next = torch.where((n_acc < k)[:, None], q_draft[rows, n_acc], 0.0)  # q = 0 at the bonus: plain p
+    excess = (p_target[rows, n_acc] - q_next).clamp(min=0)  # (n, V), not normalised
+    u = torch.rand(n, 1, generator=g, dtype=F64)
+    nxt = (excess.cumsum(-1) <= u).sum(-1).clamp(max=excess.size(-1) - 1)
+    return n_acc, nxt
+
+
+def broken_bonus_from_q(p_target, q_draft, drafts, g):
+    """When every draft is accepted, the bonus token is drawn from the draft's q instead of the target's p."""
+    n, k = drafts.shape
+    n_acc = _chain_accept(p_target, q_draft, drafts, torch.rand(n, k, generator=g, dtype=F64))
+    rows = torch.arange(n)
+    dist_next = residual(p_target[rows, n_acc], q_draft[rows, n_acc])
+    dist_next = torch.where((n_acc == k)[:, None], q_draft[:, k], dist_next)
+    return n_acc, sample(dist_next, g)
+
+
+def broken_resample_from_p(p_target, q_draft, drafts, g):
+    """After a rejection, a fresh sample of p instead of the residual (over-produces tokens q favours)."""
+    n, k = drafts.shape
+    n_acc = _chain_accept(p_target, q_draft, drafts, torch.rand(n, k, generator=g, dtype=F64))
+    return n_acc, sample(p_target[torch.arange(n), n_acc], g)
+
+
+def broken_reseeded_rng(p_target, q_draft, drafts, g):
+    """The RNG re-seeded inside the accept loop: every position of a chain sees the same uniform, so once the
+    first draft is accepted the later ones are accepted too often."""
+    n, k = drafts.shape
+    same_u = torch.rand(n, 1, generator=g, dtype=F64).expand(n, k)
+    n_acc = _chain_accept(p_target, q_draft, drafts, same_u)
+    rows = torch.arange(n)
+    q_next = torch.where((n_acc < k)[:, None], q_draft[rows, n_acc], 0.0)
+    return n_acc, sample(residual(p_target[rows, n_acc], q_next), g)
+
+
+def broken_fresh_sample_after_mismatch(p_target, q_draft, drafts, g):
+    """Medusa's sample-and-match as implemented: compare y ~ p with the guess, and after a mismatch emit a
+    FRESH sample of p rather than y. The guess x then comes out with prob p(x) + (1 - p(x)) p(x)."""
+    n, k = drafts.shape
+    y = sample(p_target[:, :k], g)  # (n, k) the samples compared with the guesses
+    n_acc = (y == drafts).long().cumprod(-1).sum(-1)
+    return n_acc, sample(p_target[torch.arange(n), n_acc], g)
+
+
+def broken_topk_tree_with_draft_q(p_target, q_draft, tokens, parents, g):
+    """A deterministic top-k tree verified with min(1, p/q), q = the draft's softmax: the children were not
+    samples of q, so the sampled-children rule does not apply."""
+    return verify_tree_sampled_batched(p_target, q_draft, tokens, parents, g)
+
+
+def lossy_typical(p_target, q_draft, tokens, parents, g):
+    return typical_accept_batched(p_target, tokens, parents, generator=g)
+
+
+@pytest.mark.parametrize(
+    "broken, greedy_drafts",
+    [
+        (broken_unnormalised_residual, False),
+        (broken_bonus_from_q, False),
+        (broken_resample_from_p, False),
+        (broken_reseeded_rng, False),
+        (broken_fresh_sample_after_mismatch, True),
+    ],
+    ids=lambda v: getattr(v, "__name__", str(v)),
+)
+def test_chain_negative_controls_fail(broken, greedy_drafts):
+    distance, bound = chain_tv(broken, greedy_drafts=greedy_drafts)
+    assert distance > bound, f"{broken.__name__}: TV {distance:.4f} within the bound {bound:.4f}"
+
+
+@pytest.mark.parametrize("broken", [broken_topk_tree_with_draft_q, lossy_typical], ids=lambda f: f.__name__)
+def test_tree_negative_controls_fail(broken):
+    distance, bound = tree_tv(broken, build_topk_tree, PARENTS_TOPK)
+    assert distance > bound, f"{broken.__name__}: TV {distance:.4f} within the bound {bound:.4f}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Greedy: one-hot targets give the literal argmax-match answers, whatever the randomness
+
+V10 = 10
+SEEDS = range(5)
+
+
+def greedy_target(argmaxes):
+    return one_hot(argmaxes, V10)  # (len, V)
+
+
+@pytest.mark.parametrize(
+    "draft, argmaxes, expected",
+    [
+        ([5, 9, 2], [5, 9, 7, 3], (2, 7)),  # emit [5, 9, 7]
+        ([5, 9, 7], [5, 9, 7, 3], (3, 3)),  # all accepted, bonus 3: emit [5, 9, 7, 3]
+        ([1, 9, 7], [5, 9, 7, 3], (0, 5)),  # first rejected: emit [5]
+        ([], [4], (0, 4)),  # nothing drafted: plain greedy step
+    ],
+)
+def test_chain_greedy_literal(draft, argmaxes, expected):
+    p = greedy_target(argmaxes)
+    x = torch.tensor(draft, dtype=torch.long)
+    for seed in SEEDS:
+        g = torch.Generator().manual_seed(seed)
+        q_one_hot = one_hot(x, V10).reshape(len(draft), V10)  # a greedy draft
+        q_soft = torch.softmax(torch.randn(len(draft), V10, generator=g, dtype=F64), -1)  # a sampling draft
+        assert verify_chain(p, q_one_hot, x, g) == expected
+        assert verify_chain(p, q_soft, x, g) == expected
+        assert verify_chain_point_mass(p, x, g) == expected
+
+
+TREE_TOKENS = [0, 5, 8, 9, 7, 5]
+TREE_PARENTS = [-1, 0, 0, 1, 1, 4]  # root -> {5, 8}; 5 -> {9, 7}; 7 -> {5}
+
+
+@pytest.mark.parametrize(
+    "argmaxes, expected",
+    [
+        ([8, 1, 7, 4, 2, 6], ([2], 7)),  # 5 rejected, 8 accepted (a leaf): emit [8, 7]
+        ([5, 7, 0, 0, 5, 6], ([1, 4, 5], 6)),  # 5, 7, 5 accepted to the deepest leaf, bonus 6
+        ([5, 3, 0, 0, 0, 0], ([1], 3)),  # 5 accepted, neither 9 nor 7: emit [5, 3]
+        ([2, 0, 0, 0, 0, 0], ([], 2)),  # nothing accepted: emit [2]
+    ],
+)
+def test_tree_greedy_literal(argmaxes, expected):
+    p = greedy_target(argmaxes)
+    for seed in SEEDS:
+        g = torch.Generator().manual_seed(seed)
+        q = torch.softmax(torch.randn(len(TREE_TOKENS), V10, generator=g, dtype=F64), -1)
+        assert verify_tree_point_mass(p, TREE_TOKENS, TREE_PARENTS, g) == expected
+        assert verify_tree_sampled(p, q, TREE_TOKENS, TREE_PARENTS, g) == expected
+        assert typical_accept(p, TREE_TOKENS, TREE_PARENTS, generator=g) == expected
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Typical acceptance, literal: deterministic acceptance of any plausible child
+
+
+def test_typical_accept_literal():
+    p_root = dist([0.5, 0.3, 0.2])  # entropy 1.03 nats: threshold min(0.09, 0.3 * e^-1.03 = 0.107) = 0.09
+    p_other = dist([0.05, 0.05, 0.9])
+    p = torch.stack([p_root, p_other, p_other, p_other])  # (4, 3) next-token distribution after each node
+    g = torch.Generator().manual_seed(0)
+    # 0.2 > 0.09: token 2 is always accepted, where p would give it 20%
+    assert typical_accept(p[:2], [0, 2], [-1, 0], generator=g)[0] == [1]
+    # two accepted children at the same depth: the higher log p wins (token 0, p = 0.5, over token 2)
+    assert typical_accept(p[:3], [0, 2, 0], [-1, 0, 0], generator=g)[0] == [2]
+    # a longer accepted path beats a more probable short one: root -> 2 -> 2 over root -> 0
+    assert typical_accept(p, [0, 0, 2, 2], [-1, 0, 0, 2], generator=g)[0] == [2, 3]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The per-step functions are the batched ones with a batch of 1; randomness only from the generator
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_per_step_matches_batched(seed):
+    g = torch.Generator().manual_seed(100 + seed)
+    V, k = 5, 3
+    p = torch.softmax(torch.randn(k + 1, V, generator=g, dtype=F64), -1)
+    q = torch.softmax(torch.randn(k, V, generator=g, dtype=F64), -1)
+    x = sample(q, g)
+    tokens = torch.randint(V, (len(TREE_PARENTS),), generator=g)
+    pt = torch.softmax(torch.randn(len(TREE_PARENTS), V, generator=g, dtype=F64), -1)
+    qt = torch.softmax(torch.randn(len(TREE_PARENTS), V, generator=g, dtype=F64), -1)
+
+    def both(single, batched):
+        a = single(torch.Generator().manual_seed(seed))
+        b = batched(torch.Generator().manual_seed(seed))
+        return a, b
+
+    a, (n, t) = both(lambda g: verify_chain(p, q, x, g), lambda g: verify_chain_batched(p[None], q[None], x[None], g))
+    assert a == (int(n), int(t))
+    a, (n, t) = both(
+        lambda g: verify_chain_point_mass(p, x, g), lambda g: verify_chain_point_mass_batched(p[None], x[None], g)
+    )
+    assert a == (int(n), int(t))
+    for single, batched in [
+        (
+            lambda g: verify_tree_point_mass(pt, tokens, TREE_PARENTS, g),
+            lambda g: verify_tree_point_mass_batched(pt[None], tokens[None], TREE_PARENTS, g),
+        ),
+        (
+            lambda g: verify_tree_sampled(pt, qt, tokens, TREE_PARENTS, g),
+            lambda g: verify_tree_sampled_batched(pt[None], qt[None], tokens[None], TREE_PARENTS, g),
+        ),
+        (
+            lambda g: typical_accept(pt, tokens, TREE_PARENTS, generator=g),
+            lambda g: typical_accept_batched(pt[None], tokens[None], TREE_PARENTS, generator=g),
+        ),
+    ]:
+        (path, nxt), (bpath, bnxt) = both(single, batched)
+        assert path == [int(v) for v in bpath[0] if v >= 0] and nxt == int(bnxt)
+
+
+def test_uses_only_the_given_generator():
+    p, q = SINGLE_STEP_CASES["generic"]
+    state = torch.get_rng_state()
+    g = torch.Generator().manual_seed(0)
+    results = [verify_chain(p.expand(4, 4), q.expand(3, 4), torch.tensor([0, 1, 2]), g) for _ in range(50)]
+    assert torch.equal(torch.get_rng_state(), state)  # the global RNG is untouched
+    assert len(set(results)) > 1  # the generator advances between calls instead of being re-seeded
+    g = torch.Generator().manual_seed(0)
+    again = [verify_chain(p.expand(4, 4), q.expand(3, 4), torch.tensor([0, 1, 2]), g) for _ in range(50)]
+    assert results == again
+
+
+def test_tree_rules_reject_malformed_parents():
+    p = dist([[0.5, 0.5]] * 3)
+    for bad in ([0, 0, 0], [-1, 0, -1]):  # node 0 must be the one root
+        with pytest.raises(ValueError):
+            verify_tree_point_mass(p, [0, 1, 1], bad)
+    with pytest.raises(AssertionError):  # a parent must come before its children (nanospec/tree.py)
+        verify_tree_sampled(p, p, [0, 1, 1], [-1, 2, 0])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# warp and sample
+
+
+def test_warp_greedy_is_one_hot():
+    logits = torch.tensor([[0.1, 2.0, -1.0, 2.0], [3.0, 0.0, 0.0, 0.0]], dtype=F64)
+    probs = warp(logits, temperature=0.0)
+    assert probs.dtype == F64
+    assert probs.tolist() == [[0, 1, 0, 0], [1, 0, 0, 0]]  # ties go to the first index
+    g = torch.Generator().manual_seed(0)
+    assert sample(probs.expand(1000, 2, 4), g).unique(dim=0).tolist() == [[1, 0]]
+
+
+def test_warp_top_k():
+    probs = warp(torch.tensor([2.0, 1.0, 0.0, -1.0], dtype=F64), temperature=1.0, top_k=2)
+    expected = torch.softmax(torch.tensor([2.0, 1.0], dtype=F64), -1).tolist() + [0.0, 0.0]
+    assert probs.tolist() == pytest.approx(expected)
+    assert warp(torch.tensor([1.0, 3.0, 2.0]), temperature=0.5, top_k=1).tolist() == [0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    "top_p, expected",
+    [
+        (0.7, [0.0, 0.625, 0.0, 0.375]),  # 0.5 < 0.7, 0.5 + 0.3 reaches it
+        (0.85, [0.15 / 0.95, 0.5 / 0.95, 0.0, 0.3 / 0.95]),  # needs three tokens
+        (0.4, [0.0, 1.0, 0.0, 0.0]),  # the top token alone reaches it
+        (0.0, [0.0, 1.0, 0.0, 0.0]),  # degenerate: still keeps the top token
+        (1.0, [0.15, 0.5, 0.05, 0.3]),  # disabled
+    ],
+)
+def test_warp_top_p_literal(top_p, expected):
+    probs = warp(torch.log(torch.tensor([0.15, 0.5, 0.05, 0.3], dtype=F64)), temperature=1.0, top_p=top_p)
+    assert probs.tolist() == pytest.approx(expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-5, 5), min_size=2, max_size=8), st.floats(0.05, 0.95))
+def test_warp_top_p_keeps_smallest_prefix_reaching_p(logits, top_p):
+    logits = torch.tensor(logits, dtype=F64)
+    full = torch.softmax(logits, -1)
+    kept = warp(logits, temperature=1.0, top_p=top_p) > 0
+    mass = full[kept].sum().item()
+    assert mass >= top_p - 1e-12  # reaches p
+    assert mass - full[kept].min().item() < top_p + 1e-12  # dropping its least likely token would not
+    if (~kept).any():
+        assert full[kept].min() >= full[~kept].max()  # a prefix of the sorted order
+
+
+def test_warp_same_for_target_and_draft():
+    """Warping is row by row with no hidden state: target and draft logits stacked together get exactly what
+    each gets alone, for every setting the methods use."""
+    g = torch.Generator().manual_seed(0)
+    target, draft = torch.randn(2, 7, 11, generator=g, dtype=F64)  # (T, V) each
+    for kw in [dict(temperature=0.0), dict(temperature=0.7), dict(temperature=1.0, top_k=3),
+               dict(temperature=1.3, top_p=0.8), dict(temperature=0.9, top_k=5, top_p=0.6)]:
+        stacked = warp(torch.stack([target, draft]), **kw)
+        assert torch.equal(stacked[0], warp(target, **kw))
+        assert torch.equal(stacked[1], warp(draft, **kw))
+        assert torch.equal(warp(target.clone(), **kw), warp(target, **kw))
+
+
+def test_sample_law_and_shape():
+    g = torch.Generator().manual_seed(0)
+    p = dist([0.1, 0.0, 0.6, 0.3])
+    draws = sample(p.expand(N_DRAWS, 4), g)
+    assert draws.shape == (N_DRAWS,)
+    assert (draws != 1).all()  # a zero-probability token is never drawn
+    assert tv(empirical_law(draws, 4), p) < tv_bound(4, N_DRAWS)
+    assert sample(p, g).shape == ()
