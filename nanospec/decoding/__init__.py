@@ -9,9 +9,12 @@ The registry: every `--method` name maps to a module with the same three things,
 `decode.py`, the benchmark and the tests all go through `METHODS`.
 """
 from nanospec.decoding import ar
+from nanospec.decoding import mtp, medusa
 
 MODULES = {
     "ar": ar,
+    "mtp": mtp,
+    "medusa": medusa,
 }
 METHODS = {name: module.generate for name, module in MODULES.items()}
 

@@ -1,0 +1,278 @@
+"""`mtp` and `medusa` (the model's own MTP heads as drafters) against `ar`, and the tree machinery under them.
+
+Greedy: token-for-token equality with `ar`, on random tiny models (heads mostly wrong: the rejection paths) and
+on a tiny model trained in the test for a second (heads mostly right: long accepted paths), over many prompts
+and tree shapes. Sampling: the joint law of the first tokens equals the target's exact law within a stated
+bound; Medusa's typical acceptance breaks it (negative control). Trees: the builder's layout, and the KV cache
+after each tree step equals one recomputed from the accepted text."""
+import random
+
+import pytest
+import torch
+
+from nanospec.checkpoint import Models
+from nanospec.decoding import METHODS
+from nanospec.decoding.common import start, tensor
+from nanospec.decoding.medusa import parse_tree
+from nanospec.decoding.tree_step import tree_step
+from nanospec.tree import format_tree, leaf_paths, medusa_tree, path_to, tree_from_paths, tree_positions
+from nanospec.verify import sample, warp
+from test_model import TOL, random_ids, random_tree, tiny_gpt
+from test_verify import empirical_law, tv, tv_bound
+from train_tiny import lm_losses
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The tree builder
+
+
+def test_tree_from_paths_literal():
+    # paths given in any order come out sorted by depth then rank, each parent before its children
+    parents, nodes = tree_from_paths([(1,), (0, 1), (0,), (0, 0), (0, 0, 0)])
+    assert nodes == [(), (0,), (1,), (0, 0), (0, 1), (0, 0, 0)]
+    assert parents == [-1, 0, 0, 1, 1, 3]
+    assert tree_positions(parents, 10).tolist() == [10, 11, 11, 12, 12, 13]  # prefix + depth
+    assert leaf_paths(parents) == [[0, 2], [0, 1, 4], [0, 1, 3, 5]]
+    with pytest.raises(ValueError, match="parent"):
+        tree_from_paths([(0,), (1, 0)])  # (1,) is missing
+
+
+def test_medusa_tree_fills_each_node_with_its_heads_guess():
+    candidates = torch.tensor([[5, 3, 8], [9, 2, 4], [1, 6, 7]])  # (D=3 heads, K=3) top-3 ids, best first
+    tokens, parents = medusa_tree(7, candidates, [(0,), (1,), (2,), (0, 0), (0, 2), (1, 0), (0, 0, 1)])
+    assert parents == [-1, 0, 0, 0, 1, 1, 2, 4]
+    assert tokens == [7, 5, 3, 8, 9, 4, 9, 6]
+    # every root-to-leaf path reads: root, head 1's pick, head 2's pick, ...
+    assert [[tokens[n] for n in p] for p in leaf_paths(parents)] == [[7, 8], [7, 5, 4], [7, 3, 9], [7, 5, 9, 6]]
+
+
+def test_parse_tree_and_its_errors():
+    assert parse_tree("1;0;0,0", n_future=2, vocab_size=11) == [(0,), (1,), (0, 0)]
+    assert parse_tree("chain", n_future=2, vocab_size=11) == [(0,), (0, 0)]  # presets stop at the last head
+    for bad, message in [("0;0,0,0", "deeper"), ("0;1,0", "parent"), ("x", "preset"), ("0;20", "vocabulary")]:
+        with pytest.raises(ValueError, match=message):
+            parse_tree(bad, n_future=2, vocab_size=11)
+
+
+def test_format_tree_literal():
+    text = format_tree([-1, 0, 1, 0], lambda n: ["(", "x", ")", "self"][n], marked={0, 1})
+    assert text.splitlines() == ["* (", "    * x", "          )", "      self"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Greedy: exactly `ar`
+
+
+def trained_tiny(n_future, steps=150, lr=0.5, seed=0):
+    """A tiny model trained for a second on a toy language (x -> 3x + 1 mod 11, one token in eight random),
+    so that its heads guess well and long paths get accepted, which random models rarely do.
+    Plain SGD written out: torch.optim's first step costs seconds of imports."""
+    torch.manual_seed(seed)
+    model = tiny_gpt(seed, n_future=n_future).float().train()  # float32 to train, float64 to test
+    for _ in range(steps):
+        w = torch.empty(16, 16 + n_future, dtype=torch.long)  # (B, T+1+n_future) training windows
+        w[:, 0] = torch.randint(0, 11, (16,))
+        for t in range(1, w.size(1)):
+            noise = torch.rand(16) < 1 / 8
+            w[:, t] = torch.where(noise, torch.randint(0, 11, (16,)), (3 * w[:, t - 1] + 1) % 11)
+        model.zero_grad()
+        sum(lm_losses(model, w).values()).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= lr * p.grad
+    return model.double().eval()
+
+
+MODELS = {  # name -> Models; built once
+    "random n_future=2": lambda: tiny_gpt(1, n_future=2),
+    "random n_future=3": lambda: tiny_gpt(2, n_future=3),
+    "trained n_future=3": lambda: trained_tiny(3),
+}
+CASES = [  # (method, options)
+    ("mtp", {}),
+    ("mtp", {"draft_len": 1}),
+    ("medusa", {}),  # the default tree
+    ("medusa", {"tree": "chain"}),  # a single chain, like mtp
+    ("medusa", {"tree": "wide"}),  # depth 1, ten children
+    ("medusa", {"tree": "0;1;0,0;0,1;1,0;0,0,0;0,1,0"}),
+    ("medusa", {"verify": "typical"}),  # typical acceptance is exact under greedy
+]
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {name: Models(target=build()) for name, build in MODELS.items()}
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+@pytest.mark.parametrize("method, options", CASES)
+def test_greedy_equals_ar(models, model_name, method, options):
+    m = models[model_name]
+    n_future = m.target.config.n_future
+    if options.get("tree", "").count(",") >= 2 and n_future < 3:
+        pytest.skip("tree deeper than the model's heads")
+    accepted = 0
+    for seed in range(8):
+        prompt = random_ids(1 + 3 * seed, seed=seed)
+        expect = METHODS["ar"](m, prompt, 24)[0]
+        ids, stats = METHODS[method](m, prompt, 24, **options)
+        assert ids == expect, f"prompt {seed}"
+        assert sum(stats["accepted_per_step"]) == len(ids) == 24
+        accepted += stats["accepted"]
+    if model_name.startswith("trained"):  # the test must exercise long accepted paths, not only rejections
+        assert accepted >= 8 * 24 // 3, accepted
+
+
+@pytest.mark.parametrize("method", ["mtp", "medusa"])
+def test_stops_at_eot_budget_and_context_like_ar(models, method):
+    m = models["trained n_future=3"]
+    for prompt, n, block in [(random_ids(5), 7, None), (random_ids(5), 1, None), (random_ids(30), 50, 36)]:
+        target = m.target
+        if block is not None:  # the same weights, a shorter context: the trees must shrink near its end
+            target = tiny_gpt(0, n_future=3, block_size=block)
+            target.load_state_dict({k: v for k, v in m.target.state_dict().items() if k != "wpe.weight"}, strict=False)
+        short = Models(target=target)
+        expect, s_ar = METHODS["ar"](short, prompt, n)
+        ids, stats = METHODS[method](short, prompt, n)
+        assert ids == expect and stats["stop"] == s_ar["stop"]
+    full = METHODS["ar"](m, random_ids(4), 20)[0]
+    eot = full[9]
+    ids, stats = METHODS[method](Models(target=m.target, eot=eot), random_ids(4), 20)
+    assert ids == full[:full.index(eot)] and stats["stop"] == "eot"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# tree_step on its own, with trees no Medusa head would build (duplicate siblings, any shape)
+
+
+def tree_decode(target, prompt, n, make_tree, sampling=(0.0, None, None), seed=0, check_cache=False):
+    """A bare tree method: each step verifies the tree make_tree(root, rng) with tree_step."""
+    run = start(Models(target=target), prompt, n, seed)
+    rng = random.Random(seed)
+    cache = target.new_cache()
+    logits = target(tensor(prompt, "cpu"), cache=cache).logits[0, -1]  # (V,)
+    last = int(sample(warp(logits, *sampling), run.generator))
+    done = run.emit([last])
+    while not done:
+        tokens, parents = make_tree(last, rng)
+        emitted, path, out = tree_step(run, target, cache, tokens, parents, sampling)
+        assert emitted[:-1] == [tokens[i] for i in path] and path == path_to(parents, path[-1] if path else 0)[1:]
+        done = run.emit(emitted)
+        last = emitted[-1]
+        if check_cache and not done:  # the cache must be what a fresh forward over the accepted text builds
+            accepted = run.seq[:-1]
+            fresh = target.new_cache()
+            target(tensor(accepted, "cpu"), cache=fresh)
+            L = len(accepted)
+            assert cache.length == L
+            assert torch.allclose(cache.k[..., :L, :], fresh.k[..., :L, :], atol=TOL)
+            assert torch.allclose(cache.v[..., :L, :], fresh.v[..., :L, :], atol=TOL)
+    return run.out
+
+
+def random_tree_with_duplicates(vocab):
+    def make(root, rng):
+        tokens, parents = random_tree(rng.randrange(1, 14), vocab, rng)
+        tokens[0] = root
+        if len(tokens) > 2:  # a duplicate sibling: the rule must skip it, not accept the token twice
+            tokens.append(tokens[1])
+            parents.append(parents[1])
+        return tokens, parents
+    return make
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tree_step_greedy_with_any_tree_and_cache_is_recomputation(seed):
+    target = tiny_gpt(seed, n_future=2)
+    prompt = random_ids(1 + 2 * seed, seed=seed)
+    expect = METHODS["ar"](Models(target=target), prompt, 20)[0]
+    got = tree_decode(target, prompt, 20, random_tree_with_duplicates(11), seed=seed, check_cache=True)
+    assert got == expect
+
+
+def test_tree_step_accepts_long_paths_and_keeps_the_cache_exact(models):
+    m = models["trained n_future=3"]
+    prompt = random_ids(6)
+    tree = parse_tree("0;1;0,0;1,0;0,0,0", 3, 11)  # small: 6 + 30 tokens + 6 guesses fit the context of 48
+    expect = METHODS["ar"](m, prompt, 30)[0]
+    ids, stats = METHODS["medusa"](m, prompt, 30, tree="0;1;0,0;1,0;0,0,0")
+    assert ids == expect and max(stats["accepted_per_step"]) >= 3
+    # the same run stepped by hand, checking the cache after every step
+    run = start(m, prompt, 30, 0)
+    target, cache = m.target, m.target.new_cache()
+    out = target(tensor(prompt, "cpu"), cache=cache)
+    last, hidden = int(out.logits[0, -1].argmax()), out.hidden[:, -1:]
+    done = run.emit([last])
+    while not done:
+        candidates = target.head_logits(hidden)[0, :, 0].topk(2, dim=-1).indices  # (3 heads, top-2)
+        tokens, parents = medusa_tree(last, candidates, tree)
+        emitted, path, out = tree_step(run, target, cache, tokens, parents, (0.0, None, None))
+        done = run.emit(emitted)
+        node = path[-1] if path else 0
+        last, hidden = emitted[-1], out.hidden[:, node:node + 1]
+        if done:  # the budget may have cut the step's tokens; the cache then holds more than the output
+            break
+        accepted = run.seq[:-1]
+        fresh = target.new_cache()
+        target(tensor(accepted, "cpu"), cache=fresh)
+        assert cache.length == len(accepted)
+        assert torch.allclose(cache.k[..., :cache.length, :], fresh.k[..., :cache.length, :], atol=TOL)
+    assert run.out == expect
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sampling: the target's law, exactly
+
+
+def exact_law(target, prompt, L, sampling):
+    """The target's law of its next L tokens after `prompt`, (V**L,) indexed by the base-V code of the
+    sequence: one batched forward over every possible continuation, no cache, no method."""
+    V = target.config.vocab_size
+    conts = torch.cartesian_prod(*[torch.arange(V)] * L).reshape(-1, L)  # (V**L, L) every continuation
+    x = torch.cat([torch.tensor(prompt).expand(len(conts), -1), conts], dim=1)  # (V**L, P+L)
+    P = len(prompt)
+    p = warp(target(x).logits[:, P - 1:P + L - 1], *sampling)  # (V**L, L, V) p(x_{P+i} | x_<P+i)
+    return p.gather(-1, conts[..., None]).squeeze(-1).prod(-1)  # (V**L,) product of the L conditionals
+
+
+def method_law(models, prompt, L, n, method, sampling, **options):
+    """Empirical law of the first L tokens over n seeded runs. The budget is L + 1 so that the first step
+    after the prefill may guess L - 1 tokens deep (a method never guesses past its budget)."""
+    V = models.target.config.vocab_size
+    codes = []
+    for seed in range(n):
+        ids = METHODS[method](models, prompt, L + 1, temperature=sampling[0], top_k=sampling[1], top_p=sampling[2],
+                              seed=seed, **options)[0]
+        codes.append(sum(t * V ** (L - 1 - i) for i, t in enumerate(ids[:L])))
+    return empirical_law(torch.tensor(codes), V ** L)
+
+
+SAMPLING_MODEL = dict(vocab_size=5, n_future=2, n_layer=1, n_embd=8, block_size=16)
+SAMPLING_TREE = "0;1;2;0,0;0,1;1,0"  # 3 guesses for the first token after the root, 3 for the second
+
+
+@pytest.mark.parametrize("method, L, sampling, n", [
+    ("medusa", 3, (1.0, None, None), 3000),
+    ("mtp", 2, (0.8, 4, None), 1500),  # warping (temperature, top-k) must apply to every rule the same way
+])
+def test_sampling_follows_the_target_law(method, L, sampling, n):
+    """First L tokens, V = 5: 5**L outcomes. With n draws, a correct sampler's empirical law is within
+    tv_bound(5**L, n) of the exact law with probability 1 - 1e-6: 0.129 for 125 outcomes and n = 3000,
+    0.102 for 25 outcomes and n = 1500. (Lossless verification itself is tested far more tightly in
+    test_verify.py; this checks that the methods wire it up right: warping, tree, cache, bonus token.)"""
+    models = Models(target=tiny_gpt(3, **SAMPLING_MODEL))
+    prompt = [1, 2]
+    options = {"tree": SAMPLING_TREE} if method == "medusa" else {}
+    law = method_law(models, prompt, L, n, method, sampling, **options)
+    assert tv(law, exact_law(models.target, prompt, L, sampling)) < tv_bound(5 ** L, n)
+
+
+def test_typical_acceptance_is_lossy():
+    """Negative control: the test above has the power to see a biased rule. Medusa's typical acceptance takes
+    any guess the target finds plausible; on this near-uniform tiny model that is every guess, so the second
+    token is whatever the heads ranked first, where the target would spread it over all 5."""
+    models = Models(target=tiny_gpt(3, **SAMPLING_MODEL))
+    n, sampling = 1000, (1.0, None, None)
+    law = method_law(models, [1, 2], 2, n, "medusa", sampling, tree=SAMPLING_TREE, verify="typical")
+    exact = exact_law(models.target, [1, 2], 2, sampling)
+    assert tv(law, exact) > tv_bound(25, n)  # 0.125; it comes out near 0.7
