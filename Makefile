@@ -1,7 +1,7 @@
 # Thin targets: each runs one visible command.
 PYTHON ?= python
 
-.PHONY: install train test
+.PHONY: install train test bench bench-quick
 
 install:
 	$(PYTHON) -m pip install -r requirements.txt
@@ -11,3 +11,9 @@ train:
 
 test:
 	$(PYTHON) -m pytest
+
+bench:
+	$(PYTHON) -m nanospec.bench
+
+bench-quick:
+	$(PYTHON) -m nanospec.bench --quick
