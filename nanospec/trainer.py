@@ -10,6 +10,7 @@ still decays its learning rate to the end instead of stopping at full speed.
 """
 import math
 import os
+import signal
 import time
 from dataclasses import dataclass, asdict
 
@@ -83,6 +84,10 @@ def batch_rng(cfg, step):
     return np.random.default_rng([cfg.seed, step])
 
 
+def stop_on_sigterm(signum, frame):
+    raise KeyboardInterrupt
+
+
 def train(name, model, loss_fn, eval_fn, cfg, ckpt_path, ckpt_fields, device, tokens_per_step):
     """Train `model` in place; resume from `ckpt_path` if it holds an unfinished run of the same part.
     `ckpt_fields()` returns what the checkpoint stores besides the training state (config, weights, tokenizer)."""
@@ -112,6 +117,7 @@ def train(name, model, loss_fn, eval_fn, cfg, ckpt_path, ckpt_fields, device, to
 
     model.train()
     losses, t_last, tok_rate = {}, time.perf_counter(), 0.0
+    signal.signal(signal.SIGTERM, stop_on_sigterm)  # `kill` and job schedulers: stop as cleanly as on Ctrl-C
     try:
         while step < cfg.max_iters and not (cfg.max_seconds and seconds >= cfg.max_seconds):
             t0 = time.perf_counter()

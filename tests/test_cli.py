@@ -118,3 +118,41 @@ def test_missing_checkpoint_says_run_make_train(tmp_path):
 def test_method_list():
     res = run_cli("decode.py", "--method", "list")
     assert res.returncode == 0 and res.stdout.startswith("ar")
+
+
+def test_a_crash_while_saving_leaves_the_old_checkpoint_intact(tmp_path, monkeypatch):
+    from nanospec import checkpoint
+    path = str(tmp_path / "x.pt")
+    checkpoint.save_atomic({"config": {}, "model": {}, "step": 1}, path)
+
+    def dies_mid_write(obj, f):
+        open(f, "wb").write(b"half a checkpoint")
+        raise OSError("disk full")
+    monkeypatch.setattr(checkpoint.torch, "save", dies_mid_write)
+    with pytest.raises(OSError):
+        checkpoint.save_atomic({"config": {}, "model": {}, "step": 2}, path)
+    assert load_checkpoint(path)["step"] == 1
+
+
+def test_sigterm_mid_training_saves_a_checkpoint_that_resumes(toy, tmp_path):
+    import signal
+    import time
+    base, _ = toy
+    out = tmp_path / "out"
+    args = [sys.executable, "train_tiny.py", "--preset", "toy", "--stage", "target", "--data-dir", str(base / "data"),
+            "--out-dir", str(out), "--max-iters", "100000"]
+    out.mkdir()
+    for f in ("tokenizer.tiktoken", "tokenizer.vocab"):
+        (out / f).write_bytes((base / "out" / f).read_bytes())
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 60
+    while not (out / "target.pt").exists() and time.time() < deadline:  # the first checkpoint (step 15)
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    log = proc.communicate(timeout=60)[0]
+    assert "interrupted" in log, log
+    ckpt = load_checkpoint(str(out / "target.pt"))
+    assert not ckpt["done"] and ckpt["step"] > 0
+    res = subprocess.run(args[:-1] + [str(ckpt["step"] + 2)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert f"resuming from {out / 'target.pt'} at step {ckpt['step']}" in res.stdout, res.stdout + res.stderr
+    assert load_checkpoint(str(out / "target.pt"))["done"]
