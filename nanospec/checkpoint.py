@@ -61,10 +61,11 @@ class Models:
     draft: GPT = None  # a smaller GPT on the same tokenizer, for `speculative`
     eagle: torch.nn.Module = None  # feature-level draft head, for `eagle`
     parallelspec: torch.nn.Module = None  # mask-token parallel drafter, for `parallelspec`
+    early_exit: torch.nn.Module = None  # adapters that make the target's first layers a draft, for `early-exit`
     eot: int = None  # end-of-text id: generation stops there (None: never stops early)
 
 
-PARTS = ("draft", "eagle", "parallelspec")  # optional parts, each in `<part>.pt` beside target.pt
+PARTS = ("draft", "eagle", "parallelspec", "early_exit")  # optional parts, each in `<part>.pt` beside target.pt
 
 
 def load_part(part, path, tokenizer_identity, device):
@@ -77,6 +78,9 @@ def load_part(part, path, tokenizer_identity, device):
     if part == "parallelspec":
         from nanospec.drafters.parallelspec import load_parallelspec
         return load_parallelspec(path, tokenizer_identity, device)
+    if part == "early_exit":
+        from nanospec.drafters.early_exit import load_early_exit
+        return load_early_exit(path, tokenizer_identity, device)
     raise ValueError(f"unknown model part {part!r}")
 
 

@@ -44,6 +44,10 @@ class KVCache:
     layer, then `advance(T)` makes them part of the cache. Decoding methods then keep what was accepted:
     `rollback(n)` drops everything from slot n on (a chain), `compact(keep)` keeps the listed slots in order
     (a tree path). Nothing outside this class touches its tensors.
+
+    Each layer counts its own tokens (`lengths`). They are all equal, except while `early-exit` drafts: it
+    runs only the lower layers over its guesses, so those layers run ahead of the upper ones until the
+    verify forward catches up. `length` is layer 0's count, i.e. every layer's in a cache used the plain way.
     """
 
     def __init__(self, config, batch_size=1, device="cpu", dtype=torch.float32, max_len=None):
@@ -52,29 +56,36 @@ class KVCache:
         shape = (n_layer, batch_size, H, self.max_len, config.n_embd // H)  # (L, B, nh, S, hs)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.length = 0
+        self.lengths = [0] * n_layer  # tokens held by each layer
+
+    @property
+    def length(self):
+        return self.lengths[0]
 
     def update(self, layer, k_new, v_new):
         """Write the new tokens' keys/values (B, nh, T, hs) for one layer; return all of them so far."""
-        T = k_new.size(2)
-        end = self.length + T
+        T, start = k_new.size(2), self.lengths[layer]
+        end = start + T
         if end > self.max_len:
             raise ValueError(f"KV cache full: {end} tokens > {self.max_len}; shorten the prompt or the generation")
-        self.k[layer, :, :, self.length:end] = k_new
-        self.v[layer, :, :, self.length:end] = v_new
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, nh, length+T, hs)
+        self.k[layer, :, :, start:end] = k_new
+        self.v[layer, :, :, start:end] = v_new
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, nh, start+T, hs)
 
-    def advance(self, T):
-        self.length += T
+    def advance(self, T, layers=None):
+        """Make the T tokens just written part of the cache, in `layers` (default: all of them)."""
+        for i in range(len(self.lengths)) if layers is None else layers:
+            self.lengths[i] += T
 
     def rollback(self, length):
-        """Forget every slot from `length` on. Cheap: the slots are simply overwritten later."""
-        assert 0 <= length <= self.length, (length, self.length)
-        self.length = length
+        """Forget every slot from `length` on, in every layer. Cheap: the slots are simply overwritten later."""
+        assert 0 <= length <= max(self.lengths), (length, self.lengths)
+        self.lengths = [min(n, length) for n in self.lengths]
 
     def compact(self, keep):
         """Keep only the slots listed in `keep` (increasing), moved to 0..len(keep)-1.
         Example: length 7, keep [0, 1, 2, 3, 5] (prefix 0..3, then tree node 5) -> slot 4 := slot 5, length 5."""
+        assert len(set(self.lengths)) == 1, f"compact needs every layer at the same length, got {self.lengths}"
         keep = torch.as_tensor(keep, dtype=torch.long, device=self.k.device)
         identity = torch.arange(len(keep), device=keep.device)
         moved = (keep != identity).nonzero()
@@ -83,11 +94,11 @@ class KVCache:
             src = keep[first:]
             self.k[:, :, :, first:len(keep)] = self.k[:, :, :, src]
             self.v[:, :, :, first:len(keep)] = self.v[:, :, :, src]
-        self.length = len(keep)
+        self.lengths = [len(keep)] * len(self.lengths)
 
     def clone(self):
         other = KVCache.__new__(KVCache)
-        other.max_len, other.length = self.max_len, self.length
+        other.max_len, other.lengths = self.max_len, list(self.lengths)
         other.k, other.v = self.k.clone(), self.v.clone()
         return other
 
@@ -192,21 +203,31 @@ class GPT(nn.Module):
     def num_params(self):
         return sum(p.numel() for p in self.parameters()) - self.wpe.weight.numel()
 
-    def forward(self, idx, pos=None, cache=None, mask=None, heads=False):
+    def forward(self, idx, pos=None, cache=None, mask=None, heads=False, layers=None, hidden_in=None):
         """idx (B, T) new tokens; pos (T,) or (B, T) position ids, default: right after the cache;
         cache: a KVCache the new keys/values are written to (then advanced by T);
-        mask (T, cached+T) bool, True = may attend, default causal; heads: also run the MTP heads."""
-        B, T = idx.shape
-        n_cached = cache.length if cache is not None else 0
+        mask (T, cached+T) bool, True = may attend, default causal; heads: also run the MTP heads.
+
+        layers (start, end): run only blocks start..end-1 (early exit). A range that starts above 0 reads
+        hidden_in (B, T, C), the output of block start-1, in place of idx (pass idx=None); a range that
+        stops below the last block returns only `hidden` (its output), no logits.
+        """
+        start, end = layers if layers is not None else (0, self.config.n_layer)
+        x = hidden_in if start > 0 else idx
+        T = x.size(1)  # x: idx (B, T) or hidden_in (B, T, C)
+        n_cached = cache.lengths[start] if cache is not None else 0
         if pos is None:
-            pos = torch.arange(n_cached, n_cached + T, device=idx.device)  # (T,)
+            pos = torch.arange(n_cached, n_cached + T, device=x.device)  # (T,)
         if mask is None and n_cached > 0:  # (is_causal in attention only fits a square T == S mask)
-            mask = causal_mask(n_cached, T, idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
-        for i, block in enumerate(self.blocks):
-            x = block(x, mask, cache, i)
+            mask = causal_mask(n_cached, T, x.device)
+        if start == 0:
+            x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        for i in range(start, end):
+            x = self.blocks[i](x, mask, cache, i)
         if cache is not None:
-            cache.advance(T)
+            cache.advance(T, range(start, end))
+        if end < self.config.n_layer:
+            return Output(logits=None, hidden=x)
         out = Output(logits=self.lm_head(self.ln_f(x)), hidden=x)
         if heads:
             out.head_logits = self.head_logits(x)

@@ -10,11 +10,13 @@ The registry: every `--method` name maps to a module with the same three things,
 """
 from nanospec.decoding import ar
 from nanospec.decoding import mtp, medusa
+from nanospec.decoding import early_exit
 
 MODULES = {
     "ar": ar,
     "mtp": mtp,
     "medusa": medusa,
+    "early-exit": early_exit,
 }
 METHODS = {name: module.generate for name, module in MODULES.items()}
 

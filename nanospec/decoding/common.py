@@ -110,11 +110,20 @@ def chain_step(run, target, cache, last, drafts, sampling, q_draft=None, heads=F
     """
     n_before = cache.length
     out = target(tensor([last] + list(drafts), cache.k.device), cache=cache, heads=heads)
-    p_target = warp(out.logits[0], *sampling)  # (k+1, V): the target's law after last, d1, ..., dk
+    emitted, n = chain_verify(run, cache, n_before, out.logits[0], drafts, sampling, q_draft)
+    return emitted, n, out
+
+
+def chain_verify(run, cache, n_before, logits, drafts, sampling, q_draft=None):
+    """The second half of `chain_step`, for a method that runs the verify forward its own way (`early-exit`
+    runs only the upper layers): the chain rule on that forward's logits (k+1, V) over [last, d1..dk], then the
+    cache rolled back to n_before (its length before last) + last + the accepted drafts.
+    Returns (emitted tokens, n_accepted)."""
+    p_target = warp(logits, *sampling)  # (k+1, V): the target's law after last, d1, ..., dk
     draft_ids = torch.tensor(list(drafts), dtype=torch.long)
     if q_draft is None:
         n, nxt = verify_chain_point_mass(p_target, draft_ids, run.generator)
     else:
         n, nxt = verify_chain(p_target, q_draft, draft_ids, run.generator)
     cache.rollback(n_before + 1 + n)  # keep last and the accepted drafts
-    return list(drafts[:n]) + [int(nxt)], n, out
+    return list(drafts[:n]) + [int(nxt)], n

@@ -1,0 +1,84 @@
+"""
+`early-exit`: self-speculation with the target's own first layers. The draft is blocks 1..E of the target
+plus its final norm and unembedding (through a small trained adapter when the checkpoint has one,
+nanospec/drafters/early_exit.py): no second model, nothing extra to keep in memory but the adapter.
+
+The draft shares more than weights with the target: its keys and values in blocks 1..E ARE the target's, for
+the same tokens at the same positions. So the lower layers' KV cache is written once, while drafting, and the
+verify forward runs only blocks E+1..L, over the block-E outputs the draft already computed (LayerSkip's
+"exit query cache"). The lower layers run ahead of the upper ones while drafting (the KV cache counts tokens
+per layer) and the verify forward catches them up.
+
+One step, L = 4 layers, E = 2, k = 3, greedy:
+    blocks 1-2 read 12 -> exit guesses 5; read 5 -> 9; read 9 -> 2; read 2 (only for the verify pass)
+    blocks 3-4 read the four block-2 outputs of [12, 5, 9, 2] -> target argmax after each: [5, 9, 7, 3]
+    accept 5, 9; reject 2 -> emit [5, 9, 7]; every layer's cache rolls back to [.., 12, 5, 9]
+Per step: k+1 one-token passes through E layers + one pass through L-E layers over k+1 tokens, for 1..k+1
+tokens (`ar` pays L layers per token). Sampling uses Leviathan's rule with q_draft = the exit's law, warped
+like the target's, so the output follows the (warped) target exactly; greedy output is `ar`'s.
+
+Papers: Elhoushi et al. 2024, LayerSkip, arXiv 2404.16710; Liu et al. 2024, Kangaroo, arXiv 2404.18911;
+Zhang et al. 2023, Draft & Verify, arXiv 2309.08168.
+"""
+import torch
+
+from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, DraftLength
+from nanospec.decoding.common import chain_verify, check_sampling, start, tensor
+from nanospec.drafters.early_exit import exit_logits
+from nanospec.verify import sample, warp
+
+NEEDS = ()  # the trained adapter (models.early_exit) is used when present, else the plain exit
+OPTIONS = {
+    "exit_layer": (int, None, "blocks the draft runs before exiting, 1..n_layer-1 (None = n_layer // 2)"),
+    "draft_len": (int, 4, "tokens the draft guesses per target forward (k)"),
+    **ADAPTIVE_OPTIONS,
+}
+
+
+@torch.inference_mode()
+def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
+             exit_layer=None, draft_len=4, adaptive="off", confidence=0.5):
+    check_sampling(temperature, top_k, top_p)
+    target, adapter = models.target, getattr(models, "early_exit", None)
+    L = target.config.n_layer
+    E = L // 2 if exit_layer is None else exit_layer
+    if not 1 <= E < L:
+        raise ValueError(f"exit_layer must be in 1..{L - 1} (the target has {L} layers), got {exit_layer}")
+    if draft_len < 1:
+        raise ValueError(f"draft_len must be at least 1, got {draft_len}")
+    length = DraftLength(adaptive, draft_len, confidence)
+    run = start(models, prompt_ids, max_new_tokens, seed)
+    sampling = (temperature, top_k, top_p)
+    device = target.wte.weight.device
+    cache = target.new_cache()
+    drafted = accepted = 0
+
+    def lower(token):  # blocks 1..E read one token; their cache advances, the upper layers' waits
+        return target(tensor([token], device), cache=cache, layers=(0, E)).hidden  # (1, 1, C)
+
+    # Prefill: the whole target reads the prompt and picks the first token itself, like `ar`.
+    logits = target(tensor(run.prompt, device), cache=cache).logits[0, -1]  # (V,)
+    done = run.emit([sample(warp(logits, *sampling), run.generator).item()])
+    while not done:
+        n_before, k = cache.length, run.draft_room(length.k)  # fewer guesses near the context end or budget
+        # Draft: the exit reads block E's output for the newest token and guesses the next, k times. Each
+        # guess goes through blocks 1..E too: the next guess and the verify pass both need its block-E output.
+        hidden, drafts, q_rows = [lower(run.seq[-1])], [], []
+        while len(drafts) < k:
+            logits = exit_logits(target, adapter, E, hidden[-1])[0, -1]  # (V,)
+            q_rows.append(warp(logits, *sampling))  # (V,) Leviathan's rule needs the law each guess came from
+            drafts.append(sample(q_rows[-1], run.generator).item())
+            hidden.append(lower(drafts[-1]))
+            if length.stop(logits, drafts[-1]):
+                break
+        # Verify: blocks E+1..L read the k+1 block-E outputs in one forward; the chain rule on its logits, then
+        # every layer's cache rolls back to the newest token + the accepted guesses.
+        out = target(None, cache=cache, layers=(E, L), hidden_in=torch.cat(hidden, dim=1))  # logits (1, k+1, V)
+        q_draft = torch.stack(q_rows) if drafts else None  # (k, V); no guesses: the target just samples
+        emitted, n = chain_verify(run, cache, n_before, out.logits[0], drafts, sampling, q_draft)
+        drafted, accepted = drafted + len(drafts), accepted + n
+        length.update(len(drafts), n)
+        done = run.emit(emitted)
+
+    return run.out, run.stats(drafted=drafted, accepted=accepted, acceptance_rate=accepted / max(1, drafted),
+                              exit_layer=E, adapter=adapter is not None)

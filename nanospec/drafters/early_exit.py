@@ -1,0 +1,136 @@
+"""
+The early-exit adapter: what makes the target's first E layers a useful draft of the whole target.
+
+Exiting after block E means putting the hidden state there through the model's final norm and unembedding,
+which were trained to read the LAST block's output, not block E's. A small adapter, trained afterwards on the
+frozen target, bridges the two (Kangaroo, Liu et al. 2024, arXiv 2404.18911, trains one attention layer for
+the same job; LayerSkip, Elhoushi et al. 2024, arXiv 2404.16710, instead adds an early-exit loss to the
+target's own training, which needs a retrain):
+
+    h_E (block E's output)  -> adapter: h + W2 gelu(W1 norm(h))  -> ln_f -> lm_head  -> q_draft (exit E's law)
+
+One adapter per exit layer E = 1..n_layer-1, each one residual MLP like an MTP head (nanospec/model.py's
+MTPHead): it reads one position and keeps no cache, so drafting costs E layers + one MLP per guess. Its last
+projection starts at zero, so an untrained adapter is the plain exit. Training distills each exit to the
+target's next-token law (soft cross-entropy = KL(p_target || q_draft) + const): acceptance is about agreeing
+with the target, not about predicting the data.
+"""
+import os
+import time
+from dataclasses import asdict
+
+import numpy as np
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from nanospec.checkpoint import CheckpointError, load_checkpoint, load_gpt
+from nanospec.model import GPTConfig, MTPHead
+from nanospec.trainer import batch_rng, train
+
+
+class ExitAdapter(nn.Module):
+    def __init__(self, config):
+        """config: the target's GPTConfig; one residual MLP for each exit layer 1..n_layer-1."""
+        super().__init__()
+        self.config = config
+        self.exits = nn.ModuleList(MTPHead(config) for _ in range(config.n_layer - 1))
+
+    def forward(self, hidden, exit_layer):
+        """hidden (B, T, C), block exit_layer's output -> (B, T, C), what ln_f and lm_head should read."""
+        return self.exits[exit_layer - 1](hidden)
+
+
+def exit_logits(target, adapter, exit_layer, hidden):
+    """The early-exit draft's logits (B, T, V) from block exit_layer's output (B, T, C): the target's final norm
+    and unembedding, through the adapter when there is one (None: the plain exit)."""
+    if adapter is not None:
+        hidden = adapter(hidden, exit_layer)
+    return target.lm_head(target.ln_f(hidden))
+
+
+def exit_hidden_states(target, w):
+    """w (B, T) -> [block 1's output, ..., block L's output], each (B, T, C), and the target's logits (B, T, V)."""
+    L = target.config.n_layer
+    hidden = [target(w, layers=(0, 1)).hidden]
+    for i in range(1, L - 1):
+        hidden.append(target(None, layers=(i, i + 1), hidden_in=hidden[-1]).hidden)
+    out = target(None, layers=(L - 1, L), hidden_in=hidden[-1])
+    return hidden + [out.hidden], out.logits
+
+
+def distill_losses(adapter, target, w, positions=None):
+    """w (B, T) windows -> {exit E: soft cross-entropy to the target's law, agree E: how often exit E's argmax
+    equals the target's}. The loss to minimise is the sum over exits. positions (S,): use only these."""
+    with torch.no_grad():
+        hidden, logits = exit_hidden_states(target, w)
+    if positions is not None:
+        hidden, logits = [h[:, positions] for h in hidden], logits[:, positions]
+    V = logits.size(-1)
+    p_target = torch.softmax(logits.float(), dim=-1).reshape(-1, V)  # (B*S, V)
+    losses = {}
+    for E in range(1, target.config.n_layer):
+        q_logits = exit_logits(target, adapter, E, hidden[E - 1]).float()  # (B, S, V)
+        losses[f"exit{E}"] = F.cross_entropy(q_logits.reshape(-1, V), p_target)
+        losses[f"agree{E}"] = (q_logits.argmax(-1) == logits.argmax(-1)).float().mean()
+    return losses
+
+
+def train_stage(ctx):
+    """train_tiny.py's stage "early_exit": train the adapter on the frozen out/target.pt, or skip it if
+    out/early_exit.pt is complete and was trained on this target."""
+    path = os.path.join(ctx.out_dir, "early_exit.pt")
+    target_path = os.path.join(ctx.out_dir, "target.pt")
+    target = load_gpt(target_path, ctx.tokenizer.identity, ctx.device)
+    target.requires_grad_(False)
+    target_step = load_checkpoint(target_path)["step"]  # which training of the target the adapter fits
+    if os.path.exists(path):
+        ckpt = load_checkpoint(path, ctx.tokenizer.identity)
+        if ckpt["config"] != asdict(target.config) or ckpt.get("target_step") != target_step:
+            raise CheckpointError(f"{path} was trained for another target than {target_path}; delete it and "
+                                  "run `python train_tiny.py --stage early_exit`")
+        if ckpt.get("done"):
+            print(f"early_exit: {path} is complete, skipping (delete it to retrain)")
+            return
+    train_cfg = ctx.train_cfg("early_exit_train")
+    torch.manual_seed(train_cfg.seed)
+    adapter = ExitAdapter(target.config).to(ctx.device)
+    T, B = ctx.cfg.get("early_exit_seq_len", 128), train_cfg.batch_size
+
+    def windows(tokens, starts):
+        return torch.from_numpy(np.stack([tokens[s:s + T] for s in starts]).astype(np.int64)).to(ctx.device)
+
+    val = windows(ctx.val_tokens, np.linspace(0, len(ctx.val_tokens) - T - 1, 2 * B).astype(np.int64))  # (2B, T)
+
+    def loss_fn(model, step):
+        rng = batch_rng(train_cfg, step)
+        w = windows(ctx.train_tokens, rng.integers(0, len(ctx.train_tokens) - T, size=B))  # (B, T)
+        # a random half of the positions: the unembedding (V wide) dominates the cost, the gradient stays unbiased
+        pos = torch.from_numpy(rng.choice(T, T // 2, replace=False)).to(ctx.device)
+        losses = distill_losses(model, target, w, pos)
+        loss = sum(v for k, v in losses.items() if k.startswith("exit"))
+        return loss, {k: v.item() for k, v in losses.items()}
+
+    def eval_fn(model):
+        parts = [distill_losses(model, target, val[i:i + B]) for i in range(0, len(val), B)]
+        return {k: sum(p[k].item() for p in parts) / len(parts) for k in parts[0]}
+
+    with torch.no_grad():
+        plain = eval_fn(None)  # the untrained baseline: the plain exit, no adapter
+    print("early_exit: plain exit (no adapter) val | " + " | ".join(f"{k} {v:.3f}" for k, v in plain.items()))
+    n_params = sum(p.numel() for p in adapter.parameters())
+    print(f"early_exit: {n_params / 1e6:.2f}M parameters ({len(adapter.exits)} adapters), windows of {T} tokens")
+    t0 = time.time()
+    train("early_exit", adapter, loss_fn, eval_fn, train_cfg, path,
+          lambda: {"config": asdict(target.config), "model": adapter.state_dict(),
+                   "tokenizer": ctx.tokenizer.identity, "target_step": target_step},
+          ctx.device, B * T)
+    print(f"early_exit: stage took {time.time() - t0:.0f}s")
+
+
+def load_early_exit(path, tokenizer_identity=None, device="cpu"):
+    """The adapters from early_exit.pt; `exit_logits` applies them on the target they were trained on."""
+    ckpt = load_checkpoint(path, tokenizer_identity)
+    adapter = ExitAdapter(GPTConfig(**ckpt["config"]))
+    adapter.load_state_dict(ckpt["model"])
+    return adapter.to(device).eval()
