@@ -1,0 +1,79 @@
+"""
+`speculative`: a small draft GPT guesses k tokens one by one; the target checks all k in ONE forward and
+keeps the longest prefix that its rule accepts, plus one token of its own. Lossless, greedy and sampling.
+
+Leviathan et al. 2022, "Fast Inference from Transformers via Speculative Decoding", arXiv 2211.17192;
+Chen et al. 2023, "Accelerating Large Language Model Decoding with Speculative Sampling", arXiv 2302.01318.
+
+One step, k = 3, greedy (the draft's and the target's argmax):
+    sequence so far [..., 12]; the draft reads 12 -> 5, then 5 -> 9, then 9 -> 2: drafts [5, 9, 2]
+    one target forward over [12, 5, 9, 2] -> argmax after each: [5, 9, 7, 3]
+    5 == 5 accept, 9 == 9 accept, 2 != 7 reject -> emit [5, 9, 7]: 3 tokens for 1 target forward.
+Sampling: draft token x, drawn from the draft's q, is accepted with probability min(1, p(x)/q(x)); the first
+rejected one is replaced by a sample of norm(max(0, p - q)); if all k pass, the target's law after the last
+draft gives a bonus token (nanospec/verify.py has the rule and why it reproduces p exactly). Target and
+draft are warped with the same temperature / top-k / top-p, so the output follows the warped target.
+
+Both models keep a KV cache. The target's holds the sequence minus its newest token, which opens the next
+verify forward. The draft's lags behind: it has not yet read the token the target just chose (correction or
+bonus), nor, after a fully accepted step, d_k (it guessed d_k but never fed it back). So each step first feeds the draft all it has not read, `seq[length:]`: the newest token; [d_k, bonus] after a fully
+accepted step; the prompt and the first token at the start. One forward either way, no extra pass.
+
+Cost per step: k draft forwards + 1 target forward for 1..k+1 tokens. If each guess is accepted with
+probability a, independently, a step yields (1 - a^(k+1)) / (1 - a) tokens on average. The stats'
+`acceptance_rate` is accepted / drafted; it counts the guesses after a rejection, never judged, as failures.
+"""
+import torch
+
+from nanospec.decoding.common import start, check_sampling, chain_step, tensor
+from nanospec.verify import warp, sample
+
+NEEDS = ("draft",)  # model parts beyond the target
+OPTIONS = {"draft_len": (int, 4, "tokens the draft guesses per target forward (k)")}
+
+
+@torch.inference_mode()
+def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
+             draft_len=4):
+    check_sampling(temperature, top_k, top_p)
+    target, draft = models.target, models.draft
+    if draft_len < 1:
+        raise ValueError(f"draft_len must be at least 1, got {draft_len}")
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"draft and target use different tokenizers (vocab {draft.config.vocab_size} vs "
+                         f"{target.config.vocab_size}): retrain the draft")
+    if draft.config.block_size < target.config.block_size:
+        raise ValueError(f"the draft's context ({draft.config.block_size}) is shorter than the target's "
+                         f"({target.config.block_size}): retrain the draft with the target's block_size")
+    run = start(models, prompt_ids, max_new_tokens, seed)
+    sampling = (temperature, top_k, top_p)
+    device = target.wte.weight.device
+    target_cache, draft_cache = target.new_cache(), draft.new_cache()
+    drafted = accepted = draft_forwards = 0
+
+    # Prefill: the target reads the prompt and picks the first token itself, like `ar`.
+    logits = target(tensor(run.prompt, device), cache=target_cache).logits[0, -1]  # (V,)
+    done = run.emit([sample(warp(logits, *sampling), run.generator).item()])
+    while not done:
+        seq = run.seq
+        k = run.draft_room(draft_len)  # fewer guesses near the context end or the token budget
+        # Draft k tokens autoregressively, keeping each q row: Leviathan's rule needs the law each came from.
+        x, drafts, q_rows = seq[draft_cache.length:], [], []  # x: what the draft has not read yet
+        for _ in range(k):
+            logits = draft(tensor(x, device), cache=draft_cache).logits[0, -1]  # (V,)
+            q_rows.append(warp(logits, *sampling))  # (V,)
+            drafts.append(sample(q_rows[-1], run.generator).item())
+            x = [drafts[-1]]
+        draft_forwards += k
+        q_draft = torch.stack(q_rows) if k else None  # (k, V); k == 0: no guesses, the target just samples
+
+        # One target forward over [last, d1..dk]; the target cache rolls back to last + accepted drafts.
+        emitted, n, _ = chain_step(run, target, target_cache, seq[-1], drafts, sampling, q_draft=q_draft)
+        drafted, accepted = drafted + k, accepted + n
+        # The draft cache read seq and d1..d(k-1). Keep seq + the accepted drafts, as far as it read them:
+        # after n == k it lacks d_k, which the next step feeds it with the target's new token.
+        draft_cache.rollback(min(draft_cache.length, len(seq) + n))
+        done = run.emit(emitted)
+
+    return run.out, run.stats(drafted=drafted, accepted=accepted, acceptance_rate=accepted / max(1, drafted),
+                              draft_forwards=draft_forwards)
