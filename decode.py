@@ -23,17 +23,18 @@ RESET = "\033[0m"
 
 
 def method_flags(parser):
-    """Each method's OPTIONS become --kebab-case flags; a flag left unset lets the method use its default."""
+    """Each method's OPTIONS become --kebab-case flags; a flag left unset lets the method use its default.
+    Returns {option: [methods that take it]}."""
     seen = {}
     for method, module in MODULES.items():
-        for name, (typ, default, help_text) in module.OPTIONS.items():
-            if name in seen:
-                seen[name].append(method)
-                continue
-            seen[name] = [method]
-            kwargs = {"action": "store_true"} if typ is bool else {"type": typ}
-            parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
-                                help=f"{help_text} (default {default})", **kwargs)
+        for name in module.OPTIONS:
+            seen.setdefault(name, []).append(method)
+    for name, methods in seen.items():
+        typ, _, help_text = MODULES[methods[0]].OPTIONS[name]
+        defaults = ", ".join(f"{m} {MODULES[m].OPTIONS[name][1]}" for m in methods)
+        kwargs = {"action": "store_true"} if typ is bool else {"type": typ}
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                            help=f"[{', '.join(methods)}] {help_text} (default: {defaults})", **kwargs)
     return seen
 
 
@@ -50,17 +51,16 @@ def grouped(tokenizer, ids, groups, colour):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--method", default="ar", help="decoding method, or 'list' to list them")
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    p.add_argument("--method", default="ar", help="decoding method, or 'list' to list them (default ar)")
     p.add_argument("--prompt", default=None, help="prompt text (default: read standard input)")
-    p.add_argument("--max-new-tokens", type=int, default=100, help="tokens to generate at most")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; >0 samples")
+    p.add_argument("--max-new-tokens", type=int, default=100, help="tokens to generate at most (default 100)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens only")
     p.add_argument("--top-p", type=float, default=None, help="sample from the smallest set with this much mass")
     p.add_argument("--seed", type=int, default=None, help="seed for sampling (same seed, same output)")
-    p.add_argument("--ckpt", default="out", help="folder with tokenizer.tiktoken and target.pt from `make train`")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    p.add_argument("--ckpt", default="out", help="folder with tokenizer.tiktoken and target.pt from `make train` (default out)")
+    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or mps")
     p.add_argument("--json", action="store_true", help="print one JSON object on one line instead")
     options = method_flags(p)
     args = p.parse_args(argv)

@@ -34,7 +34,8 @@ def check_stats(ids, stats, k):
     assert all(1 <= n <= k + 1 for n in steps[:-1]) and 0 <= steps[-1] <= k + 1
     assert 0 <= stats["accepted"] <= stats["drafted"] <= k * (len(steps) - 1)
     assert stats["draft_forwards"] == stats["drafted"]
-    assert stats["acceptance_rate"] == stats["accepted"] / max(1, stats["drafted"])
+    assert stats["accepted"] <= stats["judged"] <= stats["drafted"]
+    assert stats["acceptance_rate"] == stats["accepted"] / max(1, stats["judged"])
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ accepted step; the prompt and the first token at the start. One forward either w
 
 Cost per step: k draft forwards + 1 target forward for 1..k+1 tokens. If each guess is accepted with
 probability a, independently, a step yields (1 - a^(k+1)) / (1 - a) tokens on average. The stats'
-`acceptance_rate` is accepted / drafted; it counts the guesses after a rejection, never judged, as failures.
+`acceptance_rate` estimates that a: accepted / judged, where a guess is judged if every guess before it was
+accepted (guesses after a rejection are never looked at, so they say nothing about a).
 """
 import torch
 
@@ -49,7 +50,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     sampling = (temperature, top_k, top_p)
     device = target.wte.weight.device
     target_cache, draft_cache = target.new_cache(), draft.new_cache()
-    drafted = accepted = draft_forwards = 0
+    drafted = accepted = judged = draft_forwards = 0
 
     # Prefill: the target reads the prompt and picks the first token itself, like `ar`.
     logits = target(tensor(run.prompt, device), cache=target_cache).logits[0, -1]  # (V,)
@@ -69,11 +70,11 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
 
         # One target forward over [last, d1..dk]; the target cache rolls back to last + accepted drafts.
         emitted, n, _ = chain_step(run, target, target_cache, seq[-1], drafts, sampling, q_draft=q_draft)
-        drafted, accepted = drafted + k, accepted + n
+        drafted, accepted, judged = drafted + k, accepted + n, judged + min(n + 1, k)
         # The draft cache read seq and d1..d(k-1). Keep seq + the accepted drafts, as far as it read them:
         # after n == k it lacks d_k, which the next step feeds it with the target's new token.
         draft_cache.rollback(min(draft_cache.length, len(seq) + n))
         done = run.emit(emitted)
 
-    return run.out, run.stats(drafted=drafted, accepted=accepted, acceptance_rate=accepted / max(1, drafted),
-                              draft_forwards=draft_forwards)
+    return run.out, run.stats(drafted=drafted, accepted=accepted, judged=judged,
+                              acceptance_rate=accepted / max(1, judged), draft_forwards=draft_forwards)
