@@ -29,6 +29,7 @@ import datetime
 import json
 import os
 import platform
+import random
 import re
 import statistics
 import subprocess
@@ -41,6 +42,7 @@ from nanospec.checkpoint import CheckpointError, load_models
 from nanospec.decoding import MODULES, METHODS, check_method
 from nanospec.decoding.common import tensor
 from nanospec.trainer import pick_device
+from nanospec.verify import sample, warp
 
 
 T0 = time.perf_counter()
@@ -62,7 +64,15 @@ def machine():
                 break
     except OSError:
         pass
-    return f"{name}, {os.cpu_count()} cores, torch using {torch.get_num_threads()} threads"
+    return f"{name}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
+
+
+def load_average():
+    """The 1-minute load average (runnable processes), or '?' where the OS does not say."""
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except (AttributeError, OSError):
+        return "?"
 
 
 def device_name(device):
@@ -91,8 +101,8 @@ def preset_of(config):
 
 def describe(model):
     c = model.config
-    return (f"{model.num_params() / 1e6:.2f}M parameters ({c.n_layer} layers x {c.n_embd} wide, "
-            f"{c.n_head} heads, vocab {c.vocab_size}, context {c.block_size})")
+    return (f"{model.num_params() / 1e6:.2f}M parameters ({c.n_layer} layer{'s' * (c.n_layer > 1)} x {c.n_embd} "
+            f"wide, {c.n_head} heads, vocab {c.vocab_size}, context {c.block_size})")
 
 
 # ----------------------------------------------------------------------------- prompts
@@ -152,7 +162,7 @@ def run_all(models, names, prompts, temperature, max_new_tokens, repeats, seed, 
                 try:
                     (ids, stats), seconds = timed(METHODS[name], models, p["ids"], max_new_tokens,
                                                   temperature=temperature, seed=seed + i)
-                except Exception as e:  # another engineer's method mid-change must not sink the whole table
+                except Exception as e:  # one broken method must not sink the whole table
                     failed[name] = f"{type(e).__name__}: {e} (prompt {p['id']}, temperature {temperature:g})"
                     log(f"FAILED {name}: {failed[name]}")
                     continue
@@ -200,22 +210,37 @@ def ngram_repeats(context, out, n=4):
 # ----------------------------------------------------------------------------- forward cost and Leviathan
 
 @torch.inference_mode()
-def forward_seconds(model, prefix_len, sizes, reps):
-    """{n: median seconds of one forward over n new tokens on top of a cached prefix of prefix_len tokens}.
-    The sizes are interleaved within each repetition, so machine noise spreads over all of them."""
-    device = model.wte.weight.device
+def step_seconds(jobs, prefix_len, reps):
+    """Seconds of each job (model, n, temperature): one forward of `model` over n new tokens on top of a
+    cached prefix of prefix_len tokens, then, unless temperature is None, picking the next token from the
+    last position as a decoding step does (warp + sample). The fastest of reps runs: on a busy machine a run
+    that lost the CPU for a scheduler slice (~10 ms) measures the machine, not the model. The jobs take
+    turns in a shuffled order in each repetition, so that no job is always the one after a slow moment."""
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, model.config.vocab_size, (1, prefix_len + max(sizes)), generator=gen).to(device)
-    cache = model.new_cache()
-    model(ids[:, :prefix_len], cache=cache)
-    times = {n: [] for n in sizes}
+    caches = {}
+    for model, _, _ in jobs:
+        if id(model) not in caches:  # one cache per model, filled once with the same random prefix
+            ids = torch.randint(0, model.config.vocab_size, (1, prefix_len + 64), generator=gen)
+            caches[id(model)] = (model.new_cache(), ids.to(model.wte.weight.device))
+            model(caches[id(model)][1][:, :prefix_len], cache=caches[id(model)][0])
+    times = [[] for _ in jobs]
+    order = list(range(len(jobs)))
     for r in range(reps + 1):  # the first round warms up
-        for n in sizes:
+        random.Random(r).shuffle(order)
+        for j in order:
+            model, n, temperature = jobs[j]
+            cache, ids = caches[id(model)]
             cache.rollback(prefix_len)
-            _, seconds = timed(model, ids[:, prefix_len:prefix_len + n], cache=cache)
+            _, seconds = timed(one_step, model, ids[:, prefix_len:prefix_len + n], cache, temperature, gen)
             if r:
-                times[n].append(seconds)
-    return {n: statistics.median(t) for n, t in times.items()}
+                times[j].append(seconds)
+    return [min(t) for t in times]
+
+
+def one_step(model, x, cache, temperature, generator):
+    logits = model(x, cache=cache).logits[0, -1]  # (V,)
+    if temperature is not None:
+        sample(warp(logits, temperature, None, None), generator)
 
 
 def acceptance_mle(per_prompt, k, max_new_tokens):
@@ -282,8 +307,9 @@ def method_rows(results, names, prompts, categories, greedy, failed):
             if group != "all":
                 cells.append(f"{speedup:.2f}x ({tokens / forwards:.2f})")
         s = summary[name]["all"]
-        row = [name, *cells, f"{s['tokens_per_forward']:.2f}", f"{s['tokens_per_forward'] - 1:.2f}",
-               f"{s['tokens_per_s']:.1f}", f"{s['speedup']:.2f}x"]
+        accepted = round(s["tokens_per_forward"] - 1, 2) + 0.0  # + 0.0: no "-0.00" (ar stopped by end-of-text)
+        row = [name, *cells, f"{s['tokens_per_forward']:.2f}", f"{accepted:.2f}", f"{s['tokens_per_s']:.1f}",
+               f"{s['speedup']:.2f}x"]
         if greedy:
             equal = sum(results[name][p["id"]]["ids"] == results["ar"][p["id"]]["ids"] for p in prompts)
             summary[name]["equal"] = equal
@@ -327,6 +353,83 @@ def bar_chart(summary, names, width=40):
     return lines
 
 
+def report_header(args, argv, models, device, prompts, categories, temperatures, seconds, loads):
+    lens = [len(q["ids"]) for q in prompts]
+    command = " ".join(argv if argv is not None else sys.argv[1:])
+    draft = f"; draft {describe(models.draft)}" if models.draft is not None else ""
+    return [f"# nanospec bench, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
+            f"- machine: {machine()}; device: {device_name(device)}; torch {torch.__version__}; "
+            f"Python {platform.python_version()}; commit {git_commit()}",
+            f"- model: {args.ckpt}/ (preset {preset_of(models.target.config)}): target {describe(models.target)}"
+            f"{draft}; {args.dtype}",
+            f"- prompts: {args.prompts}, {len(prompts)} ({', '.join(categories)}; up to {args.prompts_per_category} "
+            f"each), {min(lens)}-{max(lens)} tokens (mean {sum(lens) / len(lens):.0f})",
+            f"- settings: {args.max_new_tokens} new tokens per prompt, batch size 1, temperatures "
+            f"{', '.join(f'{t:g}' for t in temperatures)}, {args.repeats} timed run(s) per prompt and method after "
+            f"a warm-up, seed {args.seed} + prompt index, each method with its default options",
+            f"- command: python -m nanospec.bench {command}".rstrip(),
+            f"- time: {seconds:.0f}s of measurements; load average (1 min) before {loads[0]}, after {loads[1]} "
+            f"(other work on the machine makes every timing noisy)", ""]
+
+
+def repetition_section(results, prompts, categories, temperatures):
+    rows = []
+    for c in categories:
+        row = [c]
+        for t in temperatures:
+            own = seen = total = 0
+            for q in (q for q in prompts if q["category"] == c):
+                o, s, n = ngram_repeats(q["ids"], results[t]["ar"][q["id"]]["ids"])
+                own, seen, total = own + o, seen + s, total + n
+            row += [f"{own / max(1, total):.0%}", f"{seen / max(1, total):.0%}"]
+        rows.append(row)
+    header = ["category"] + [f"{'greedy' if t == 0 else f't={t:g}'}: {what}" for t in temperatures
+                             for what in ("repeats own 4-grams", "4-grams in prompt or earlier")]
+    return ["## How repetitive ar's output is", "", table(header, rows), "",
+            "Share of the output's token 4-grams that already occurred earlier in the output (a loop), and "
+            "earlier in prompt + output (what a copying draft can find). High values flatter every method.", ""]
+
+
+def cost_section(cost, prefix, reps):
+    rows = [[f"{n0}-{n0 + 7}"] + [f"{cost[n] / cost[1]:.2f}" for n in range(n0, n0 + 8) if n in cost]
+            for n0 in range(1, max(cost) + 1, 8)]
+    return ["## Cost of one target forward over n new tokens, relative to n = 1", "",
+            table(["n", *[f"+{i}" for i in range(8)]], rows), "",
+            f"cost(1) = {cost[1] * 1e3:.2f} ms: one target forward over 1 token after a {prefix}-token cached "
+            f"prefix (fastest of {reps} runs). Row '9-16', column '+3' is n = 12. A method that produces t tokens per "
+            f"forward while verifying n positions gains at most about t / (cost(n)/cost(1)), before its own "
+            f"drafting overhead: that is why speedups fall short of tokens/forward.", ""]
+
+
+def leviathan_section(results, summaries, prompts, categories, temperatures, cost, step, max_new_tokens):
+    """Leviathan's predicted speedup for `speculative` from its measured acceptance rate, next to the measured
+    one. step[(is_draft, temperature)]: seconds of one forward (temperature None) or decoding step."""
+    k = MODULES["speculative"].OPTIONS["draft_len"][1]
+    c_forward = step[True, None] / cost[1]
+    verify = cost[min(k + 1, max(cost))] / cost[1]
+    rows = []
+    for t in temperatures:
+        c_step = step[True, t] / step[False, t]
+        for group in categories + ["all"]:
+            ids = [q["id"] for q in prompts if group in ("all", q["category"])]
+            a, per_step = acceptance_mle([results[t]["speculative"][i]["stats"] for i in ids], k, max_new_tokens)
+            predicted_tokens = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+            rows.append([f"{t:g}", group, f"{a:.2f}", f"{predicted_tokens:.2f}", f"{per_step:.2f}",
+                         f"{leviathan(a, k, c_forward):.2f}x", f"{c_step:.2f}",
+                         f"{leviathan(a, k, c_step, verify):.2f}x",
+                         f"{summaries[t]['speculative'][group]['speedup']:.2f}x"])
+    header = ["temperature", "category", "a", "tokens/step predicted", "measured", "speedup predicted (Leviathan)",
+              "c_step", "predicted (c_step, verify cost)", "measured"]
+    return [f"## speculative: predicted against measured (k = {k}, c = draft/target forward time = {c_forward:.2f})",
+            "", table(header, rows), "",
+            "a: acceptance rate per draft token (maximum likelihood from the accepted counts). Predicted "
+            "tokens/step: (1 - a^(k+1)) / (1 - a). Leviathan et al.'s speedup: that / (k c + 1), with c the "
+            "ratio of bare forwards over 1 token. The next prediction prices what the formula leaves out: "
+            "c_step is the ratio of whole decoding steps (forward + warp + sample: per token, the draft pays "
+            f"the same Python and sampling overhead as the target), and the verify forward over k+1 tokens "
+            f"costs cost({k + 1})/cost(1) = {verify:.2f}, not 1. Neither counts the prefill.", ""]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description="Benchmark every decoding method against ar on the same prompts.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -340,7 +443,9 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="prompt i is generated with seed + i by every method")
     p.add_argument("--ckpt", default="out", help="folder with tokenizer.tiktoken, target.pt and optional parts")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 = torch's default")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads, 0 = torch's default (one per core). Batch-1 decoding of a tiny model "
+                        "gains little from more, and on a busy machine threads stall waiting for each other")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                    help="float64 is slow but rules out near-ties when checking greedy equality (tests)")
     p.add_argument("--quick", action="store_true",
@@ -392,98 +497,44 @@ def main(argv=None):
         for name in names:
             METHODS[name](models, prompts[0]["ids"], min(8, args.max_new_tokens), temperature=t, seed=0)
     failed, results = {}, {}
-    t_start = time.perf_counter()
+    t_start, load_before = time.perf_counter(), load_average()
     for t in temperatures:
         results[t] = run_all(models, names, prompts, t, args.max_new_tokens, args.repeats, args.seed, failed)
 
-    # Forward cost against n, on top of a ~100-token cached prefix (as after a prompt).
+    # Forward cost against n, on top of a ~100-token cached prefix (as after a prompt); and, for Leviathan's c,
+    # the draft's forward and decoding step (forward + warp + sample) against the target's, timed in turns.
     sizes = list(range(1, 9 if args.quick else 65))
     prefix = min(100, block - max(sizes))
-    reps = 3 if args.quick else 15
-    cost = forward_seconds(models.target, prefix, sizes, reps)
-    bench_seconds = time.perf_counter() - t_start
+    reps = 3 if args.quick else 21
+    jobs = [(models.target, n, None) for n in sizes]
+    if "speculative" in names:
+        jobs += [(m, 1, t) for t in temperatures for m in (models.target, models.draft)] + [(models.draft, 1, None)]
+    log("timing target forwards over n = 1..%d tokens" % max(sizes))
+    seconds = step_seconds(jobs, prefix, reps)
+    cost = dict(zip(sizes, seconds))
+    step = {(job[0] is models.draft, job[2]): s for job, s in zip(jobs[len(sizes):], seconds[len(sizes):])}
+    loads = (load_before, load_average())
 
-    # ------------------------------------------------------------------ the report
-    lens = [len(q["ids"]) for q in prompts]
-    out = [f"# nanospec bench, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
-           f"- machine: {machine()}; device: {device_name(device)}; torch {torch.__version__}; "
-           f"Python {platform.python_version()}; commit {git_commit()}",
-           f"- model: {args.ckpt}/ (preset {preset_of(models.target.config)}): target {describe(models.target)}"
-           + (f"; draft {describe(models.draft)}" if models.draft is not None else "") + f"; {args.dtype}",
-           f"- prompts: {args.prompts}, {len(prompts)} ({', '.join(categories)}; up to {args.prompts_per_category} "
-           f"each), {min(lens)}-{max(lens)} tokens (mean {sum(lens) / len(lens):.0f})",
-           f"- settings: {args.max_new_tokens} new tokens per prompt, batch size 1, temperatures "
-           f"{', '.join(f'{t:g}' for t in temperatures)}, {args.repeats} timed run(s) per prompt and method after "
-           f"a warm-up, seed {args.seed} + prompt index, each method with its default options",
-           f"- command: python -m nanospec.bench {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip(),
-           f"- time: {bench_seconds:.0f}s of measurements", ""]
+    out = report_header(args, argv, models, device, prompts, categories, temperatures,
+                        time.perf_counter() - t_start, loads)
     out += notes + [f"- FAILED {name}: {why}" for name, why in failed.items()] + ([""] if notes or failed else [])
-    header_cats = [f"{c}: speedup (tok/fwd)" for c in categories]
     summaries = {}
     for t in temperatures:
         greedy = t == 0
         rows, summaries[t] = method_rows(results[t], names, prompts, categories, greedy, failed)
-        out += [f"## {'greedy (temperature 0)' if greedy else f'temperature {t:g}'}", "",
-                table(["method", *header_cats, "tokens/forward", "accepted/step", "tokens/s", "speedup"]
-                      + (["output = ar"] if greedy else []), rows), ""]
+        header = (["method", *[f"{c}: speedup (tok/fwd)" for c in categories], "tokens/forward", "accepted/step",
+                   "tokens/s", "speedup"] + (["output = ar"] if greedy else []))
+        out += [f"## {'greedy (temperature 0)' if greedy else f'temperature {t:g}'}", "", table(header, rows), ""]
         if greedy:
             bad = mismatches(results[t], [n for n in names if n not in failed], prompts, models, models.tokenizer)
             out += (bad or ["Every greedy output equals ar's token for token."]) + [""]
     out += ["Cells: wall-clock speedup over ar (tokens per target forward). tokens/forward counts the prefill "
             "forward (1 token); accepted/step = tokens/forward - 1.", ""]
-
-    # How repetitive ar's own output is.
-    rows = []
-    for c in categories:
-        row = [c]
-        for t in temperatures:
-            own = seen = total = n_tokens = 0
-            for q in prompts:
-                if q["category"] == c:
-                    ids = results[t]["ar"][q["id"]]["ids"]
-                    o, s, n = ngram_repeats(q["ids"], ids)
-                    own, seen, total, n_tokens = own + o, seen + s, total + n, n_tokens + len(ids)
-            row += [f"{own / max(1, total):.0%}", f"{seen / max(1, total):.0%}"]
-        rows.append(row)
-    out += ["## How repetitive ar's output is", "",
-            table(["category"] + [f"{'greedy' if t == 0 else f't={t:g}'}: {what}" for t in temperatures
-                                  for what in ("repeats own 4-grams", "4-grams in prompt or earlier")], rows), "",
-            "Share of the output's token 4-grams that already occurred earlier in the output (a loop), and "
-            "earlier in prompt + output (what a copying draft can find). High values flatter every method.", ""]
-
-    # Forward cost against n.
-    rows = [[f"{n0}-{n0 + 7}"] + [f"{cost[n] / cost[1]:.2f}" for n in range(n0, n0 + 8) if n in cost]
-            for n0 in range(1, max(sizes) + 1, 8)]
-    out += [f"## Cost of one target forward over n new tokens, relative to n = 1", "",
-            table(["n", *[f"+{i}" for i in range(8)]], rows), "",
-            f"cost(1) = {cost[1] * 1e3:.2f} ms: one target forward over 1 token after a {prefix}-token cached "
-            f"prefix (median of {reps}). Row '9-16', column '+3' is n = 12. A method that produces t tokens per "
-            f"forward while verifying n positions gains at most about t / (cost(n)/cost(1)), before its own "
-            f"drafting overhead: that is why speedups fall short of tokens/forward.", ""]
-
-    # Leviathan's prediction for `speculative`.
+    out += repetition_section(results, prompts, categories, temperatures)
+    out += cost_section(cost, prefix, reps)
     if "speculative" in names and "speculative" not in failed:
-        k = MODULES["speculative"].OPTIONS["draft_len"][1]
-        c_ratio = forward_seconds(models.draft, prefix, [1], reps)[1] / cost[1]
-        rows = []
-        for t in temperatures:
-            for group in categories + ["all"]:
-                ids = [q["id"] for q in prompts if group in ("all", q["category"])]
-                a, per_step = acceptance_mle([results[t]["speculative"][i]["stats"] for i in ids], k,
-                                             args.max_new_tokens)
-                predicted_tokens = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
-                rows.append([f"{t:g}", group, f"{a:.2f}", f"{predicted_tokens:.2f}", f"{per_step:.2f}",
-                             f"{leviathan(a, k, c_ratio):.2f}x",
-                             f"{leviathan(a, k, c_ratio, cost[min(k + 1, max(sizes))] / cost[1]):.2f}x",
-                             f"{summaries[t]['speculative'][group]['speedup']:.2f}x"])
-        out += [f"## speculative: predicted against measured (k = {k}, c = draft/target forward time = {c_ratio:.2f})",
-                "", table(["temperature", "category", "a", "tokens/step predicted", "measured",
-                           "speedup predicted", "with verify cost", "measured"], rows), "",
-                "a: acceptance rate per draft token (maximum likelihood from the accepted counts); predicted "
-                "tokens/step (1 - a^(k+1)) / (1 - a); speedup predicted (Leviathan et al.): that / (k c + 1); "
-                f"'with verify cost': the verify forward over k+1 tokens costs cost({k + 1})/cost(1), not 1. "
-                "Both leave out sampling overhead in Python and the prefill.", ""]
-
+        out += leviathan_section(results, summaries, prompts, categories, temperatures, cost, step,
+                                 args.max_new_tokens)
     chart = []
     for t in temperatures:
         chart += [f"speedup over ar, all categories, {'greedy' if t == 0 else f'temperature {t:g}'} ('|' = 1.0x)"]

@@ -15,12 +15,20 @@ follows the cut in the file:
 Worked example of the `repeat` score: prompt "x = f(a, b)\\ny = f(a, c)", next line "z = f(a, d)":
 words z = f ( a , d ) -> 4-grams (z,=,f,() (=,f,(,a) (f,(,a,,) ((,a,,,d) (a,,,d,)): 2 of 5 in the prompt -> 0.4.
 
+A held-out file can still share boilerplate with training files (the stdlib's codec modules do), so a cut
+whose prompt or continuation occurs word for word in data/train.txt is left out too.
+
 Deterministic: the same val.txt gives the same file. Prompts are stored as text (tokenized by the benchmark),
 so they survive retraining the tokenizer. Documents are visited in a seeded order, at most one prompt per
 document and category per round, so the first few prompts of each category come from different files.
 
     python scripts/make_prompts.py                      # data/val.txt -> data/prompts.json, 16 per category
     python scripts/make_prompts.py --val /tmp/x/val.txt --out /tmp/x/prompts.json --per-category 10
+
+On the default corpus (the tiny preset's 4 MB of Python 3.11's stdlib) it prints:
+    code     16 prompts from 16 files, 331 characters on average
+    prose    16 prompts from 15 files, 330 characters on average
+    repeat   16 prompts from 12 files, 335 characters on average
 """
 import argparse
 import json
@@ -194,8 +202,8 @@ def main(argv=None):
     doc = {"about": "Benchmark prompts cut from the validation files of the corpus (never training text) by "
                     "scripts/make_prompts.py. A prompt's text is its lines joined by newlines. source/line: the "
                     "file and line it starts at. repeat_share: share of the word 4-grams of the next ~250 "
-                    "characters in the file that occur in the prompt. No prompt, nor what follows it, occurs word for word in "
-                    "the training text.",
+                    "characters in the file that occur in the prompt. No prompt, nor what follows it, occurs "
+                    "word for word in the training text.",
            "val": args.val, "corpus_source": corpus.get("source"), "python": corpus.get("python"),
            "seed": args.seed, "prompts": prompts}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
