@@ -219,6 +219,7 @@ L = 3  # the prefill's token, then two tokens that went through a verify step
 
 
 @pytest.mark.parametrize("method, options, sampling, n", [
+    ("speculative", dict(draft_len=3, adaptive="confidence", confidence=0.45), (1.0, None, None), 3000),
     ("early-exit", dict(draft_len=3, adaptive="confidence", confidence=0.45), (1.0, None, None), 3000),
     # history: after a first guess rejected, the second step drafts 1 instead of 2
     ("early-exit", dict(draft_len=2, adaptive="history"), (0.8, 4, None), 1500),

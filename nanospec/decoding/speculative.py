@@ -26,16 +26,17 @@ accepted (guesses after a rejection are never looked at, so they say nothing abo
 """
 import torch
 
+from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, DraftLength
 from nanospec.decoding.common import start, check_sampling, chain_step, tensor
 from nanospec.verify import warp, sample
 
 NEEDS = ("draft",)  # model parts beyond the target
-OPTIONS = {"draft_len": (int, 4, "tokens the draft guesses per target forward (k)")}
+OPTIONS = {"draft_len": (int, 4, "tokens the draft guesses per target forward (k)"), **ADAPTIVE_OPTIONS}
 
 
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-             draft_len=4):
+             draft_len=4, adaptive="off", confidence=0.5):
     check_sampling(temperature, top_k, top_p)
     target, draft = models.target, models.draft
     if draft_len < 1:
@@ -48,6 +49,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
                          f"({target.config.block_size}): retrain the draft with the target's block_size")
     run = start(models, prompt_ids, max_new_tokens, seed)
     sampling = (temperature, top_k, top_p)
+    length = DraftLength(adaptive, draft_len, confidence)  # k per step: draft_len, or adaptive
     device = target.wte.weight.device
     target_cache, draft_cache = target.new_cache(), draft.new_cache()
     drafted = accepted = judged = draft_forwards = 0
@@ -57,7 +59,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     done = run.emit([sample(warp(logits, *sampling), run.generator).item()])
     while not done:
         seq = run.seq
-        k = run.draft_room(draft_len)  # fewer guesses near the context end or the token budget
+        k = run.draft_room(length.k)  # fewer guesses near the context end or the token budget
         # Draft k tokens autoregressively, keeping each q row: Leviathan's rule needs the law each came from.
         x, drafts, q_rows = seq[draft_cache.length:], [], []  # x: what the draft has not read yet
         for _ in range(k):
@@ -65,12 +67,16 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
             q_rows.append(warp(logits, *sampling))  # (V,)
             drafts.append(sample(q_rows[-1], run.generator).item())
             x = [drafts[-1]]
+            if length.stop(logits, drafts[-1]):  # the draft is unsure: check what we have
+                break
+        k = len(drafts)
         draft_forwards += k
         q_draft = torch.stack(q_rows) if k else None  # (k, V); k == 0: no guesses, the target just samples
 
         # One target forward over [last, d1..dk]; the target cache rolls back to last + accepted drafts.
         emitted, n, _ = chain_step(run, target, target_cache, seq[-1], drafts, sampling, q_draft=q_draft)
         drafted, accepted, judged = drafted + k, accepted + n, judged + min(n + 1, k)
+        length.update(k, n)
         # The draft cache read seq and d1..d(k-1). Keep seq + the accepted drafts, as far as it read them:
         # after n == k it lacks d_k, which the next step feeds it with the target's new token.
         draft_cache.rollback(min(draft_cache.length, len(seq) + n))
