@@ -27,9 +27,14 @@ from nanospec.tokenizer import render
 from nanospec.tree import format_tree, medusa_tree, tree_from_paths
 from nanospec.verify import sample, warp
 
-# PLACEHOLDER until measured: the first entries of Medusa's mc_sim_7b_63, cut to 3 heads.
-DEFAULT_TREE = [(0,), (0, 0), (1,), (0, 1), (2,), (0, 0, 0), (1, 0), (0, 2), (3,), (0, 3), (4,), (0, 4),
-                (2, 0), (0, 0, 1), (5,), (0, 1, 0), (1, 1), (0, 0, 2), (3, 0), (1, 0, 0)]
+# Measured: `python scripts/medusa_tree.py --prompts 192 --new-tokens 32 --nodes 16` on the `make train` tiny
+# model counts, over greedy continuations of 190 validation prompts, how often each path of head ranks is fully
+# right, and keeps the 16 most often right (a greedy step accepts exactly the right nodes, so these maximise the
+# expected accepted length). Expected tokens per forward: 2.76, against 2.11 for the top-1 chain (`mtp`) and
+# 2.92 with 32 paths; past ~16 guesses the tiny model's forward grows costlier faster than acceptance grows.
+# Mostly width: head 1's top-5, as each head is often right at rank 2-5 when wrong at rank 1.
+DEFAULT_TREE = [(0,), (1,), (2,), (3,), (4,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0),
+                (0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1), (1, 0, 2)]
 TREES = {
     "default": DEFAULT_TREE,
     "chain": [(0,) * d for d in range(1, 9)],  # the top-1 chain: what `mtp` verifies, as a tree

@@ -1,0 +1,127 @@
+"""
+Measure how well the trained model's MTP heads guess, and choose medusa's default tree from that.
+
+What counts is agreement with what the target itself emits greedily (that is what greedy verification
+accepts), not with the validation text. So: take prompts from data/val.txt, let the target continue each one
+greedily (`ar`), then run ONE plain forward over prompt + continuation with the heads on. At a position t of
+the continuation, head i guesses token t+1+i, and the truth is the continuation's token there: the target's
+own greedy choice given everything before it. For each t we record the rank r_i of that token in head i's
+logits (0 = its top-1).
+
+  - head i's top-k agreement: P(r_i < k)
+  - a tree path (a_1, .., a_d) is fully right at t when r_1 = a_1, .., r_d = a_d. A greedy tree step accepts
+    exactly the right nodes (at most one per depth: a head's top-k are distinct tokens), so the expected
+    number of accepted guesses per step is the sum, over the tree's paths, of how often each is right. The
+    best tree of N paths is therefore the N most often right ones (every prefix of a path is right at least
+    as often, so the choice is a tree). That is how Medusa chose its trees, from a calibration set.
+
+Also printed, for reference: each head's agreement with the validation text itself (the training metric).
+
+    python scripts/medusa_tree.py                         # out/, 32 prompts x 128 tokens, best tree of 40
+    python scripts/medusa_tree.py --nodes 24 --prompts 64
+"""
+import argparse
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from nanospec.checkpoint import load_models  # noqa: E402
+from nanospec.decoding import METHODS  # noqa: E402
+
+K = 10  # ranks counted per head: a tree node never asks for more than head i's top-10
+
+
+def prompts_from_val(tokenizer, path, n, prompt_len, seed_offset=0):
+    """n windows of prompt_len tokens, evenly spaced through the validation split, none crossing a document."""
+    ids = tokenizer.encode_corpus(Path(path).read_text(encoding="utf-8"))
+    out = []
+    for s in torch.linspace(0, len(ids) - prompt_len - 1, n).long().tolist():
+        window = ids[s + seed_offset:s + seed_offset + prompt_len]
+        if tokenizer.eot not in window and len(window) == prompt_len:
+            out.append(window)
+    return out
+
+
+def ranks_of(head_logits, truth):
+    """head_logits (n, T, V), truth (n, T) -> (n, T) rank of each true token (0 = top-1)."""
+    true_logit = head_logits.gather(-1, truth[..., None])  # (n, T, 1)
+    return (head_logits > true_logit).sum(-1)  # (n, T)
+
+
+@torch.inference_mode()
+def measure(models, prompts, new_tokens):
+    target = models.target
+    nf = target.config.n_future
+    paths, greedy_ranks, text_ranks, main_ranks = Counter(), [], [], []
+    n_positions = 0
+    for prompt in prompts:
+        cont = METHODS["ar"](models, prompt, new_tokens)[0]  # the target's own greedy continuation
+        seq = torch.tensor([prompt + cont])  # (1, S)
+        out = target(seq, heads=True)
+        h = out.head_logits[0]  # (nf, S, V): head i at t guesses token t+1+i
+        P, S = len(prompt), seq.size(1)
+        # positions t whose every head's target token lies in the continuation: t >= P-1, t+1+nf < S
+        ts = torch.arange(P - 1, S - 1 - nf)
+        r = torch.stack([ranks_of(h[i, ts], seq[0, ts + 2 + i]) for i in range(nf)], 1)  # (n_t, nf)
+        greedy_ranks.append(r)
+        for row in r.tolist():
+            for d in range(1, nf + 1):
+                if row[d - 1] >= K:
+                    break
+                paths[tuple(row[:d])] += 1  # this path, and each of its prefixes, was fully right here
+        n_positions += len(ts)
+        # the training metric: head i at t against the validation text's token t+1+i, inside the prompt
+        tf = torch.arange(0, P - 1 - nf)
+        text_ranks.append(torch.stack([ranks_of(h[i, tf], seq[0, tf + 2 + i]) for i in range(nf)], 1))
+        main_ranks.append(ranks_of(out.logits[0, tf], seq[0, tf + 1]))  # the main head, for comparison
+    return paths, torch.cat(greedy_ranks), torch.cat(text_ranks), torch.cat(main_ranks), n_positions
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    p.add_argument("--ckpt", default="out", help="folder with target.pt and tokenizer.tiktoken")
+    p.add_argument("--val", default="data/val.txt", help="validation text the prompts come from")
+    p.add_argument("--prompts", type=int, default=32, help="number of prompts")
+    p.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt")
+    p.add_argument("--new-tokens", type=int, default=128, help="greedy tokens generated after each prompt")
+    p.add_argument("--nodes", type=int, default=40, help="paths in the printed tree")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    models = load_models(args.ckpt)
+    prompts = prompts_from_val(models.tokenizer, args.val, args.prompts, args.prompt_len)
+    paths, ranks, text_ranks, main_ranks, n = measure(models, prompts, args.new_tokens)
+    print(f"{len(prompts)} prompts of {args.prompt_len} tokens from {args.val}, {args.new_tokens} greedy tokens "
+          f"each: {n} positions ({time.perf_counter() - t0:.0f}s)\n")
+    print("head  agrees with the target's greedy choice   | with the validation text")
+    print("      top-1   top-5   top-10  (chain: top-1 of all heads so far)")
+    chain = torch.ones(len(ranks), dtype=torch.bool)
+    for i in range(ranks.size(1)):
+        chain &= ranks[:, i] == 0
+        g, t = ranks[:, i], text_ranks[:, i]
+        print(f"{i + 1:4d}  {(g < 1).double().mean():.3f}   {(g < 5).double().mean():.3f}   {(g < 10).double().mean():.3f}"
+              f"   ({chain.double().mean():.3f})           | top-1 {(t < 1).double().mean():.3f}, "
+              f"top-5 {(t < 5).double().mean():.3f}")
+    print(f"main head (token t+1) against the validation text: top-1 {(main_ranks < 1).double().mean():.3f}, "
+          f"top-5 {(main_ranks < 5).double().mean():.3f}")
+    mtp_tpf = 1 + (ranks == 0).long().cumprod(1).sum(1).double().mean()  # 1 + top-1 guesses right in a row
+    print(f"\nmtp (top-1 chain of {ranks.size(1)}): expected tokens per forward {mtp_tpf:.2f}")
+    best = sorted(paths.items(), key=lambda kv: (-kv[1], len(kv[0]), kv[0]))
+    print("\nbest trees: nodes -> expected tokens per forward (greedy)")
+    total = 0.0
+    for j, (path, count) in enumerate(best[:max(args.nodes, 64)], 1):
+        total += count / n
+        if j in (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64) or j == args.nodes:
+            print(f"  {j:3d} -> {1 + total:.3f}")
+    tree = sorted((path for path, _ in best[:args.nodes]), key=lambda q: (len(q), q))
+    print(f"\nthe best tree of {args.nodes} paths, for DEFAULT_TREE in nanospec/decoding/medusa.py:")
+    print("[" + ", ".join("(" + ", ".join(map(str, q)) + ("," if len(q) == 1 else "") + ")" for q in tree) + "]")
+    print("as a --tree string: " + ";".join(",".join(map(str, q)) for q in tree))
+
+
+if __name__ == "__main__":
+    main()
