@@ -59,6 +59,18 @@ def test_format_tree_literal():
     assert text.splitlines() == ["* (", "    * x", "          )", "      self"]
 
 
+def test_show_tree_prints_the_first_two_trees_with_the_kept_path_marked(capsys):
+    models = Models(target=tiny_gpt(1, n_future=2))
+    ids, stats = METHODS["medusa"](models, [1, 2, 3], 12, tree="0;1;0,0", show_tree=True)
+    text = capsys.readouterr().out
+    steps = text.split("medusa step ")[1:]
+    assert len(steps) == 2 and "(root: the target's own token)" in text and "head 2 top-1" in text
+    for step, emitted in zip(steps, stats["accepted_per_step"][1:]):
+        lines = step.splitlines()
+        assert len([l for l in lines if l.strip().startswith("* ")]) == emitted  # root + accepted guesses
+        assert f"-> accepted {emitted - 1}," in step
+
+
 # ---------------------------------------------------------------------------------------------------------
 # descend, tree_step's cheap form of the tree point-mass rule, against verify_tree_point_mass
 
