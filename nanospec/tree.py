@@ -106,8 +106,8 @@ def format_tree(parents, label, marked=()):
     text of a node, nodes in `marked` get a '*'. Example, parents [-1, 0, 1, 0], marked {0, 1}:
         * '('
             * 'x'
-                ')'
-            'self'
+                  ')'
+              'self'
     """
     children = [[] for _ in parents]
     for n, p in enumerate(parents):
