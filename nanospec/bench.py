@@ -528,8 +528,9 @@ def main(argv=None):
         if greedy:
             bad = mismatches(results[t], [n for n in names if n not in failed], prompts, models, models.tokenizer)
             out += (bad or ["Every greedy output equals ar's token for token."]) + [""]
-    out += ["Cells: wall-clock speedup over ar (tokens per target forward). tokens/forward counts the prefill "
-            "forward (1 token); accepted/step = tokens/forward - 1.", ""]
+    out += ["Cells: wall-clock speedup over ar (tokens per target forward). Times are whole generate() calls, "
+            "prefill included; tokens/forward counts the prefill forward (1 token); accepted/step = "
+            "tokens/forward - 1.", ""]
     out += repetition_section(results, prompts, categories, temperatures)
     out += cost_section(cost, prefix, reps)
     if "speculative" in names and "speculative" not in failed:
