@@ -109,6 +109,8 @@ def describe(model):
 
 def load_prompts(path, categories, per_category):
     """The first per_category prompts of each category in the file (-1: all), as dicts id, category, text."""
+    if not os.path.exists(path):
+        raise ValueError(f"no prompt file {path}: build one with `python scripts/make_prompts.py`")
     with open(path, encoding="utf-8") as f:
         prompts = json.load(f)["prompts"]
     known = list(dict.fromkeys(p["category"] for p in prompts))
