@@ -9,12 +9,16 @@ The registry: every `--method` name maps to a module with the same three things,
 `decode.py`, the benchmark and the tests all go through `METHODS`.
 """
 from nanospec.decoding import ar
+from nanospec.decoding import prompt_lookup, jacobi, lookahead
 from nanospec.decoding import speculative
 from nanospec.decoding import mtp, medusa
 from nanospec.decoding import early_exit
 
 MODULES = {
     "ar": ar,
+    "prompt-lookup": prompt_lookup,
+    "jacobi": jacobi,
+    "lookahead": lookahead,
     "speculative": speculative,
     "mtp": mtp,
     "medusa": medusa,

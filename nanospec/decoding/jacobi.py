@@ -1,0 +1,69 @@
+"""
+`jacobi`: guess a whole block of future tokens, then let one forward improve every guess at once. Greedy
+decoding is a fixed point: y_i = argmax p(. | prefix, y_1..y_{i-1}) for all i. Jacobi iteration solves it
+like a linear system: feed the current guesses, take each position's argmax as its new guess, repeat. Each
+forward fixes at least one more token (the first argmax only depends on the prefix), and the guesses that
+already equal the target's argmax are committed at once. Nothing is trained. Lossless, greedy and sampling.
+
+Santilli et al. 2023, "Accelerating Transformer Inference for Translation via Parallel Decoding",
+arXiv 2305.10427; Song et al. 2021, "Accelerating Feedforward Computation via Parallel Nonlinear Equation
+Solving", arXiv 2002.03629.
+
+One step, block 4, greedy; the sequence ends in 12, the current guesses (the iterate) are [5, 9, 2, 2]:
+    one target forward over [12, 5, 9, 2, 2] -> argmax after each: [5, 9, 7, 3, 6]
+    5 == 5 accept, 9 == 9 accept, 2 != 7 reject -> emit [5, 9, 7]
+    the argmaxes after the rejected guesses, [3, 6], are the next iterate, padded to 4: [3, 6, 6, 6].
+The accepted guesses plus the target's own token are the committed prefix, and the same forward yields the
+next iterate: every argmax past the commit point (Jacobi's update, for the positions still open).
+
+The rule. Committing "the guesses equal to the argmax" is the chain point-mass rule in its greedy form, so
+sampling uses that rule on the iterate (nanospec/verify.py, verify_chain_point_mass): guess x is accepted
+with probability p(x); on rejection the emitted token is a sample of p with x removed. The iterate is fixed
+by what earlier steps produced, before this step draws anything, which is all the rule needs to reproduce
+p exactly. Under sampling the next iterate still takes each position's argmax: the most
+likely token is the guess the rule accepts most often.
+
+Honest expectation: on real models plain Jacobi commits little more than one token per forward (the CLLM
+paper, arXiv 2403.00835, puts its speedup near 1.05x), because a guess is computed from the guesses before
+it, which the same step may reject: a correction travels one position per forward. It pays when the text
+is settling into a loop, as a tiny model's greedy text often does. `lookahead` keeps the trajectories as
+n-gram guesses instead, which is what makes them pay more often.
+"""
+import torch
+
+from nanospec.decoding.common import start, check_sampling, chain_step, tensor
+from nanospec.verify import warp, sample
+
+NEEDS = ()  # model parts beyond the target
+OPTIONS = {"block": (int, 8, "future tokens guessed and refined in parallel per target forward")}
+
+
+@torch.inference_mode()
+def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
+             block=8):
+    check_sampling(temperature, top_k, top_p)
+    if block < 1:
+        raise ValueError(f"block must be at least 1, got {block}")
+    run = start(models, prompt_ids, max_new_tokens, seed)
+    sampling = (temperature, top_k, top_p)
+    target = models.target
+    cache = target.new_cache()
+    accepted = 0
+
+    # Prefill: the target reads the prompt and picks the first token itself, like `ar`.
+    logits = target(tensor(run.prompt, target.wte.weight.device), cache=cache).logits[0, -1]  # (V,)
+    done = run.emit([sample(warp(logits, *sampling), run.generator).item()])
+    iterate = []  # current guesses for the tokens after the newest one; the first block is all padding
+    while not done:
+        last = run.seq[-1]
+        k = run.draft_room(block)  # a shorter block near the context end or the token budget
+        iterate = (iterate + [iterate[-1] if iterate else last] * k)[:k]  # pad by repeating the last guess
+        # One target forward over [last, y1..yk] checks the iterate; the cache keeps last + accepted guesses.
+        emitted, n, out = chain_step(run, target, cache, last, iterate, sampling)
+        accepted += n
+        # Row j of the logits predicts the token after y_j. Rows past the commit point (n + 1 tokens) are the
+        # refined guesses for the tokens after the emitted ones.
+        iterate = out.logits[0, n + 1:].argmax(-1).tolist()  # (k - n,) next iterate
+        done = run.emit(emitted)
+
+    return run.out, run.stats(accepted=accepted, block=block)
