@@ -183,6 +183,10 @@ def test_every_chain_method_with_every_rule_greedy_equals_ar(method, rule, extra
         models = chain_models(seed)
         if any(getattr(models, part, None) is None for part in MODULES[method].NEEDS):
             pytest.skip(f"no tiny {MODULES[method].NEEDS} in this test")
+        if extra and "confidence" not in MODULES[method].OPTIONS:  # prompt-lookup: no probabilities
+            with pytest.raises(ValueError, match="history"):
+                METHODS[method](models, PROMPTS[0], 5, adaptive=rule)
+            return
         for prompt in PROMPTS:
             expect = METHODS["ar"](models, prompt, 30)[0]
             ids, stats = METHODS[method](models, prompt, 30, adaptive=rule, draft_len=2, **extra)
