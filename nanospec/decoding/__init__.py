@@ -12,6 +12,7 @@ from nanospec.decoding import ar
 from nanospec.decoding import prompt_lookup, jacobi, lookahead
 from nanospec.decoding import speculative
 from nanospec.decoding import mtp, medusa
+from nanospec.decoding import parallelspec
 from nanospec.decoding import early_exit
 
 MODULES = {
@@ -22,6 +23,7 @@ MODULES = {
     "speculative": speculative,
     "mtp": mtp,
     "medusa": medusa,
+    "parallelspec": parallelspec,
     "early-exit": early_exit,
 }
 METHODS = {name: module.generate for name, module in MODULES.items()}

@@ -1,0 +1,88 @@
+"""
+`parallelspec`: a trained drafter guesses k tokens in ONE pass (k mask tokens after the context), the target
+verifies them in one forward.
+
+A drafter that guesses autoregressively pays k small passes per step, one after the other; ParallelSpec's
+drafter (nanospec/drafters/parallelspec.py) reads the new tokens and k learned mask tokens and predicts all k
+guesses at once: mask j guesses the token j after the root. The drafter keeps its own cache of the context, so
+a step's drafter pass reads only the tokens emitted since the last step plus the k masks (which it then drops).
+
+    root 7 (the target's token); drafter pass over [7, M1, M2, M3] -> guesses [5, 9, 2]
+    target forward over [7, 5, 9, 2]: argmax after 7, 5, 9, 2 = [5, 9, 4, 1] -> accept 5, 9; emit [5, 9, 4]
+    next drafter pass reads [5, 9, 4, M1, M2, M3]
+
+With `tree`, the top candidates of each mask fill a Medusa-style tree (nanospec/tree.py) instead of one chain,
+verified with tree attention (nanospec/decoding/tree_step.py); still one drafter pass per step.
+Verification uses the point-mass rules (the guesses are deterministic): greedy output is `ar`'s token for token,
+and sampling follows the target's law exactly.
+
+Paper: Xiao et al. 2024, ParallelSpec: Parallel Drafter for Efficient Speculative Decoding, arXiv 2410.05589.
+"""
+import time
+
+import torch
+
+from nanospec.decoding.common import chain_step, check_sampling, start, tensor
+from nanospec.decoding.medusa import parse_tree
+from nanospec.decoding.tree_step import tree_step
+from nanospec.tree import medusa_tree
+from nanospec.verify import sample, warp
+
+NEEDS = ("parallelspec",)
+OPTIONS = {
+    "draft_len": (int, None, "tokens to guess per step: mask tokens to use, 1..the drafter's n_masks (None = all)"),
+    "tree": (str, "chain", "parallelspec's guesses: chain (each mask's top-1) or a medusa tree preset (default, "
+                           "wide) or paths like '0;0,0;1' where '0,1' = mask 1's top-1 then mask 2's top-2"),
+}
+
+
+@torch.inference_mode()
+def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
+             draft_len=None, tree="chain"):
+    check_sampling(temperature, top_k, top_p)
+    target, drafter = models.target, models.parallelspec
+    if drafter is None:
+        raise ValueError("parallelspec needs the parallelspec drafter: run `python train_tiny.py --stage parallelspec`")
+    if (drafter.config.n_embd, drafter.config.vocab_size) != (target.config.n_embd, target.config.vocab_size):
+        raise ValueError("the parallelspec drafter was trained for another target: retrain it "
+                         "(delete its checkpoint and run `python train_tiny.py --stage parallelspec`)")
+    n_masks = drafter.config.n_masks
+    k = n_masks if draft_len is None else draft_len
+    if not 1 <= k <= n_masks:
+        raise ValueError(f"draft_len must be in 1..{n_masks} (the drafter's mask tokens), got {draft_len}")
+    paths = None if tree == "chain" else parse_tree(tree, k, target.config.vocab_size)
+    run = start(models, prompt_ids, max_new_tokens, seed)
+    sampling = (temperature, top_k, top_p)
+    cache, draft_cache = target.new_cache(), drafter.new_cache()
+
+    # prefill: the target gives the first token (the first root); the drafter's first pass reads the prompt too
+    out = target(tensor(run.prompt, cache.k.device), cache=cache)
+    last = int(sample(warp(out.logits[0, -1], *sampling), run.generator))
+    new_tokens = run.prompt + [last]  # what the drafter has not read yet, ending with the root
+    done = run.emit([last])
+    passes, drafted, accepted, draft_time = 0, 0, 0, 0.0
+    while not done:
+        d = run.draft_room(k)  # near the end of the budget or context, guess fewer
+        if d == 0:  # one token left to emit: nothing to guess (and this is the last step)
+            emitted, _, _ = chain_step(run, target, cache, last, [], sampling)
+            run.emit(emitted)
+            break
+        t0 = time.perf_counter()
+        guesses = drafter.draft(target, draft_cache, new_tokens, d)  # (d, V): one pass, d guesses
+        draft_time += time.perf_counter() - t0
+        passes += 1
+        if paths is None:  # chain: each mask's top-1
+            drafts = guesses.argmax(-1).tolist()
+            emitted, n, _ = chain_step(run, target, cache, last, drafts, sampling)
+            drafted, accepted = drafted + d, accepted + n
+        else:  # tree: each mask's top candidates, Medusa-style
+            slots = cache.max_len - cache.length - 1  # cache slots left for guesses in this forward
+            step_paths = [p for p in paths if len(p) <= d][:slots]
+            width = max(max(p) for p in step_paths) + 1
+            tokens, parents = medusa_tree(last, guesses.topk(width, dim=-1).indices, step_paths)
+            emitted, path, _ = tree_step(run, target, cache, tokens, parents, sampling)
+            drafted, accepted = drafted + len(tokens) - 1, accepted + len(path)
+        done = run.emit(emitted)
+        last, new_tokens = emitted[-1], emitted  # the accepted guesses and the new root: the drafter's next read
+    return run.out, run.stats(drafter_passes=passes, drafted=drafted, accepted=accepted,
+                              acceptance_rate=accepted / max(1, drafted), draft_time=draft_time)

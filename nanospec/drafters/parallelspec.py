@@ -1,0 +1,240 @@
+"""
+The ParallelSpec drafter: k future tokens in ONE forward pass, by appending k learned mask tokens.
+
+An autoregressive drafter needs k passes for k guesses, each waiting for the last. This one reads the context
+followed by k mask tokens [M1 .. Mk] and predicts token t+j from mask Mj, all at once:
+
+    context "for i in" (root " in" at position 5), masks at positions 6, 7, 8
+    -> M1 " range", M2 "(", M3 "len"          one pass, three guesses for the target to verify
+
+The drafter is small: the mask embeddings and one transformer block. It reads tokens through the target's
+frozen embeddings (wte, wpe) and unembeds through the target's frozen final norm and lm_head, so it speaks the
+target's vocabulary from the first step. Each mask token starts as its own learned embedding plus the
+embedding of its anchor (the root): one block with absolute positions learns only slowly to find "the token
+just before me" by attention, and that token matters most. (Reading the target's trunk features as well, as
+EAGLE does, made the drafter worse within the training budget: see `train_stage`.)
+
+Training packs many prefixes into one sequence (group-wise parallel training). The real text comes first,
+then one group of k masks per anchor position a; `group_layout` builds the mask and the position ids:
+
+    real x0 x1 x2 x3, anchors [1, 3], k = 2       rows see (1 = attend):
+                 x0 x1 x2 x3 | A1 A2 | B1 B2        pos
+        x2       1  1  1  .  |  .  . |  .  .         2     real tokens: causal, never a mask
+        A1       1  1  .  .  |  1  . |  .  .         2     group A (anchor 1): x0..x1, its own earlier masks,
+        A2       1  1  .  .  |  1  1 |  .  .         3       positions continue from the anchor: 2, 3
+        B2       1  1  1  1  |  .  . |  1  1         5     group B (anchor 3): x0..x3, B1, B2
+
+Each group then computes exactly what inference computes for that prefix: at inference the cached context
+plus k masks is the same layout with one group, anchored at the root (tests/test_parallelspec.py checks both
+the isolation of groups and this equality). Labels: mask Mj of the group at anchor a learns the target's own
+greedy choice after x_0..x_{a+j-1} along the real text (distillation): what verification compares against when
+the earlier guesses were right.
+
+Paper: Xiao et al. 2024, ParallelSpec: Parallel Drafter for Efficient Speculative Decoding, arXiv 2410.05589.
+"""
+import hashlib
+import os
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from nanospec.checkpoint import CheckpointError, load_checkpoint, load_gpt
+from nanospec.model import Block, KVCache
+
+
+@dataclass
+class ParallelSpecConfig:
+    vocab_size: int = 2048  # the target's: the drafter unembeds with the target's lm_head
+    block_size: int = 256  # the target's context: mask positions index the target's position table
+    n_embd: int = 192  # the target's width: the drafter reads the target's embeddings
+    n_head: int = 4  # attention heads in the drafter's block(s)
+    n_layer: int = 1  # drafter blocks: a second one did not pay for its cost in the tiny preset
+    n_masks: int = 4  # k: mask tokens, i.e. the most tokens one pass can guess
+    dropout: float = 0.0  # (Block reads these two)
+    bias: bool = False
+
+
+def group_layout(n_cached, n_real, anchors, k, device="cpu"):
+    """The attention mask and position ids of one drafter forward: real tokens, then one group of k masks
+    per anchor. n_cached tokens are already in the drafter's cache (positions 0..n_cached-1), n_real new real
+    tokens follow; anchors (G,) are absolute positions of real tokens. Rows = the n_real + G*k new tokens,
+    columns = the n_cached + n_real + G*k tokens they may see.
+
+    Returns mask (n_real + G*k, n_cached + n_real + G*k) bool, True = may attend, and pos (n_real + G*k,).
+    Example (no cache, 4 real tokens, anchors [1, 3], k 2): pos = [0, 1, 2, 3, 2, 3, 4, 5]; see the module doc.
+    """
+    anchors = torch.as_tensor(anchors, dtype=torch.long, device=device)  # (G,)
+    G, n_seen = len(anchors), n_cached + n_real
+    real_pos = torch.arange(n_cached, n_seen, device=device)  # (n_real,)
+    group = torch.arange(G, device=device).repeat_interleave(k)  # (G*k,) which group each mask is in
+    slot = torch.arange(k, device=device).repeat(G)  # (G*k,) its index j within the group
+    # every row sees the real tokens up to a limit: itself for a real token, the anchor for a mask
+    limit = torch.cat([real_pos, anchors[group]])  # (R,)
+    sees_real = torch.arange(n_seen, device=device)[None, :] <= limit[:, None]  # (R, n_seen)
+    # masks see their own group's masks up to themselves; real rows (group -1) see no mask
+    row_group = torch.cat([torch.full((n_real,), -1, device=device), group])  # (R,)
+    row_slot = torch.cat([torch.full((n_real,), -1, device=device), slot])  # (R,)
+    sees_mask = (row_group[:, None] == group[None, :]) & (slot[None, :] <= row_slot[:, None])  # (R, G*k)
+    pos = torch.cat([real_pos, anchors[group] + 1 + slot])  # masks continue the anchor's positions
+    return torch.cat([sees_real, sees_mask], dim=1), pos
+
+
+class ParallelSpec(nn.Module):
+    """The drafter's own weights: the mask embeddings and its block(s). The target (its frozen embeddings,
+    final norm and unembedding) is passed to every call and never stored, so checkpoints hold only these."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.mask_emb = nn.Parameter(0.02 * torch.randn(config.n_masks, config.n_embd))  # (k, C) [M1 .. Mk]
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+
+    def inputs(self, target, tokens, anchors, k, n_cached=0):
+        """The embedded input and the attention mask of one forward: tokens (B, T) real tokens at positions
+        n_cached.., then a group of k masks after each anchor (absolute positions of tokens among the T).
+        Returns x (B, T + G*k, C) and mask (T + G*k, n_cached + T + G*k)."""
+        B, T = tokens.shape
+        mask, pos = group_layout(n_cached, T, anchors, k, tokens.device)
+        real = target.wte(tokens)  # (B, T, C)
+        anchor = real[:, torch.as_tensor(anchors, device=tokens.device) - n_cached]  # (B, G, C)
+        masks = self.mask_emb[:k] + anchor[:, :, None]  # (B, G, k, C): mask j of a group, plus its anchor
+        x = torch.cat([real, masks.flatten(1, 2)], dim=1) + target.wpe(pos)  # (B, T + G*k, C)
+        return x, mask
+
+    def trunk(self, target, x, mask, n_real, cache=None):
+        """Run the block(s); return the mask tokens' logits (B, G*k, V). With a cache, only the n_real real
+        tokens stay in it: the masks' keys are written after them and forgotten (no later token sees them)."""
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask, cache, i)
+        if cache is not None:
+            cache.advance(n_real)
+        return target.lm_head(target.ln_f(x[:, n_real:]))  # (B, G*k, V)
+
+    def forward(self, target, tokens, anchors, k=None, cache=None):
+        """Logits (B, G, k, V): guess j (0-based) of the group after anchor a is for token a+1+j."""
+        k = k or self.config.n_masks
+        n_cached = cache.length if cache is not None else 0
+        x, mask = self.inputs(target, tokens, anchors, k, n_cached)
+        logits = self.trunk(target, x, mask, tokens.size(1), cache)  # (B, G*k, V)
+        return logits.view(tokens.size(0), -1, k, logits.size(-1))
+
+    def draft(self, target, cache, tokens, k):
+        """Inference: append the new real tokens (a list; the last one is the root) to the cache and guess the
+        k tokens after the root in the same pass. Returns logits (k, V)."""
+        ids = torch.tensor([tokens], dtype=torch.long, device=cache.k.device)  # (1, T)
+        root = cache.length + len(tokens) - 1
+        return self(target, ids, [root], k, cache)[0, 0]  # (k, V)
+
+    def new_cache(self):
+        w = self.mask_emb
+        return KVCache(self.config, 1, w.device, w.dtype, max_len=self.config.block_size + self.config.n_masks)
+
+
+def load_parallelspec(path, tokenizer_identity=None, device="cpu"):
+    ckpt = load_checkpoint(path, tokenizer_identity)
+    drafter = ParallelSpec(ParallelSpecConfig(**ckpt["config"]))
+    drafter.load_state_dict(ckpt["model"])
+    return drafter.to(device).eval()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Training: distil the frozen target into the drafter, many groups per sequence.
+
+
+def distill_losses(drafter, target, w, anchors):
+    """w (B, T+k) windows of text; the drafter reads the first T tokens with a group after each anchor (G,).
+    Mask j (0-based) of the group at anchor a learns the target's argmax after x_0..x_{a+j} along the text.
+    Returns {loss: cross-entropy, agree1..k: how often the drafter's top-1 is the target's, per mask}."""
+    k = drafter.config.n_masks
+    T = w.size(1) - k
+    with torch.no_grad():  # the target is frozen: its choices are the data
+        target_logits = target(w[:, :T + k - 1]).logits  # (B, T+k-1, V)
+    logits = drafter(target, w[:, :T], anchors).float()  # (B, G, k, V)
+    label_pos = torch.as_tensor(anchors, device=w.device)[:, None] + torch.arange(k, device=w.device)  # (G, k)
+    labels = target_logits[:, label_pos].argmax(-1)  # (B, G, k)
+    loss = F.cross_entropy(logits.flatten(0, 2), labels.flatten())
+    agree = (logits.argmax(-1) == labels).float().mean((0, 1))  # (k,)
+    return {"loss": loss, **{f"agree{j + 1}": agree[j] for j in range(k)}}
+
+
+def target_fingerprint(target):
+    """A short hash of the target's weights: a drafter is only good for the target it was distilled from."""
+    h = hashlib.sha256()
+    for name, p in sorted(target.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def train_stage(ctx):
+    """The `parallelspec` stage of train_tiny.py: out/parallelspec.pt, distilled from out/target.pt.
+
+    Design choices, measured on the tiny preset (150 steps each, agreement of the drafter's top-1 with the
+    target's greedy token along validation text, masks 1..4; then greedy tokens per target forward, chain):
+      labels = the target's greedy token (cross-entropy)      0.68 0.38 0.31 0.27   1.96
+      labels = the target's distribution (soft)               0.63 0.35 0.31 0.24   1.90
+      labels = the real next tokens                           0.59 0.33 0.29 0.23
+      masks without their anchor's embedding                  (soft labels) 1.54
+      + the target's features fused into every token          0.28-0.43 on mask 1 (three ways of fusing)
+    """
+    from nanospec.trainer import batch_rng, train
+
+    path = os.path.join(ctx.out_dir, "parallelspec.pt")
+    target_path = os.path.join(ctx.out_dir, "target.pt")
+    if not os.path.exists(target_path):
+        raise CheckpointError(f"the parallelspec drafter learns from {target_path}: run "
+                              "`python train_tiny.py --stage target` first")
+    target = load_gpt(target_path, ctx.tokenizer.identity, ctx.device).requires_grad_(False)
+    tc = target.config
+    cfg = ParallelSpecConfig(vocab_size=tc.vocab_size, block_size=tc.block_size, n_embd=tc.n_embd, n_head=tc.n_head,
+                             **ctx.cfg.get("parallelspec", {}))  # a preset may change the drafter's size
+    fingerprint = target_fingerprint(target)
+    if os.path.exists(path):
+        ckpt = load_checkpoint(path, ctx.tokenizer.identity)
+        if ckpt["config"] != asdict(cfg):
+            raise CheckpointError(f"{path} holds a drafter of another size than preset {ctx.preset!r}; "
+                                  "delete it or use another --out-dir")
+        if ckpt.get("target") != fingerprint:  # the target was retrained: this drafter learned the old one
+            print(f"parallelspec: {path} was distilled from an earlier target.pt, retraining it")
+            os.remove(path)
+        elif ckpt.get("done"):
+            print(f"parallelspec: {path} is complete, skipping (delete it to retrain)")
+            return
+    train_cfg = ctx.train_cfg("parallelspec_train")
+    torch.manual_seed(train_cfg.seed)
+    drafter = ParallelSpec(cfg).to(ctx.device)
+    n_params = sum(p.numel() for p in drafter.parameters())
+    print(f"parallelspec: {n_params / 1e6:.2f}M parameters (plus the frozen target's), {cfg}")
+    k, B = cfg.n_masks, train_cfg.batch_size
+    T = min(128, cfg.block_size - k)  # real tokens per window
+    G = T // 2  # anchors per window: each adds k masks, so the drafter reads T + G*k tokens
+
+    def windows(tokens, starts):
+        return torch.from_numpy(np.stack([tokens[s:s + T + k] for s in starts]).astype(np.int64)).to(ctx.device)
+
+    val_starts = np.linspace(0, len(ctx.val_tokens) - T - k - 1, 4 * B).astype(np.int64)
+    val = windows(ctx.val_tokens, val_starts)  # (4B, T+k) the same text at every evaluation
+    val_anchors = torch.arange(0, T, 2)  # (G,) fixed too
+
+    def loss_fn(model, step):
+        rng = batch_rng(train_cfg, step)
+        w = windows(ctx.train_tokens, rng.integers(0, len(ctx.train_tokens) - T - k, size=B))
+        anchors = torch.from_numpy(np.sort(rng.choice(T, G, replace=False)))  # (G,)
+        losses = distill_losses(model, target, w, anchors)
+        return losses["loss"], {name: v.item() for name, v in losses.items() if name != "loss"}
+
+    def eval_fn(model):
+        parts = [distill_losses(model, target, val[i:i + B], val_anchors) for i in range(0, len(val), B)]
+        return {name: sum(p[name].item() for p in parts) / len(parts) for name in parts[0]}
+
+    def ckpt_fields():
+        return {"config": asdict(cfg), "model": drafter.state_dict(), "tokenizer": ctx.tokenizer.identity,
+                "target": fingerprint}
+
+    t0 = time.time()
+    train("parallelspec", drafter, loss_fn, eval_fn, train_cfg, path, ckpt_fields, ctx.device, B * T)
+    print(f"parallelspec: stage took {time.time() - t0:.0f}s")

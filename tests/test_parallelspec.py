@@ -1,0 +1,252 @@
+"""`parallelspec`: the drafter's group-wise training layout and the decoding method.
+
+- The layout: the literal mask of the module docstring; no group can see another group's masks or the real
+  tokens after its anchor (perturbing them leaves its logits unchanged, to the last bit); the logits of a group
+  in the packed training forward equal the logits of an inference pass over the same prefix with a cache.
+- Decoding: greedy output equals `ar`'s token for token (random and briefly trained drafters, chain and tree);
+  one drafter pass per target verify step; the law of the first 3 sampled tokens is the target's exact law.
+Everything in float64 on tiny random targets, so equalities are tight and argmax ties do not happen.
+"""
+import functools
+import itertools
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+import torch
+
+from nanospec.checkpoint import Models, save_atomic
+from nanospec.decoding import METHODS, check_method
+from nanospec.drafters.parallelspec import (ParallelSpec, ParallelSpecConfig, distill_losses, group_layout,
+                                            load_parallelspec)
+from nanospec.verify import warp
+from test_model import random_ids, tiny_gpt
+from test_verify import empirical_law, sequence_codes, tv, tv_bound
+
+TOL = 1e-10
+
+
+def tiny_drafter(target, seed=0, n_masks=3, **kw):
+    torch.manual_seed(seed)
+    c = target.config
+    cfg = ParallelSpecConfig(vocab_size=c.vocab_size, block_size=c.block_size, n_embd=c.n_embd, n_head=c.n_head,
+                             n_masks=n_masks, **kw)
+    drafter = ParallelSpec(cfg).double().eval()
+    for p in drafter.blocks.parameters():  # a random drafter worth the name: not a near-identity block
+        p.data.add_(0.1 * torch.randn_like(p))
+    return drafter
+
+
+def briefly_trained(target, steps=40, seed=0):
+    """A drafter distilled from the target for a few Adam steps on random text: better than random."""
+    drafter = tiny_drafter(target, seed).train()
+    opt = torch.optim.Adam(drafter.parameters(), lr=3e-3)
+    rng = np.random.default_rng(seed)
+    target.requires_grad_(False)
+    T = min(20, target.config.block_size - 3)  # real tokens per window; 3 more for the last masks' labels
+    for _ in range(steps):
+        w = torch.from_numpy(rng.integers(0, target.config.vocab_size, size=(4, T + 3)))
+        loss = distill_losses(drafter, target, w, torch.arange(0, T, 2))["loss"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    target.requires_grad_(True)
+    return drafter.eval()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The training layout
+
+
+def test_group_layout_literal():
+    mask, pos = group_layout(0, 4, [1, 3], 2)
+    assert pos.tolist() == [0, 1, 2, 3, 2, 3, 4, 5]
+    assert mask.int().tolist() == [
+        # x0 x1 x2 x3 A1 A2 B1 B2
+        [1, 0, 0, 0, 0, 0, 0, 0],  # x0
+        [1, 1, 0, 0, 0, 0, 0, 0],  # x1
+        [1, 1, 1, 0, 0, 0, 0, 0],  # x2
+        [1, 1, 1, 1, 0, 0, 0, 0],  # x3
+        [1, 1, 0, 0, 1, 0, 0, 0],  # A1: anchor 1, position 2
+        [1, 1, 0, 0, 1, 1, 0, 0],  # A2
+        [1, 1, 1, 1, 0, 0, 1, 0],  # B1: anchor 3, position 4
+        [1, 1, 1, 1, 0, 0, 1, 1],  # B2
+    ]
+    # inference = one group after everything, with a cache: plain causal attention
+    mask, pos = group_layout(5, 2, [6], 3)
+    assert pos.tolist() == [5, 6, 7, 8, 9]
+    assert torch.equal(mask, torch.ones(5, 10, dtype=torch.bool).tril(diagonal=5))
+
+
+@torch.no_grad()
+def test_no_group_sees_another_groups_tokens():
+    target = tiny_gpt(0)
+    drafter = tiny_drafter(target)
+    ids, anchors, k = random_ids(12, seed=1), [2, 5, 6, 11], 3
+    x, mask = drafter.inputs(target, torch.tensor([ids]), anchors, k)
+    logits = drafter.trunk(target, x, mask, len(ids)).view(1, len(anchors), k, -1)  # (1, G, k, V)
+    gen = torch.Generator().manual_seed(0)
+
+    def perturbed(rows):  # the logits after adding noise to the inputs at `rows`
+        x2 = x.clone()
+        x2[0, rows] += torch.randn(len(rows), x.size(-1), generator=gen, dtype=x.dtype)
+        return drafter.trunk(target, x2, mask, len(ids)).view(1, len(anchors), k, -1)
+
+    for g, a in enumerate(anchors):
+        # what group g must not see: the real tokens after its anchor, and every other group's masks
+        unseen = list(range(a + 1, len(ids)))
+        unseen += [len(ids) + h * k + j for h in range(len(anchors)) if h != g for j in range(k)]
+        assert torch.equal(perturbed(unseen)[0, g], logits[0, g])
+        # negative control: what it does see (its anchor, its own first mask) changes its logits
+        assert not torch.allclose(perturbed([a])[0, g], logits[0, g])
+        assert not torch.allclose(perturbed([len(ids) + g * k])[0, g, 1:], logits[0, g, 1:])
+    # the same through the public forward, changing the real tokens after the first anchor
+    ids2 = ids[:anchors[0] + 1] + random_ids(len(ids) - anchors[0] - 1, seed=9)
+    a = drafter(target, torch.tensor([ids]), anchors, k)
+    b = drafter(target, torch.tensor([ids2]), anchors, k)
+    assert torch.equal(a[0, 0], b[0, 0]) and not torch.allclose(a[0, 1:], b[0, 1:])
+
+
+@torch.no_grad()
+def test_training_logits_equal_inference_logits():
+    target = tiny_gpt(1)
+    drafter = tiny_drafter(target, seed=1, n_masks=4)
+    ids, anchors = random_ids(15, seed=2), [0, 3, 4, 9, 14]
+    packed = drafter(target, torch.tensor([ids]), anchors)  # (1, G, 4, V) training layout
+    for g, a in enumerate(anchors):
+        cache = drafter.new_cache()
+        split = a // 2  # the prefix reaches the drafter in two passes, as in decoding
+        if split:
+            drafter.draft(target, cache, ids[:split], 2)
+        guesses = drafter.draft(target, cache, ids[split:a + 1], 4)  # (4, V)
+        assert cache.length == a + 1  # the masks did not stay in the cache
+        assert torch.allclose(guesses, packed[0, g], atol=TOL)
+        # fewer masks give the same first guesses: mask j only sees masks before it
+        assert torch.allclose(drafter(target, torch.tensor([ids[:a + 1]]), [a], 2)[0, 0],
+                              packed[0, g, :2], atol=TOL)
+
+
+def test_checkpoint_holds_only_the_drafter(tmp_path):
+    target = tiny_gpt(0)
+    drafter = tiny_drafter(target)
+    path = str(tmp_path / "parallelspec.pt")
+    save_atomic({"config": asdict(drafter.config), "model": drafter.state_dict(), "tokenizer": "abc"}, path)
+    loaded = load_parallelspec(path, "abc").double()
+    assert not any(name.startswith(("wte", "wpe", "lm_head", "ln_f")) for name in drafter.state_dict())
+    ids = random_ids(6)
+    x = drafter(target, torch.tensor([ids]), [2, 5])
+    y = loaded(target, torch.tensor([ids]), [2, 5])
+    assert torch.allclose(x, y, atol=1e-6)  # the file holds float32 weights
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Decoding
+
+
+@functools.lru_cache
+def trained_drafter(seed):
+    return briefly_trained(tiny_gpt(seed, block_size=40), seed=seed)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("tree", ["chain", "default"])
+def test_greedy_equals_ar(seed, tree):
+    target = tiny_gpt(seed, block_size=40)
+    drafters = {"random": tiny_drafter(target, seed), "two blocks": tiny_drafter(target, seed + 1, n_layer=2),
+                "trained": trained_drafter(seed)}
+    for name, drafter in drafters.items():
+        for p in range(3):
+            prompt = random_ids(1 + 7 * p, seed=10 * seed + p)
+            want, _ = METHODS["ar"](Models(target=target), prompt, 25)
+            draft_len = [None, 1, 2][p]
+            got, stats = METHODS["parallelspec"](Models(target=target, parallelspec=drafter), prompt, 25,
+                                                 tree=tree, draft_len=draft_len)
+            assert got == want, (name, p, draft_len)
+            steps = stats["target_forwards"] - 1  # the prefill drafts nothing
+            assert steps - 1 <= stats["drafter_passes"] <= steps  # one pass per step (none for a last lone token)
+    # runs into the context limit (block_size 40) without a crash
+    got, stats = METHODS["parallelspec"](Models(target=target, parallelspec=drafters["trained"]), random_ids(30), 100,
+                                         tree=tree)
+    assert got == METHODS["ar"](Models(target=target), random_ids(30), 100)[0] and stats["stop"] == "context"
+
+
+def test_trained_drafter_accepts_more_than_a_random_one():
+    """Not a law, a sanity check of the training loss: 60 steps of distillation on random text roughly double
+    the accepted guesses of 4 greedy generations (about 100 against 50)."""
+    target = tiny_gpt(0)
+
+    def accepted(drafter):
+        models = Models(target=target, parallelspec=drafter)
+        return sum(METHODS["parallelspec"](models, random_ids(5, seed=s), 40)[1]["accepted"] for s in range(4))
+
+    assert accepted(briefly_trained(target, steps=60)) > 1.5 * accepted(tiny_drafter(target))
+
+
+V = 5  # sampling tests: a tiny vocabulary, so the law of 3 tokens has only 125 outcomes
+SAMPLING_MODEL = dict(vocab_size=V, n_layer=1, n_embd=8, block_size=16)
+PROMPT = [1, 3, 2]
+
+
+@functools.lru_cache
+def sampling_models():
+    """A briefly trained drafter, so that its guesses are often accepted and every branch of the rule runs."""
+    target = tiny_gpt(3, **SAMPLING_MODEL)
+    return Models(target=target, parallelspec=briefly_trained(target, seed=3))
+
+
+@torch.no_grad()
+def exact_law(target, prompt, L, sampling):
+    """P(first L tokens) under the warped target, (V**L,) in base-V order (first token most significant):
+    every continuation in one batched forward, no cache, no method."""
+    conts = torch.tensor(list(itertools.product(range(V), repeat=L)))  # (V**L, L)
+    x = torch.cat([torch.tensor(prompt).expand(len(conts), -1), conts], dim=1)  # (V**L, P+L)
+    p = warp(target(x).logits[:, len(prompt) - 1:-1], *sampling)  # (V**L, L, V) each token's conditional
+    return p.gather(-1, conts[..., None]).squeeze(-1).prod(-1)  # (V**L,)
+
+
+def sampled_law(models, prompt, L, n, sampling, **options):
+    """Empirical law of the first L tokens of n seeded runs. The budget is L + 1, so the first step after the
+    prefill verifies L - 1 guesses (x2..xL) and may add the bonus token."""
+    seqs = [METHODS["parallelspec"](models, prompt, L + 1, temperature=sampling[0], top_k=sampling[1],
+                                    top_p=sampling[2], seed=seed, **options)[0][:L] for seed in range(n)]
+    return empirical_law(sequence_codes(torch.tensor(seqs), V), V ** L)
+
+
+@pytest.mark.parametrize("tree, sampling, n", [
+    ("chain", (1.0, None, None), 2500),
+    ("0;1;0,0;1,0;0,1", (0.8, 4, None), 2500),  # a tree, and warping applied the same way to every rule
+])
+def test_sampling_first_tokens_follow_the_target_law(tree, sampling, n):
+    """First 3 tokens, 125 outcomes. A correct sampler's empirical law is within tv_bound(125, n) of the
+    exact law with probability 1 - 1e-6 (Bretagnolle-Huber-Carol, test_verify.py): 0.142 for n = 2500
+    (a correct run comes out near 0.07)."""
+    models = sampling_models()
+    law = sampled_law(models, PROMPT, 3, n, sampling, tree=tree)
+    assert tv(law, exact_law(models.target, PROMPT, 3, sampling)) < tv_bound(V ** 3, n)
+
+
+def test_sampling_test_sees_a_biased_rule(monkeypatch):
+    """Negative control: a rule that accepts every guess (and then samples the bonus) must fail the test
+    above, even with few draws: the guesses are the drafter's top-1, not samples of the target. The bound
+    for n = 300 is 0.41; this rule comes out near 0.96."""
+    import nanospec.decoding.common as common
+
+    def accept_all(p_target, draft_tokens, generator):
+        k = len(draft_tokens)
+        return k, int(torch.multinomial(p_target[k], 1, generator=generator))
+
+    monkeypatch.setattr(common, "verify_chain_point_mass", accept_all)
+    models, n, sampling = sampling_models(), 300, (1.0, None, None)
+    law = sampled_law(models, PROMPT, 3, n, sampling)
+    assert tv(law, exact_law(models.target, PROMPT, 3, sampling)) > tv_bound(V ** 3, n)
+
+
+def test_missing_drafter_is_a_clear_error():
+    models = Models(target=tiny_gpt(0))
+    with pytest.raises(ValueError, match="train_tiny.py --stage parallelspec"):
+        check_method("parallelspec", models)
+    with pytest.raises(ValueError, match="train_tiny.py --stage parallelspec"):
+        METHODS["parallelspec"](models, [1, 2], 5)
+    models.parallelspec = tiny_drafter(models.target)
+    with pytest.raises(ValueError, match="draft_len"):
+        METHODS["parallelspec"](models, [1, 2], 5, draft_len=4)
