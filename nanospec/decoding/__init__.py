@@ -12,6 +12,7 @@ from nanospec.decoding import ar
 from nanospec.decoding import prompt_lookup, jacobi, lookahead
 from nanospec.decoding import speculative
 from nanospec.decoding import mtp, medusa
+from nanospec.decoding import eagle
 from nanospec.decoding import parallelspec
 from nanospec.decoding import early_exit
 
@@ -23,6 +24,7 @@ MODULES = {
     "speculative": speculative,
     "mtp": mtp,
     "medusa": medusa,
+    "eagle": eagle,
     "parallelspec": parallelspec,
     "early-exit": early_exit,
 }

@@ -1,0 +1,139 @@
+"""
+`eagle`: a one-layer head on the target's features grows a tree of guesses by confidence; one forward checks it.
+
+EAGLE-1's draft head with EAGLE-2's dynamic tree: the head drafts the target's next *features*, and the target
+verifies the whole tree of guesses in one forward.
+
+The head (nanospec/drafters/eagle.py) guesses the target's next feature from [token ; feature] and reads its
+guess through the target's own unembedding. Each step:
+  1. grow: the head's top `width` tokens after the root (the target's last token) are the depth-1 nodes, each
+     scored by log q. Then, depth-1 times, one head pass over the frontier (a tree mask: each node sees only its
+     ancestors) gives each frontier node its top `width` children, scored parent score + log q(child); the
+     `width` best of those width^2 are the next frontier. Confident branches grow deep, doubtful ones stop.
+  2. rerank: keep the `total_tokens - 1` best nodes of all, by score. A score only falls along a path, so a
+     kept node's parent is kept too, and sorting by creation order puts parents before children.
+  3. verify: one target forward over the tree (tree_step; greedy match or the point-mass rule: lossless).
+  4. refresh: the head's cache forgets the guessed nodes and reads the accepted tokens again with the target's
+     TRUE features from the verify forward; its last output drafts the next tree.
+
+    width 2, depth 2, total_tokens 4, root "(":  q after "(": x 0.6, self 0.3 -> scores -0.51, -1.20
+    children: after x: ")" 0.9, "," 0.05 -> -0.62, -3.51;  after self: ")" 0.5, "," 0.4 -> -1.89, -2.12
+    best 3: x -0.51, ")"|x -0.62, self -1.20 -> tokens ["(", x, self, ")"], parents [-1, 0, 0, 1]
+    target argmax after "(" = x, after x = ")", after ")" = ":"  ->  emit [x, ")", ":"] from one forward.
+
+Drafts are the head's deterministic top-k even when sampling, so the tree point-mass rule (verify.py) keeps the
+output's law exactly the target's. The head costs `depth` passes per step: 1 refresh + depth-1 expansions.
+
+Papers: Li et al. 2024, EAGLE, arXiv 2401.15077; Li et al. 2024, EAGLE-2, arXiv 2406.16858.
+"""
+import time
+
+import torch
+
+from nanospec.decoding.common import check_sampling, start, tensor
+from nanospec.decoding.tree_step import tree_step
+from nanospec.model import Output
+from nanospec.verify import sample, warp
+
+NEEDS = ("eagle",)
+# Defaults measured on the tiny preset, one CPU thread (greedy, 8 validation prompts): 2/4/8 gave 2.6 tokens per
+# forward and the best wall-clock; 6/6/32 gives 3.2 tokens per forward but is 1.7x slower. EAGLE-2 uses depth 6-7,
+# top-k 10, 60 tokens on a GPU, where a head pass is almost free; here one costs ~0.4 of a target forward.
+OPTIONS = {
+    "depth": (int, 2, "deepest guess below the root; the head runs this many passes per step"),
+    "width": (int, 4, "nodes expanded per level and children per node (EAGLE-2's top_k)"),
+    "total_tokens": (int, 8, "tree size verified per target forward, root included"),
+}
+
+
+def refresh(eagle, target, dcache, tokens, features):
+    """Feed accepted tokens (m,) with the target's true features before each (m, C) to the head, appended to
+    its cache; returns its Output at the last one, which drafts the token after it (logits (1, 1, V))."""
+    hidden = eagle(target, tensor(tokens, dcache.k.device), features[None], cache=dcache, logits=False).hidden
+    return Output(logits=eagle.unembed(target, hidden[:, -1:]), hidden=hidden[:, -1:])  # only the last is needed
+
+
+def grow_tree(eagle, target, dcache, root, draft, depth, width, total_tokens):
+    """EAGLE-2's tree from the head's Output `draft` at the root's slot (hidden, logits (1, T, C / V), the last
+    position counts). Returns (tokens, parents) with the root at node 0; the head's cache is left as it was."""
+    if depth < 1 or total_tokens < 2:
+        return [root], [-1]
+    L, device = dcache.length, dcache.k.device  # the head's slots end at the root, which sits at position L
+    score, tok = torch.log_softmax(draft.logits[0, -1], -1).topk(width)  # (K,) depth-1 scores and tokens
+    # every candidate: its token, its parent candidate (-1 = the root), its score = sum of log q on its path
+    cand_tok, cand_parent, cand_score = tok.tolist(), [-1] * width, score.tolist()
+    frontier = list(range(width))  # candidates to expand next
+    feats = draft.hidden[:, -1:].expand(1, width, -1)  # (1, K, C) what each frontier node reads: parent's f̂
+    fed = {}  # candidate -> its slot among the nodes fed to the head (after the L prefix slots)
+    for d in range(1, depth):
+        F, K = len(fed), len(frontier)
+        rows, cols = [], []  # each frontier node sees itself and its ancestors, all fed at earlier levels
+        for i, c in enumerate(frontier):
+            fed[c] = F + i
+            while c >= 0:
+                rows.append(i)
+                cols.append(L + fed[c])
+                c = cand_parent[c]
+        mask = torch.zeros(K, L + F + K, dtype=torch.bool, device=device)  # (K, L+F+K) True = may attend
+        mask[:, :L] = True  # the accepted sequence
+        mask[rows, cols] = True
+        pos = torch.full((K,), L + d, device=device)  # a depth-d node sits d after the root
+        out = eagle(target, tensor([cand_tok[c] for c in frontier], device), feats, pos, dcache, mask)
+        logq = torch.log_softmax(out.logits[0], -1)  # (K, V)
+        s, t = logq.topk(width, dim=-1)  # (K, K) each frontier node's best children
+        s = (s + torch.tensor([cand_score[c] for c in frontier], dtype=s.dtype, device=device)[:, None]).flatten()
+        base = len(cand_tok)
+        cand_tok += t.flatten().tolist()
+        cand_parent += [c for c in frontier for _ in range(width)]
+        cand_score += s.tolist()
+        best = s.topk(width).indices  # (K,) confidence expansion: the best width of the width^2 children
+        frontier = [base + b for b in best.tolist()]
+        feats = out.hidden[:, best // width]  # (1, K, C) each new frontier node reads its parent's f̂
+    dcache.rollback(L)
+    # rerank: the best nodes overall; ties go to the older node, so a parent always precedes its child
+    keep = sorted(sorted(range(len(cand_tok)), key=lambda c: (-cand_score[c], c))[:total_tokens - 1])
+    node = {c: i + 1 for i, c in enumerate(keep)}
+    return [root] + [cand_tok[c] for c in keep], [-1] + [node.get(cand_parent[c], 0) for c in keep]
+
+
+@torch.inference_mode()
+def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
+             depth=2, width=4, total_tokens=8):
+    check_sampling(temperature, top_k, top_p)
+    if depth < 1 or width < 1 or total_tokens < 2:
+        raise ValueError(f"eagle needs depth >= 1, width >= 1, total_tokens >= 2; got {depth}, {width}, {total_tokens}")
+    target, eagle = models.target, models.eagle
+    if eagle.config.n_embd != target.config.n_embd or eagle.config.vocab_size != target.config.vocab_size:
+        raise ValueError("the eagle head was trained for another target: run `python train_tiny.py --stage eagle`")
+    width = min(width, target.config.vocab_size)  # a node has at most V distinct children
+    run = start(models, prompt_ids, max_new_tokens, seed)
+    sampling = (temperature, top_k, top_p)
+    cache = target.new_cache()
+    dcache = eagle.new_cache(max_len=target.config.block_size + depth * width)  # + room for guessed nodes
+    t_draft, passes, steps, nodes = 0.0, 0, 0, 0
+
+    # prefill: the target reads the prompt and picks the first root; the head reads x_1..x_P with f_0..f_{P-1}
+    out = target(tensor(run.prompt, cache.k.device), cache=cache)
+    last = int(sample(warp(out.logits[0, -1], *sampling), run.generator))
+    t0 = time.perf_counter()
+    draft = refresh(eagle, target, dcache, run.prompt[1:] + [last], out.hidden[0])
+    t_draft += time.perf_counter() - t0
+    done = run.emit([last])
+    while not done:
+        d = run.draft_room(depth)  # near the end of the budget or context, a shallower tree
+        t0 = time.perf_counter()
+        tokens, parents = grow_tree(eagle, target, dcache, last, draft, d, width,
+                                    min(total_tokens, cache.max_len - cache.length))
+        t_draft += time.perf_counter() - t0
+        emitted, path, out = tree_step(run, target, cache, tokens, parents, sampling)
+        steps, nodes, passes = steps + 1, nodes + len(tokens) - 1, passes + max(d - 1, 0)
+        done = run.emit(emitted)
+        last = emitted[-1]
+        if not done:  # the accepted nodes again, now with the target's features at the node before each
+            t0 = time.perf_counter()
+            draft = refresh(eagle, target, dcache, [tokens[n] for n in path] + [last], out.hidden[0, [0] + path])
+            t_draft += time.perf_counter() - t0
+            passes += 1
+    stats = run.stats(tree_nodes=nodes / max(1, steps), drafter_passes_per_step=(passes + 1) / max(1, steps))
+    stats["draft_time_share"] = t_draft / max(stats["wall_time"], 1e-9)
+    return run.out, stats

@@ -1,0 +1,263 @@
+"""`eagle` (a feature-level draft head growing a tree by confidence) against `ar`, and the head itself.
+
+Greedy: token-for-token equality with `ar` on random tiny float64 models with random heads (guesses mostly wrong)
+and on a tiny model trained for a second with a head trained on its features (long accepted paths). The tree:
+the batched, masked head passes give exactly the tree a slow sequential oracle grows. The head's cache: after
+every step it equals a fresh head run over the accepted text with the target's true features. Sampling: the
+joint law of the first tokens equals the target's exact law within a stated bound. Training: the loss falls;
+a checkpoint round-trips; a missing head is a clear error."""
+from dataclasses import asdict
+
+import pytest
+import torch
+
+from nanospec.checkpoint import Models, save_atomic
+from nanospec.decoding import METHODS, check_method
+from nanospec.decoding import eagle as eagle_method
+from nanospec.decoding.common import tensor
+from nanospec.model import GPTConfig, KVCache, Output
+from nanospec.drafters.eagle import Eagle, eagle_config, eagle_losses, load_eagle
+from test_model import TOL, random_ids, tiny_gpt
+from test_mtp_medusa import exact_law, trained_tiny
+from test_verify import empirical_law, tv, tv_bound
+
+
+def random_head(target, seed=0):
+    torch.manual_seed(seed)
+    head = Eagle(eagle_config(target.config)).to(target.wte.weight.dtype)
+    for p in head.parameters():  # larger than the init, so the random head's guesses differ from node to node
+        p.data.add_(0.3 * torch.randn_like(p))
+    return head.eval()
+
+
+def toy_windows(B, T, V, g):
+    """The toy language trained_tiny learns: x -> 3x + 1 mod V, one token in eight random."""
+    w = torch.empty(B, T, dtype=torch.long)
+    w[:, 0] = torch.randint(0, V, (B,), generator=g)
+    for t in range(1, T):
+        noise = torch.rand(B, generator=g) < 1 / 8
+        w[:, t] = torch.where(noise, torch.randint(0, V, (B,), generator=g), (3 * w[:, t - 1] + 1) % V)
+    return w
+
+
+def train_head(target, steps, seed=0):
+    """A head trained on the target's features over the toy language; returns it and its loss per step."""
+    torch.manual_seed(seed)
+    head = Eagle(eagle_config(target.config)).to(target.wte.weight.dtype).train()  # the standard init
+    target.requires_grad_(False)
+    opt = torch.optim.AdamW(head.parameters(), lr=1e-2)
+    g, history = torch.Generator().manual_seed(seed), []
+    T, V = min(24, target.config.block_size), target.config.vocab_size
+    for _ in range(steps):
+        loss = eagle_losses(head, target, toy_windows(16, T, V, g))["total"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        history.append(loss.item())
+    return head.eval(), history
+
+
+@pytest.fixture(scope="module")
+def models():
+    random_target = tiny_gpt(1)
+    trained = trained_tiny(n_future=2)
+    return {"random": Models(target=random_target, eagle=random_head(random_target)),
+            "trained": Models(target=trained, eagle=train_head(trained, 60)[0])}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Greedy: exactly `ar`
+
+OPTIONS = [{}, {"depth": 1, "width": 1, "total_tokens": 2}, {"depth": 4, "width": 2, "total_tokens": 5},
+           {"depth": 3, "width": 5, "total_tokens": 40}]
+
+
+@pytest.mark.parametrize("name", ["random", "trained"])
+@pytest.mark.parametrize("options", OPTIONS)
+def test_greedy_equals_ar(models, name, options):
+    m = models[name]
+    accepted = 0
+    for seed in range(6):
+        prompt = random_ids(1 + 3 * seed, seed=seed)
+        expect = METHODS["ar"](m, prompt, 24)[0]
+        ids, stats = METHODS["eagle"](m, prompt, 24, **options)
+        assert ids == expect, f"prompt {seed}"
+        assert sum(stats["accepted_per_step"]) == len(ids) == 24 == stats["new_tokens"]
+        accepted += len(ids) - stats["target_forwards"]
+    if name == "trained" and options.get("depth", 2) > 1:  # long accepted paths must be exercised too
+        assert accepted >= 6 * 24 // 2, accepted
+
+
+def test_stops_at_eot_budget_and_context_like_ar(models):
+    m = models["trained"]
+    for prompt, n, block in [(random_ids(5), 7, None), (random_ids(5), 1, None), (random_ids(30), 50, 36)]:
+        target = m.target
+        if block is not None:  # the same weights, a shorter context: the trees must shrink near its end
+            target = tiny_gpt(0, n_future=2, block_size=block)
+            target.load_state_dict({k: v for k, v in m.target.state_dict().items() if k != "wpe.weight"}, strict=False)
+        short = Models(target=target, eagle=m.eagle)
+        expect, s_ar = METHODS["ar"](short, prompt, n)
+        ids, stats = METHODS["eagle"](short, prompt, n)
+        assert ids == expect and stats["stop"] == s_ar["stop"]
+    full = METHODS["ar"](m, random_ids(4), 20)[0]
+    eot = full[9]
+    ids, stats = METHODS["eagle"](Models(target=m.target, eagle=m.eagle, eot=eot), random_ids(4), 20)
+    assert ids == full[:full.index(eot)] and stats["stop"] == "eot"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The tree and the head's cache against slow paths
+
+
+def slow_tree(head, target, prefix_tokens, prefix_features, root, depth, width, total_tokens):
+    """EAGLE-2's tree the obvious way: every node's children come from a plain head forward, without cache
+    or mask, over the accepted slots followed by the node's own path (tokens with their parents' f̂)."""
+    def head_at(path):  # path: candidates from depth 1 down -> the head's Output at the path's end
+        x, f = list(prefix_tokens), [prefix_features]
+        for c in path:
+            h = head(target, tensor(x, "cpu"), torch.cat(f, 0)[None]).hidden[0, -1:]  # (1, C) f̂ at the end
+            x, f = x + [tok[c]], f + [h]
+        out = head(target, tensor(x, "cpu"), torch.cat(f, 0)[None])
+        return torch.log_softmax(out.logits[0, -1], -1)  # (V,)
+
+    tok, parent, score = [], [], []
+    frontier = [None]  # None = the root
+    for d in range(depth):
+        children = []
+        for c in frontier:
+            path = [] if c is None else ancestors(parent, c)
+            base = 0.0 if c is None else score[c]
+            s, t = head_at(path).topk(width)
+            for si, ti in zip(s.tolist(), t.tolist()):
+                tok.append(ti), parent.append(-1 if c is None else c), score.append(base + si)
+                children.append(len(tok) - 1)
+        frontier = sorted(children, key=lambda i: -score[i])[:width]
+    keep = sorted(sorted(range(len(tok)), key=lambda i: (-score[i], i))[:total_tokens - 1])
+    node = {c: i + 1 for i, c in enumerate(keep)}
+    return [root] + [tok[c] for c in keep], [-1] + [node.get(parent[c], 0) for c in keep]
+
+
+def ancestors(parent, c):
+    path = []
+    while c >= 0:
+        path.append(c)
+        c = parent[c]
+    return path[::-1]
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("seed", range(3))
+def test_grow_tree_equals_slow_sequential_oracle(seed):
+    target = tiny_gpt(seed)
+    head = random_head(target, seed)
+    seq = random_ids(4 + seed, seed=seed)  # x_0..x_L, x_L = the root
+    features = target(tensor(seq[:-1], "cpu")).hidden[0]  # (L, C) f_0..f_{L-1}
+    dcache = head.new_cache()
+    draft = head(target, tensor(seq[1:], "cpu"), features[None], cache=dcache)
+    for depth, width, total in [(1, 3, 3), (3, 3, 8), (4, 2, 30)]:
+        got = eagle_method.grow_tree(head, target, dcache, seq[-1], draft, depth, width, total)
+        assert dcache.length == len(seq) - 1  # the guessed nodes are forgotten
+        assert got == slow_tree(head, target, seq[1:], features, seq[-1], depth, width, total)
+        tokens, parents = got
+        assert len(tokens) == min(total, width + (depth - 1) * width * width + 1)
+        assert all(p < i for i, p in enumerate(parents))
+
+
+def test_grow_tree_worked_example():
+    """The docstring's example: logits chosen so q after "(" = {x: 0.6, self: 0.3, ...} and so on."""
+    class Head:  # a stand-in head: q depends only on the token fed last
+        def __init__(self):
+            self.calls = []
+
+        def __call__(self, target, tokens, features, pos=None, cache=None, mask=None):
+            q = {0: [0, 0.6, 0.3, 0, 0, 0.1], 1: [0, 0, 0, 0.9, 0.05, 0.04], 2: [0, 0, 0, 0.5, 0.4, 0.1]}
+            logits = torch.log(torch.tensor([q[t] for t in tokens[0].tolist()]) + 1e-12)[None]  # (1, T, V)
+            if cache is not None:
+                cache.advance(tokens.size(1))
+            return Output(logits=logits, hidden=torch.zeros(1, tokens.size(1), 4))
+
+    dcache = KVCache(GPTConfig(n_layer=1, n_head=1, n_embd=4, block_size=16))
+    dcache.advance(5)
+    head = Head()
+    draft = head(None, torch.tensor([[0]]), None)  # tokens: "(" 0, x 1, self 2, ")" 3, "," 4, other 5
+    tokens, parents = eagle_method.grow_tree(head, None, dcache, 0, draft, depth=2, width=2, total_tokens=4)
+    assert (tokens, parents) == ([0, 1, 2, 3], [-1, 0, 0, 1])
+
+
+@pytest.mark.parametrize("name, sampling", [("random", 0.0), ("trained", 0.0), ("trained", 1.0)])
+def test_head_cache_after_each_step_equals_fresh_run_over_accepted_text(models, name, sampling, monkeypatch):
+    """After every refresh the head's cache (and its output at the root) must be what a fresh head run over the
+    accepted text gives, with the true features of a plain no-cache target forward: no guessed node and no
+    predicted feature may survive a step."""
+    m = models[name]
+    prompt = random_ids(5, seed=3)
+    fed, checks = [], []
+    real_refresh = eagle_method.refresh
+
+    def checked_refresh(head, target, dcache, tokens, features):
+        out = real_refresh(head, target, dcache, tokens, features)
+        fed.extend(tokens)
+        seq = prompt[:1] + fed  # x_0..x_L: the head holds slots x_1..x_L
+        true = target(tensor(seq[:-1], "cpu")).hidden  # (1, L, C) f_0..f_{L-1}, the slow way
+        fresh = head.new_cache()
+        slow = head(target, tensor(seq[1:], "cpu"), true, cache=fresh)
+        L = len(seq) - 1
+        assert dcache.length == fresh.length == L
+        assert torch.allclose(dcache.k[..., :L, :], fresh.k[..., :L, :], atol=TOL)
+        assert torch.allclose(dcache.v[..., :L, :], fresh.v[..., :L, :], atol=TOL)
+        assert torch.allclose(out.logits[0, -1], slow.logits[0, -1], atol=TOL)
+        checks.append(len(tokens))
+        return out
+
+    monkeypatch.setattr(eagle_method, "refresh", checked_refresh)
+    ids, stats = METHODS["eagle"](m, prompt, 30, temperature=sampling, seed=0)
+    assert fed == prompt[1:] + ids[:len(fed) - len(prompt) + 1]  # the head read exactly the emitted text
+    assert len(checks) == stats["target_forwards"] - (stats["stop"] is not None)
+    if name == "trained":
+        assert max(checks[1:]) >= 3  # refreshed after long accepted paths, not only single tokens
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sampling: the target's law, exactly
+
+
+def test_sampling_follows_the_target_law():
+    """The first 2 tokens of 4 (so the first tree is 2 deep and both can come from it), V = 5: 25 outcomes.
+    With n = 2000 draws a correct sampler's empirical law is within tv_bound(25, 2000) = 0.088 of the exact law
+    with probability 1 - 1e-6. The head is trained on this target, so most draws accept a guess."""
+    target = tiny_gpt(3, vocab_size=5, n_future=0, n_layer=1, n_embd=8, block_size=16)
+    models, prompt, n = Models(target=target, eagle=train_head(target, 30, seed=3)[0]), [1, 2], 2000
+    codes, accepted = [], 0
+    for seed in range(n):
+        ids, stats = METHODS["eagle"](models, prompt, 4, temperature=1.0, seed=seed, depth=2, width=2,
+                                      total_tokens=6)
+        codes.append(ids[0] * 5 + ids[1])
+        accepted += stats["accepted_per_step"][1] > 1
+    law = empirical_law(torch.tensor(codes), 25)
+    assert tv(law, exact_law(target, prompt, 2, (1.0, None, None))) < tv_bound(25, n)
+    assert accepted > n / 3  # the tree's guesses, not only the target's own tokens, made the law
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Training, checkpoint, errors
+
+
+def test_training_loss_decreases(models):
+    _, history = train_head(models["trained"].target, 40, seed=1)
+    assert sum(history[-5:]) / 5 < 0.5 * sum(history[:5]) / 5, history
+
+
+def test_checkpoint_round_trip_and_missing_head_error(models, tmp_path):
+    m = models["trained"]
+    path = tmp_path / "eagle.pt"
+    save_atomic({"config": asdict(m.eagle.config), "model": m.eagle.state_dict(), "tokenizer": "tok"}, path)
+    assert "wte.weight" not in m.eagle.state_dict()  # the target's embedding and head are not copied
+    head = load_eagle(str(path), "tok").double()  # loads as float32, the training dtype
+    for p, q in zip(head.parameters(), m.eagle.parameters()):
+        assert torch.allclose(p, q, atol=1e-6)
+    prompt = random_ids(3)
+    assert METHODS["eagle"](Models(target=m.target, eagle=head), prompt, 12)[0] == METHODS["ar"](m, prompt, 12)[0]
+    with pytest.raises(ValueError, match="python train_tiny.py --stage eagle"):
+        check_method("eagle", Models(target=m.target))
+    with pytest.raises(ValueError, match="depth"):
+        METHODS["eagle"](m, prompt, 5, depth=0)
