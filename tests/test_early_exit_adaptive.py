@@ -23,6 +23,7 @@ from nanospec.drafters.early_exit import ExitAdapter, exit_logits
 from nanospec.model import GPT
 from nanospec.verify import warp
 from test_model import TOL, full_logits, random_ids, tiny_gpt
+from test_parallelspec import tiny_drafter
 from test_verify import empirical_law, sequence_codes, tv, tv_bound
 
 
@@ -169,7 +170,7 @@ def chain_models(seed):
     """Every part a chain method might need, tiny and random."""
     target = tiny_gpt(seed, n_layer=3, n_future=3)
     return Models(target=target, draft=tiny_gpt(seed + 50, n_layer=1, n_future=0),
-                  early_exit=random_adapter(target, seed))
+                  early_exit=random_adapter(target, seed), parallelspec=tiny_drafter(target, seed))
 
 
 CHAIN_METHODS = [name for name, module in MODULES.items() if "adaptive" in module.OPTIONS]

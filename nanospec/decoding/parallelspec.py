@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, DraftLength
 from nanospec.decoding.common import chain_step, check_sampling, start, tensor
 from nanospec.decoding.medusa import parse_tree
 from nanospec.decoding.tree_step import tree_step
@@ -33,12 +34,13 @@ OPTIONS = {
     "draft_len": (int, None, "tokens to guess per step: mask tokens to use, 1..the drafter's n_masks (None = all)"),
     "tree": (str, "chain", "parallelspec's guesses: chain (each mask's top-1) or a medusa tree preset (default, "
                            "wide) or paths like '0;0,0;1' where '0,1' = mask 1's top-1 then mask 2's top-2"),
+    **ADAPTIVE_OPTIONS,  # chain only; confidence: a mask's probability of its top-1 guess
 }
 
 
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-             draft_len=None, tree="chain"):
+             draft_len=None, tree="chain", adaptive="off", confidence=0.5):
     check_sampling(temperature, top_k, top_p)
     target, drafter = models.target, models.parallelspec
     if drafter is None:
@@ -51,6 +53,9 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     if not 1 <= k <= n_masks:
         raise ValueError(f"draft_len must be in 1..{n_masks} (the drafter's mask tokens), got {draft_len}")
     paths = None if tree == "chain" else parse_tree(tree, k, target.config.vocab_size)
+    if paths is not None and adaptive != "off":
+        raise ValueError("--adaptive sets the length of a chain: use it with --tree chain")
+    length = DraftLength(adaptive, k, confidence, most=n_masks)  # guesses per step: k, or adaptive
     run = start(models, prompt_ids, max_new_tokens, seed)
     sampling = (temperature, top_k, top_p)
     cache, draft_cache = target.new_cache(), drafter.new_cache()
@@ -62,7 +67,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     done = run.emit([last])
     passes, drafted, accepted, draft_time = 0, 0, 0, 0.0
     while not done:
-        d = run.draft_room(k)  # near the end of the budget or context, guess fewer
+        d = run.draft_room(length.k)  # near the end of the budget or context, guess fewer
         if d == 0:  # one token left to emit: nothing to guess (and this is the last step)
             emitted, _, _ = chain_step(run, target, cache, last, [], sampling)
             run.emit(emitted)
@@ -72,9 +77,10 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         draft_time += time.perf_counter() - t0
         passes += 1
         if paths is None:  # chain: each mask's top-1
-            drafts = guesses.argmax(-1).tolist()
+            drafts = length.cut(guesses, guesses.argmax(-1).tolist())  # all d, unless unsure (confidence)
             emitted, n, _ = chain_step(run, target, cache, last, drafts, sampling)
-            drafted, accepted = drafted + d, accepted + n
+            drafted, accepted = drafted + len(drafts), accepted + n
+            length.update(len(drafts), n)
         else:  # tree: each mask's top candidates, Medusa-style
             slots = cache.max_len - cache.length - 1  # cache slots left for guesses in this forward
             step_paths = [p for p in paths if len(p) <= d][:slots]
