@@ -7,6 +7,7 @@ Train everything nanospec decodes with, in stages, each skipped when its output 
     draft      out/draft.pt                   (a much smaller GPT on the same tokenizer, for `speculative`)
     eagle      out/eagle.pt                   (EAGLE's one-layer draft head, on the target's features)
     parallelspec out/parallelspec.pt          (ParallelSpec's mask-token drafter: k guesses in one pass)
+    early_exit out/early_exit.pt              (adapters that make the target's first layers a draft, for `early-exit`)
 
     python train_tiny.py                      # all stages with the default CPU preset (`make train`)
     python train_tiny.py --stage draft        # one stage (its prerequisites run if missing)
@@ -27,7 +28,7 @@ from torch.nn import functional as F
 
 from nanospec import corpus
 from nanospec.checkpoint import CheckpointError, gpt_checkpoint, load_checkpoint
-from nanospec.drafters import eagle, parallelspec
+from nanospec.drafters import eagle, early_exit, parallelspec
 from nanospec.model import GPT, GPTConfig
 from nanospec.tokenizer import Tokenizer, save_tokenizer, train_bpe
 from nanospec.trainer import TrainConfig, batch_rng, pick_device, train
@@ -41,21 +42,24 @@ PRESETS = {
                 target_train=TrainConfig(max_iters=30, batch_size=8, eval_interval=15, warmup_iters=5),
                 draft_train=TrainConfig(max_iters=20, batch_size=8, eval_interval=10, warmup_iters=5),
                 eagle_train=TrainConfig(max_iters=20, batch_size=8, eval_interval=10, warmup_iters=5),
-                parallelspec_train=TrainConfig(max_iters=20, batch_size=8, eval_interval=10, warmup_iters=5)),
+                parallelspec_train=TrainConfig(max_iters=20, batch_size=8, eval_interval=10, warmup_iters=5),
+                early_exit_train=TrainConfig(max_iters=20, batch_size=8, eval_interval=10, warmup_iters=5)),
     "tiny": dict(corpus_bytes=4_000_000, vocab_size=2048, head_weight=0.3,
                  target=GPTConfig(vocab_size=0, block_size=256, n_layer=4, n_head=4, n_embd=192, n_future=3),
                  draft=GPTConfig(vocab_size=0, block_size=256, n_layer=1, n_head=2, n_embd=96, n_future=0),
                  target_train=TrainConfig(max_iters=900, max_seconds=330),
                  draft_train=TrainConfig(max_iters=600, max_seconds=60, lr=3e-3),
                  eagle_train=TrainConfig(max_iters=300, max_seconds=60, lr=6e-3, warmup_iters=20),
-                 parallelspec_train=TrainConfig(max_iters=600, max_seconds=60, batch_size=8, lr=3e-3, warmup_iters=20)),
+                 parallelspec_train=TrainConfig(max_iters=600, max_seconds=60, batch_size=8, lr=3e-3, warmup_iters=20),
+                 early_exit_train=TrainConfig(max_iters=150, max_seconds=30, lr=3e-3, warmup_iters=20)),
     "small": dict(corpus_bytes=20_000_000, vocab_size=4096, head_weight=0.3,
                   target=GPTConfig(vocab_size=0, block_size=512, n_layer=8, n_head=8, n_embd=512, n_future=4),
                   draft=GPTConfig(vocab_size=0, block_size=512, n_layer=2, n_head=4, n_embd=192, n_future=0),
                   target_train=TrainConfig(max_iters=5000, batch_size=32, lr=1e-3, min_lr=1e-4, warmup_iters=200),
                   draft_train=TrainConfig(max_iters=3000, batch_size=32, lr=2e-3, warmup_iters=100),
                   eagle_train=TrainConfig(max_iters=3000, batch_size=32, lr=2e-3, warmup_iters=100),
-                  parallelspec_train=TrainConfig(max_iters=3000, batch_size=32, lr=2e-3, warmup_iters=100)),
+                  parallelspec_train=TrainConfig(max_iters=3000, batch_size=32, lr=2e-3, warmup_iters=100),
+                  early_exit_train=TrainConfig(max_iters=1000, batch_size=32, lr=2e-3, warmup_iters=50)),
 }
 
 
@@ -176,9 +180,14 @@ def stage_parallelspec(ctx):
     parallelspec.train_stage(ctx)  # nanospec/drafters/parallelspec.py
 
 
+def stage_early_exit(ctx):
+    stage_target(ctx)  # the adapters are distilled from the target: train it first if missing (else skipped)
+    early_exit.train_stage(ctx)  # nanospec/drafters/early_exit.py
+
+
 # Run in this order by `--stage all`. corpus and tokenizer always run (cheap, skipped when present).
 STAGES = {"corpus": stage_corpus, "tokenizer": stage_tokenizer, "target": stage_target, "draft": stage_draft,
-          "eagle": stage_eagle, "parallelspec": stage_parallelspec}
+          "eagle": stage_eagle, "parallelspec": stage_parallelspec, "early_exit": stage_early_exit}
 
 
 class Context:

@@ -39,7 +39,7 @@ OPTIONS = {
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
              exit_layer=None, draft_len=4, adaptive="off", confidence=0.5):
     check_sampling(temperature, top_k, top_p)
-    target, adapter = models.target, getattr(models, "early_exit", None)
+    target, adapter = models.target, models.early_exit
     L = target.config.n_layer
     E = L // 2 if exit_layer is None else exit_layer
     if not 1 <= E < L:

@@ -25,6 +25,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from nanospec.checkpoint import CheckpointError, load_checkpoint, load_gpt
+from nanospec.drafters.eagle import fingerprint  # a hash of the target's weights
 from nanospec.model import GPTConfig, MTPHead
 from nanospec.trainer import batch_rng, train
 
@@ -83,10 +84,10 @@ def train_stage(ctx):
     target_path = os.path.join(ctx.out_dir, "target.pt")
     target = load_gpt(target_path, ctx.tokenizer.identity, ctx.device)
     target.requires_grad_(False)
-    target_step = load_checkpoint(target_path)["step"]  # which training of the target the adapter fits
+    target_id = fingerprint(target)  # adapters fit one training of the target: a retrained target needs new ones
     if os.path.exists(path):
         ckpt = load_checkpoint(path, ctx.tokenizer.identity)
-        if ckpt["config"] != asdict(target.config) or ckpt.get("target_step") != target_step:
+        if ckpt["config"] != asdict(target.config) or ckpt.get("target") != target_id:
             raise CheckpointError(f"{path} was trained for another target than {target_path}; delete it and "
                                   "run `python train_tiny.py --stage early_exit`")
         if ckpt.get("done"):
@@ -95,7 +96,7 @@ def train_stage(ctx):
     train_cfg = ctx.train_cfg("early_exit_train")
     torch.manual_seed(train_cfg.seed)
     adapter = ExitAdapter(target.config).to(ctx.device)
-    T, B = ctx.cfg.get("early_exit_seq_len", 128), train_cfg.batch_size
+    T, B = min(128, target.config.block_size), train_cfg.batch_size  # short windows: exits need little context
 
     def windows(tokens, starts):
         return torch.from_numpy(np.stack([tokens[s:s + T] for s in starts]).astype(np.int64)).to(ctx.device)
@@ -123,7 +124,7 @@ def train_stage(ctx):
     t0 = time.time()
     train("early_exit", adapter, loss_fn, eval_fn, train_cfg, path,
           lambda: {"config": asdict(target.config), "model": adapter.state_dict(),
-                   "tokenizer": ctx.tokenizer.identity, "target_step": target_step},
+                   "tokenizer": ctx.tokenizer.identity, "target": target_id},
           ctx.device, B * T)
     print(f"early_exit: stage took {time.time() - t0:.0f}s")
 
