@@ -261,3 +261,33 @@ def test_checkpoint_round_trip_and_missing_head_error(models, tmp_path):
         check_method("eagle", Models(target=m.target))
     with pytest.raises(ValueError, match="depth"):
         METHODS["eagle"](m, prompt, 5, depth=0)
+
+
+def test_train_stage_trains_skips_and_retrains_for_a_new_target(tmp_path, capsys):
+    """train_tiny.py's stage on a toy run folder: it trains, skips a complete head, and trains anew when
+    target.pt changed since (a head fitted to another target's features is useless)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from nanospec.checkpoint import gpt_checkpoint, load_checkpoint
+    from nanospec.drafters.eagle import train_stage
+    from nanospec.trainer import TrainConfig
+
+    def save_target(seed):
+        save_atomic(gpt_checkpoint(tiny_gpt(seed, block_size=16).float(), "tok", done=True), tmp_path / "target.pt")
+
+    tokens = np.array(random_ids(400, seed=1), dtype=np.uint16)
+    ctx = SimpleNamespace(out_dir=str(tmp_path), device="cpu", tokenizer=SimpleNamespace(identity="tok"),
+                          train_tokens=tokens, val_tokens=tokens[:100],
+                          train_cfg=lambda key: TrainConfig(max_iters=3, batch_size=2, eval_interval=3, warmup_iters=1))
+    save_target(0)
+    train_stage(ctx)
+    first = load_checkpoint(str(tmp_path / "eagle.pt"), "tok")
+    assert first["done"] and first["step"] == 3 and "wte.weight" not in first["model"]
+    train_stage(ctx)
+    assert "complete, skipping" in capsys.readouterr().out
+    save_target(1)  # the target was retrained
+    train_stage(ctx)
+    assert "another target.pt" in capsys.readouterr().out
+    assert load_checkpoint(str(tmp_path / "eagle.pt"), "tok")["target"] != first["target"]

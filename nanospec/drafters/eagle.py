@@ -39,7 +39,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from nanospec.checkpoint import CheckpointError, load_checkpoint, load_gpt
+from nanospec.checkpoint import load_checkpoint, load_gpt
 from nanospec.model import Block, GPTConfig, KVCache, Output, causal_mask
 from nanospec.trainer import batch_rng, train
 
@@ -123,17 +123,17 @@ def fingerprint(target):
 
 def train_stage(ctx):
     """train_tiny.py's stage "eagle": train the head on out/target.pt's features over the training corpus,
-    or skip it if out/eagle.pt is complete (and was trained on this target)."""
+    or skip it if out/eagle.pt is complete and was trained on this very target (else it is trained anew)."""
     t0, path = time.time(), os.path.join(ctx.out_dir, "eagle.pt")
     target = load_gpt(os.path.join(ctx.out_dir, "target.pt"), ctx.tokenizer.identity, ctx.device)
     target.requires_grad_(False)
     cfg, target_id = eagle_config(target.config), fingerprint(target)
     if os.path.exists(path):
         ckpt = load_checkpoint(path, ctx.tokenizer.identity)
-        if ckpt["config"] != asdict(cfg) or ckpt.get("target") != target_id:
-            raise CheckpointError(f"{path} was trained for another target than {ctx.out_dir}/target.pt; "
-                                  "delete it and run `python train_tiny.py --stage eagle`")
-        if ckpt.get("done"):
+        if ckpt["config"] != asdict(cfg) or ckpt.get("target") != target_id:  # stale: the target was retrained
+            print(f"eagle: {path} was trained on another target.pt; training a new head")
+            os.remove(path)
+        elif ckpt.get("done"):
             print(f"eagle: {path} is complete, skipping (delete it to retrain)")
             return
     train_cfg = ctx.train_cfg("eagle_train")
