@@ -237,7 +237,7 @@ def test_sampling_test_sees_a_biased_rule(monkeypatch):
 
     monkeypatch.setattr(common, "verify_chain_point_mass", accept_all)
     models, n, sampling = sampling_models(), 300, (1.0, None, None)
-    law = sampled_law(models, PROMPT, 3, n, sampling)
+    law = sampled_law(models, PROMPT, 3, n, sampling, tree="chain")
     assert tv(law, exact_law(models.target, PROMPT, 3, sampling)) > tv_bound(V ** 3, n)
 
 
