@@ -179,9 +179,9 @@ def train_stage(ctx):
       labels = the target's greedy token (cross-entropy)      0.68 0.38 0.31 0.27   1.96
       labels = the target's distribution (soft)               0.63 0.35 0.31 0.24   1.90
       labels = the real next tokens                           0.59 0.33 0.29 0.23
-      soft labels, masks without their anchor's embedding     0.21 0.19 0.20 0.18   1.54
-      the target's features fused into every token (3 ways)  0.28-0.43 on mask 1    1.24-1.45
-    (Adam moves the fused features' weights far faster than the tiny embedding scale they are added to.)
+      soft labels, masks without their anchor's embedding     0.24 0.19 0.22 0.19   1.54
+      + the target's features fused into every token (5 ways) 0.21-0.43 on mask 1    1.24-1.49
+    (Probably because Adam moves the fusing weights far past the tiny scale of the embeddings they mix with.)
     5 or 6 masks: no better in 150 steps. After the full 600 steps: 0.83 0.43 0.36 0.31, 2.25 tokens/forward.
     """
     from nanospec.trainer import batch_rng, train
