@@ -19,7 +19,7 @@ import torch
 from nanospec.checkpoint import Models
 from nanospec.decoding import METHODS, MODULES
 from nanospec.decoding.adaptive import DraftLength
-from nanospec.drafters.early_exit import ExitAdapter, exit_logits
+from nanospec.drafters.early_exit import ExitAdapter, distill_losses, exit_logits
 from nanospec.model import GPT
 from nanospec.verify import warp
 from test_model import TOL, full_logits, random_ids, tiny_gpt
@@ -128,6 +128,27 @@ def test_exit_logits_equal_a_plain_forward_through_the_first_layers(E, with_adap
     assert torch.allclose(got, expect, atol=TOL)
 
 
+def test_distilling_the_adapter_brings_the_exit_closer_to_the_target():
+    """A few steps of the early_exit stage's loss on a frozen tiny target: every exit's KL to the target's law
+    goes down, and the untrained adapter (zero last projection) starts as the plain exit."""
+    target = tiny_gpt(5, n_layer=3).requires_grad_(False)
+    torch.manual_seed(0)
+    for p in target.blocks.parameters():  # random blocks that matter: the exits differ from the target
+        p.data.add_(0.3 * torch.randn_like(p))
+    adapter = ExitAdapter(target.config).double()
+    w = torch.randint(0, 11, (8, 24))  # (B, T) windows of random text
+    before = distill_losses(adapter, target, w)
+    assert before["exit1"].item() == pytest.approx(distill_losses(None, target, w)["exit1"].item())
+    opt = torch.optim.Adam(adapter.parameters(), lr=1e-2)
+    for _ in range(30):
+        loss = sum(v for k, v in distill_losses(adapter, target, w).items() if k.startswith("exit"))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    after = distill_losses(adapter, target, w)
+    assert all(after[f"exit{E}"] < 0.5 * before[f"exit{E}"] for E in (1, 2)), (before, after)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Greedy: `ar`'s tokens
 
@@ -174,7 +195,9 @@ def chain_models(seed):
 
 
 CHAIN_METHODS = [name for name, module in MODULES.items() if "adaptive" in module.OPTIONS]
-RULES = [("off", {}), ("history", {}), ("confidence", {"confidence": 0.12}), ("confidence", {"confidence": 0.3})]
+RULES = [pytest.param("off", {}, id="off"), pytest.param("history", {}, id="history"),  # vocab 11: p ~ 0.1
+         pytest.param("confidence", {"confidence": 0.12}, id="confidence-0.12"),  # cuts some chains
+         pytest.param("confidence", {"confidence": 0.3}, id="confidence-0.3")]  # cuts nearly all after 1 guess
 
 
 @pytest.mark.parametrize("method", CHAIN_METHODS)
@@ -224,10 +247,13 @@ L = 3  # the prefill's token, then two tokens that went through a verify step
 
 
 @pytest.mark.parametrize("method, options, sampling, n", [
-    ("speculative", dict(draft_len=3, adaptive="confidence", confidence=0.45), (1.0, None, None), 3000),
-    ("early-exit", dict(draft_len=3, adaptive="confidence", confidence=0.45), (1.0, None, None), 3000),
+    pytest.param("speculative", dict(draft_len=3, adaptive="confidence", confidence=0.45), (1.0, None, None), 3000,
+                 id="speculative-confidence"),
+    pytest.param("early-exit", dict(draft_len=3, adaptive="confidence", confidence=0.45), (1.0, None, None), 3000,
+                 id="early-exit-confidence"),
     # history: after a first guess rejected, the second step drafts 1 instead of 2
-    ("early-exit", dict(draft_len=2, adaptive="history"), (0.8, 4, None), 1500),
+    pytest.param("early-exit", dict(draft_len=2, adaptive="history"), (0.8, 4, None), 1500,
+                 id="early-exit-history-top-k"),
 ])
 def test_sampling_with_adaptive_stopping_follows_the_targets_law(method, options, sampling, n, monkeypatch):
     """V = 5, first 3 tokens: 125 outcomes; tv_bound(125, n) with delta 1e-6: 0.130 for n = 3000, 0.184 for

@@ -12,8 +12,8 @@ target's own training, which needs a retrain):
 One adapter per exit layer E = 1..n_layer-1, each one residual MLP like an MTP head (nanospec/model.py's
 MTPHead): it reads one position and keeps no cache, so drafting costs E layers + one MLP per guess. Its last
 projection starts at zero, so an untrained adapter is the plain exit. Training distills each exit to the
-target's next-token law (soft cross-entropy = KL(p_target || q_draft) + const): acceptance is about agreeing
-with the target, not about predicting the data.
+target's next-token law, minimising KL(p_target || q_draft) (0 when the exit says what the target says):
+acceptance is about agreeing with the target, not about predicting the data.
 """
 import os
 import time
@@ -61,18 +61,19 @@ def exit_hidden_states(target, w):
 
 
 def distill_losses(adapter, target, w, positions=None):
-    """w (B, T) windows -> {exit E: soft cross-entropy to the target's law, agree E: how often exit E's argmax
+    """w (B, T) windows -> {exit E: KL(p_target || q_draft of exit E), agree E: how often exit E's argmax
     equals the target's}. The loss to minimise is the sum over exits. positions (S,): use only these."""
     with torch.no_grad():
         hidden, logits = exit_hidden_states(target, w)
     if positions is not None:
         hidden, logits = [h[:, positions] for h in hidden], logits[:, positions]
     V = logits.size(-1)
-    p_target = torch.softmax(logits.float(), dim=-1).reshape(-1, V)  # (B*S, V)
+    log_p_target = torch.log_softmax(logits.float(), dim=-1).reshape(-1, V)  # (B*S, V)
     losses = {}
     for E in range(1, target.config.n_layer):
         q_logits = exit_logits(target, adapter, E, hidden[E - 1]).float()  # (B, S, V)
-        losses[f"exit{E}"] = F.cross_entropy(q_logits.reshape(-1, V), p_target)
+        log_q_draft = torch.log_softmax(q_logits.reshape(-1, V), dim=-1)  # (B*S, V)
+        losses[f"exit{E}"] = F.kl_div(log_q_draft, log_p_target, log_target=True, reduction="batchmean")
         losses[f"agree{E}"] = (q_logits.argmax(-1) == logits.argmax(-1)).float().mean()
     return losses
 
