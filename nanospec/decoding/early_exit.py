@@ -51,7 +51,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     sampling = (temperature, top_k, top_p)
     device = target.wte.weight.device
     cache = target.new_cache()
-    drafted = accepted = 0
+    drafted = accepted = judged = 0
 
     def lower(token):  # blocks 1..E read one token; their cache advances, the upper layers' waits
         return target(tensor([token], device), cache=cache, layers=(0, E)).hidden  # (1, 1, C)
@@ -76,9 +76,11 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         out = target(None, cache=cache, layers=(E, L), hidden_in=torch.cat(hidden, dim=1))  # logits (1, k+1, V)
         q_draft = torch.stack(q_rows) if drafts else None  # (k, V); no guesses: the target just samples
         emitted, n = chain_verify(run, cache, n_before, out.logits[0], drafts, sampling, q_draft)
-        drafted, accepted = drafted + len(drafts), accepted + n
+        # judged: guesses the rule looked at (the accepted ones and the first rejected one), as in speculative
+        drafted, accepted, judged = drafted + len(drafts), accepted + n, judged + min(n + 1, len(drafts))
         length.update(len(drafts), n)
         done = run.emit(emitted)
 
-    return run.out, run.stats(drafted=drafted, accepted=accepted, acceptance_rate=accepted / max(1, drafted),
+    return run.out, run.stats(drafted=drafted, accepted=accepted, judged=judged,
+                              acceptance_rate=accepted / max(1, judged),
                               exit_layer=E, adapter=adapter is not None)
