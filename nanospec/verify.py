@@ -162,6 +162,22 @@ def verify_chain_point_mass(p_target, draft_tokens, generator=None):
     return int(n[0]), int(nxt[0])
 
 
+def verify_chain_greedy(logits, draft_tokens):
+    """The greedy case of both chain rules, the fast way: one argmax, no distributions built.
+
+    logits (k+1, V); draft_tokens (k,). Accept while each guess equals the target's argmax, then emit the
+    argmax after the last accepted guess. It gives exactly what verify_chain_point_mass(warp(logits, 0), ...)
+    and verify_chain(...) give on one-hot p and q (the tests check it), about 20x cheaper, which matters on a
+    CPU where a tiny model's forward takes a millisecond.
+    draft [5, 9, 2], argmax [5, 9, 7, 3] -> (2, 7).
+    """
+    best = logits.argmax(-1).tolist()  # same tie-break as warp(logits, 0): the first maximum
+    n = 0
+    while n < len(draft_tokens) and int(draft_tokens[n]) == best[n]:
+        n += 1
+    return n, best[n]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Trees (nanospec/tree.py): node 0 is the root, a token already fixed; every other node is a drafted token under
 # its parent, and every parent comes before its children.

@@ -27,6 +27,7 @@ from nanospec.verify import (
     typical_accept,
     typical_accept_batched,
     verify_chain,
+    verify_chain_greedy,
     verify_chain_batched,
     verify_chain_point_mass,
     verify_chain_point_mass_batched,
@@ -744,3 +745,18 @@ def test_sample_law_and_shape():
     assert (draws != 1).all()  # a zero-probability token is never drawn
     assert tv(empirical_law(draws, 4), p) < tv_bound(4, N_DRAWS)
     assert sample(p, g).shape == ()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_greedy_fast_path_equals_both_chain_rules_on_one_hot_distributions(seed):
+    """verify_chain_greedy is the fast path decoding uses at temperature 0; the rules are the slow oracle.
+    Integer logits in a small range make ties common, so the tie-break is checked too."""
+    g = torch.Generator().manual_seed(seed)
+    k, V = 1 + seed % 5, 4
+    logits = torch.randint(0, 3, (k + 1, V), generator=g).double()  # (k+1, V), many ties
+    best = logits.argmax(-1)
+    drafts = torch.where(torch.rand(k, generator=g) < 0.7, best[:k], torch.randint(0, V, (k,), generator=g))
+    p = warp(logits, 0.0)
+    q = torch.nn.functional.one_hot(drafts, V).double()
+    fast = verify_chain_greedy(logits, drafts)
+    assert fast == verify_chain_point_mass(p, drafts, g) == verify_chain(p, q, drafts, g)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nanospec.verify import verify_chain, verify_chain_point_mass, warp
+from nanospec.verify import verify_chain, verify_chain_greedy, verify_chain_point_mass, warp
 
 
 @dataclass
@@ -119,11 +119,12 @@ def chain_verify(run, cache, n_before, logits, drafts, sampling, q_draft=None):
     runs only the upper layers): the chain rule on that forward's logits (k+1, V) over [last, d1..dk], then the
     cache rolled back to n_before (its length before last) + last + the accepted drafts.
     Returns (emitted tokens, n_accepted)."""
-    p_target = warp(logits, *sampling)  # (k+1, V): the target's law after last, d1, ..., dk
     draft_ids = torch.tensor(list(drafts), dtype=torch.long)
-    if q_draft is None:
-        n, nxt = verify_chain_point_mass(p_target, draft_ids, run.generator)
-    else:
-        n, nxt = verify_chain(p_target, q_draft, draft_ids, run.generator)
+    if sampling[0] == 0:  # greedy: both rules reduce to "accept while guess == argmax"; skip building p
+        n, nxt = verify_chain_greedy(logits, draft_ids)
+    elif q_draft is None:
+        n, nxt = verify_chain_point_mass(warp(logits, *sampling), draft_ids, run.generator)
+    else:  # warp(logits): the target's law (k+1, V) after last, d1, ..., dk
+        n, nxt = verify_chain(warp(logits, *sampling), q_draft, draft_ids, run.generator)
     cache.rollback(n_before + 1 + n)  # keep last and the accepted drafts
     return list(drafts[:n]) + [int(nxt)], n
