@@ -7,6 +7,7 @@ to resume (optimizer state, step, seconds trained). Writes are atomic: write a t
 over the old one, so a crash or Ctrl-C mid-write leaves the previous checkpoint intact. Loading uses
 `torch.load(weights_only=True)`: a checkpoint is data, never code.
 """
+import hashlib
 import os
 from dataclasses import dataclass, asdict
 
@@ -51,6 +52,32 @@ def load_gpt(path, tokenizer_identity=None, device="cpu"):
     model = GPT(GPTConfig(**ckpt["config"]))
     model.load_state_dict(ckpt["model"])
     return model.to(device).eval()
+
+
+def target_fingerprint(target):
+    """A short hash of the target's weights: a drafter trained on one target is no good for a retrained one."""
+    h = hashlib.sha256()
+    for name, t in sorted(target.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def drafter_is_complete(name, path, tokenizer_identity, config, target_id):
+    """What a drafter's training stage does with the checkpoint already at `path`: True (skip the stage) if it
+    is complete and was trained for this config and this very target; False (train) otherwise. A file trained
+    for another target or size is deleted first, since it is useless; an unfinished one is left to resume."""
+    if not os.path.exists(path):
+        return False
+    ckpt = load_checkpoint(path, tokenizer_identity)
+    if ckpt["config"] != config or ckpt.get("target") != target_id:
+        print(f"{name}: {path} was trained for another target.pt or size; training it anew")
+        os.remove(path)
+        return False
+    if ckpt.get("done"):
+        print(f"{name}: {path} is complete, skipping (delete it to retrain)")
+        return True
+    return False
 
 
 @dataclass

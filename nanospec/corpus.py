@@ -26,6 +26,7 @@ from pathlib import Path
 
 EOT = "<|endoftext|>"  # separates documents in train.txt / val.txt; the tokenizer makes it one special id
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}  # not library code
+STDLIB_DATA_DIRS = {"encodings"}  # stdlib only: ~100 generated codec tables ("LATIN CAPITAL LETTER A"), not code
 MAX_FILE_BYTES = 200_000  # stdlib only: its bigger files are mostly generated (pydoc topics, unicode data)
 CHUNK_BYTES = 20_000  # a single-file source is cut at blank lines into documents of about this size
 
@@ -109,7 +110,8 @@ def iter_documents(source, skipped):
         # os.walk gives no order guarantee: collect relative posix paths, then sort them
         names = []
         for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".")]
+            skip = SKIP_DIRS | (STDLIB_DATA_DIRS if only_py and Path(dirpath) == root else set())
+            dirnames[:] = [d for d in dirnames if d not in skip and not d.startswith(".")]
             for fn in filenames:
                 if not fn.startswith(".") and (fn.endswith(".py") or not only_py):
                     names.append((Path(dirpath) / fn).relative_to(root).as_posix())

@@ -15,7 +15,7 @@ follows the cut in the file:
 Worked example of the `repeat` score: prompt "x = f(a, b)\\ny = f(a, c)", next line "z = f(a, d)":
 words z = f ( a , d ) -> 4-grams (z,=,f,() (=,f,(,a) (f,(,a,,) ((,a,,,d) (a,,,d,)): 2 of 5 in the prompt -> 0.4.
 
-A held-out file can still share boilerplate with training files (the stdlib's codec modules do), so a cut
+A held-out file can still share boilerplate with training files, so a cut
 whose prompt or continuation occurs word for word in data/train.txt is left out too.
 
 Deterministic: the same val.txt gives the same file. Prompts are stored as text (tokenized by the benchmark),
@@ -26,9 +26,9 @@ document and category per round, so the first few prompts of each category come 
     python scripts/make_prompts.py --val /tmp/x/val.txt --out /tmp/x/prompts.json --per-category 10
 
 On the default corpus (the tiny preset's 4 MB of Python 3.11's stdlib) it prints:
-    code     16 prompts from 16 files, 331 characters on average
-    prose    16 prompts from 15 files, 330 characters on average
-    repeat   16 prompts from 12 files, 335 characters on average
+    code     16 prompts from 16 files, 329 characters on average
+    prose    16 prompts from 16 files, 335 characters on average
+    repeat   16 prompts from 16 files, 338 characters on average
 """
 import argparse
 import json

@@ -29,7 +29,6 @@ EAGLE's noise on the input features nor a second unrolled step on the head's own
 "training-time test") helped: the head's top-1 guess matched the target's 88% of the time on validation text,
 from true features and after one step on its own features alike.
 """
-import hashlib
 import os
 import time
 from dataclasses import asdict, replace
@@ -39,7 +38,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from nanospec.checkpoint import load_checkpoint, load_gpt
+from nanospec.checkpoint import drafter_is_complete, load_checkpoint, load_gpt, target_fingerprint
 from nanospec.model import Block, GPTConfig, KVCache, Output, causal_mask
 from nanospec.trainer import batch_rng, train
 
@@ -112,30 +111,15 @@ def eagle_losses(eagle, target, w):
     return losses
 
 
-def fingerprint(target):
-    """A short hash of the target's weights: a head trained on another target's features is useless."""
-    h = hashlib.sha256()
-    for name, t in target.state_dict().items():
-        h.update(name.encode())
-        h.update(t.detach().float().cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
 def train_stage(ctx):
     """train_tiny.py's stage "eagle": train the head on out/target.pt's features over the training corpus,
     or skip it if out/eagle.pt is complete and was trained on this very target (else it is trained anew)."""
     t0, path = time.time(), os.path.join(ctx.out_dir, "eagle.pt")
     target = load_gpt(os.path.join(ctx.out_dir, "target.pt"), ctx.tokenizer.identity, ctx.device)
     target.requires_grad_(False)
-    cfg, target_id = eagle_config(target.config), fingerprint(target)
-    if os.path.exists(path):
-        ckpt = load_checkpoint(path, ctx.tokenizer.identity)
-        if ckpt["config"] != asdict(cfg) or ckpt.get("target") != target_id:  # stale: the target was retrained
-            print(f"eagle: {path} was trained on another target.pt; training a new head")
-            os.remove(path)
-        elif ckpt.get("done"):
-            print(f"eagle: {path} is complete, skipping (delete it to retrain)")
-            return
+    cfg, target_id = eagle_config(target.config), target_fingerprint(target)
+    if drafter_is_complete("eagle", path, ctx.tokenizer.identity, asdict(cfg), target_id):
+        return
     train_cfg = ctx.train_cfg("eagle_train")
     torch.manual_seed(train_cfg.seed)
     eagle = Eagle(cfg).to(ctx.device)

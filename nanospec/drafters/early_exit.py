@@ -24,8 +24,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from nanospec.checkpoint import CheckpointError, load_checkpoint, load_gpt
-from nanospec.drafters.eagle import fingerprint  # a hash of the target's weights
+from nanospec.checkpoint import drafter_is_complete, load_checkpoint, load_gpt, target_fingerprint
 from nanospec.model import GPTConfig, MTPHead
 from nanospec.trainer import batch_rng, train
 
@@ -85,15 +84,9 @@ def train_stage(ctx):
     target_path = os.path.join(ctx.out_dir, "target.pt")
     target = load_gpt(target_path, ctx.tokenizer.identity, ctx.device)
     target.requires_grad_(False)
-    target_id = fingerprint(target)  # adapters fit one training of the target: a retrained target needs new ones
-    if os.path.exists(path):
-        ckpt = load_checkpoint(path, ctx.tokenizer.identity)
-        if ckpt["config"] != asdict(target.config) or ckpt.get("target") != target_id:
-            raise CheckpointError(f"{path} was trained for another target than {target_path}; delete it and "
-                                  "run `python train_tiny.py --stage early_exit`")
-        if ckpt.get("done"):
-            print(f"early_exit: {path} is complete, skipping (delete it to retrain)")
-            return
+    target_id = target_fingerprint(target)  # adapters fit one training of the target: a retrained one needs new
+    if drafter_is_complete("early_exit", path, ctx.tokenizer.identity, asdict(target.config), target_id):
+        return
     train_cfg = ctx.train_cfg("early_exit_train")
     torch.manual_seed(train_cfg.seed)
     adapter = ExitAdapter(target.config).to(ctx.device)

@@ -32,7 +32,6 @@ the earlier guesses were right.
 
 Paper: Xiao et al. 2024, ParallelSpec: Parallel Drafter for Efficient Speculative Decoding, arXiv 2410.05589.
 """
-import hashlib
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -42,7 +41,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from nanospec.checkpoint import CheckpointError, load_checkpoint, load_gpt
+from nanospec.checkpoint import CheckpointError, drafter_is_complete, load_checkpoint, load_gpt, target_fingerprint
 from nanospec.model import Block, KVCache
 
 
@@ -161,15 +160,6 @@ def distill_losses(drafter, target, w, anchors):
     return {"loss": loss, **{f"agree{j + 1}": agree[j] for j in range(k)}}
 
 
-def target_fingerprint(target):
-    """A short hash of the target's weights: a drafter is only good for the target it was distilled from."""
-    h = hashlib.sha256()
-    for name, p in sorted(target.state_dict().items()):
-        h.update(name.encode())
-        h.update(p.detach().float().cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
 def train_stage(ctx):
     """The `parallelspec` stage of train_tiny.py: out/parallelspec.pt, distilled from out/target.pt.
 
@@ -196,17 +186,8 @@ def train_stage(ctx):
     cfg = ParallelSpecConfig(vocab_size=tc.vocab_size, block_size=tc.block_size, n_embd=tc.n_embd, n_head=tc.n_head,
                              **ctx.cfg.get("parallelspec", {}))  # a preset may change the drafter's size
     fingerprint = target_fingerprint(target)
-    if os.path.exists(path):
-        ckpt = load_checkpoint(path, ctx.tokenizer.identity)
-        if ckpt["config"] != asdict(cfg):
-            raise CheckpointError(f"{path} holds a drafter of another size than preset {ctx.preset!r}; "
-                                  "delete it or use another --out-dir")
-        if ckpt.get("target") != fingerprint:  # the target was retrained: this drafter learned the old one
-            print(f"parallelspec: {path} was distilled from an earlier target.pt, retraining it")
-            os.remove(path)
-        elif ckpt.get("done"):
-            print(f"parallelspec: {path} is complete, skipping (delete it to retrain)")
-            return
+    if drafter_is_complete("parallelspec", path, ctx.tokenizer.identity, asdict(cfg), fingerprint):
+        return
     train_cfg = ctx.train_cfg("parallelspec_train")
     torch.manual_seed(train_cfg.seed)
     drafter = ParallelSpec(cfg).to(ctx.device)
