@@ -12,7 +12,6 @@ import argparse
 import json
 import sys
 
-import torch
 
 from nanospec.checkpoint import CheckpointError, load_models
 from nanospec.decoding import MODULES, METHODS, check_method

@@ -1,7 +1,6 @@
 """`ar`, the reference: its cached greedy output equals the slow no-cache argmax loop; it stops cleanly at
 end-of-text and at the context limit; sampling is seeded; bad requests are one-line errors."""
 import pytest
-import torch
 
 from nanospec.checkpoint import Models
 from nanospec.decoding import METHODS, check_method
