@@ -268,6 +268,29 @@ def verify_tree_point_mass(p_target, tokens, parents, generator=None):
     return _path_list(path[0]), int(nxt[0])
 
 
+def verify_tree_descend(p_target, tokens, parents, generator=None):
+    """The tree point-mass rule as sample-and-match. p_target (N, V): the target's law after each node.
+
+    At node u draw y ~ p_u; if a child of u holds y, step into it (the first such child: a duplicate sibling
+    never wins) and repeat there; else stop and emit y. Child x is entered with probability p_u(x) and, when
+    none is, y follows p_u without the children's tokens: exactly verify_tree_point_mass's law. (The draw y
+    is both the test and the emitted token; drawing a FRESH token after a mismatch would be biased.)
+    Greedy: p is one-hot, y is the argmax. Returns (path: accepted node indices, root excluded; next_token).
+    Example: tokens [0, 5, 8, 9], parents [-1, 0, 0, 1], greedy argmax after nodes 0..3 = [8, 1, 7, 4]
+    -> y = 8 at the root: node 2; no child of node 2 holds y = 7 -> ([2], 7).
+    """
+    child = {}  # (parent, token) -> the first child holding it
+    for c in range(len(parents) - 1, 0, -1):
+        child[(parents[c], int(tokens[c]))] = c
+    node, path = 0, []
+    while True:
+        y = int(sample(p_target[node], generator))  # the draw is both the test and, at the end, the output
+        if (node, y) not in child:
+            return path, y
+        node = child[(node, y)]
+        path.append(node)
+
+
 def verify_tree_sampled_batched(p_target, q_draft, tokens, parents, generator=None):
     """`verify_tree_sampled` on B trees of one shape: p_target, q_draft (B, N, V), tokens (B, N), parents (N,).
     Returns path (B, D) padded with -1, next_token (B,)."""

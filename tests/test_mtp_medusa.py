@@ -14,7 +14,8 @@ from nanospec.checkpoint import Models
 from nanospec.decoding import METHODS
 from nanospec.decoding.common import start, tensor
 from nanospec.decoding.medusa import parse_tree
-from nanospec.decoding.tree_step import descend, tree_step
+from nanospec.decoding.tree_step import tree_step
+from nanospec.verify import verify_tree_descend
 from nanospec.tree import format_tree, leaf_paths, medusa_tree, path_to, tree_from_paths, tree_positions
 from nanospec.verify import sample, verify_tree_point_mass, verify_tree_point_mass_batched, warp
 from test_model import TOL, random_ids, random_tree, tiny_gpt
@@ -72,7 +73,8 @@ def test_show_tree_prints_the_first_two_trees_with_the_kept_path_marked(capsys):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# descend, tree_step's cheap form of the tree point-mass rule, against verify_tree_point_mass
+# verify_tree_descend, the cheap form of the tree point-mass rule that tree_step uses, against
+# verify_tree_point_mass
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -81,7 +83,8 @@ def test_descend_equals_verify_tree_point_mass_under_greedy(seed):
     tokens, parents = random_tree(rng.randrange(1, 15), 4, rng)  # vocab 4: many duplicate siblings
     argmax = torch.randint(0, 4, (len(tokens),), generator=torch.Generator().manual_seed(seed))
     p_target = torch.nn.functional.one_hot(argmax, 4).double()  # (N, V) greedy: one-hot
-    assert descend(p_target, tokens, parents) == verify_tree_point_mass(p_target, torch.tensor(tokens), parents)
+    expect = verify_tree_point_mass(p_target, torch.tensor(tokens), parents)
+    assert verify_tree_descend(p_target, tokens, parents) == expect
 
 
 def test_descend_follows_the_point_mass_law():
@@ -104,7 +107,7 @@ def test_descend_follows_the_point_mass_law():
             if (m, y) not in first:
                 exact[m * V + y] = reach * p_target[m, y]
     g = torch.Generator().manual_seed(1)
-    walks = [descend(p_target, tokens, parents, g) for _ in range(n)]
+    walks = [verify_tree_descend(p_target, tokens, parents, g) for _ in range(n)]
     got = empirical_law(torch.tensor([(path[-1] if path else 0) * V + y for path, y in walks]), N * V)
     paths, nxt = verify_tree_point_mass_batched(p_target.expand(n, N, V), torch.tensor(tokens).expand(n, N), parents, g)
     last = torch.where(paths >= 0, paths, 0).max(-1).values  # (n,) deepest accepted node (indices grow with depth)

@@ -13,8 +13,8 @@ prefix + that path (`compact`), and the emitted tokens are the accepted guesses 
     -> path [x], emitted ["x", ","], cache = [.. prefix .., "(", "x"]; "," is the next root.
 
 The lossless rule is the tree point-mass rule (verify.verify_tree_point_mass: at each node accept child x with
-probability P(x), on rejection remove x from P and try the next sibling). `descend` below computes the same
-law the cheap way, "draw y ~ p at the node, step into the child whose token is y, stop when there is none",
+probability P(x), on rejection remove x from P and try the next sibling). verify.verify_tree_descend computes
+the same law the cheap way, "draw y ~ p at the node, step into the child whose token is y, stop when there is none",
 which costs one draw per accepted level instead of a few tensor operations per child tried; the tests check
 it against verify_tree_point_mass (exactly under greedy, in law when sampling).
 """
@@ -22,32 +22,9 @@ import torch
 
 from nanospec.decoding.common import tensor
 from nanospec.tree import tree_mask, tree_positions
-from nanospec.verify import sample, typical_accept, warp
+from nanospec.verify import typical_accept, verify_tree_descend, warp
 
 RULES = ("point-mass", "typical")  # lossless (greedy = its one-hot case), and Medusa's LOSSY typical acceptance
-
-
-def descend(p_target, tokens, parents, generator=None):
-    """The tree point-mass rule as sample-and-match. p_target (N, V): the target's law after each node.
-
-    At node u draw y ~ p_u; if a child of u holds y, step into it (the first such child: a duplicate sibling
-    never wins) and repeat there; else stop and emit y. Child x is entered with probability p_u(x) and, when
-    none is, y follows p_u without the children's tokens: exactly verify_tree_point_mass's law. (The draw y
-    is both the test and the emitted token; drawing a FRESH token after a mismatch would be biased.)
-    Greedy: p is one-hot, y is the argmax. Returns (path: accepted node indices, root excluded; next_token).
-    Example: tokens [0, 5, 8, 9], parents [-1, 0, 0, 1], greedy argmax after nodes 0..3 = [8, 1, 7, 4]
-    -> y = 8 at the root: node 2; no child of node 2 holds y = 7 -> ([2], 7).
-    """
-    child = {}  # (parent, token) -> the first child holding it
-    for c in range(len(parents) - 1, 0, -1):
-        child[(parents[c], int(tokens[c]))] = c
-    node, path = 0, []
-    while True:
-        y = int(sample(p_target[node], generator))  # the draw is both the test and, at the end, the output
-        if (node, y) not in child:
-            return path, y
-        node = child[(node, y)]
-        path.append(node)
 
 
 def tree_step(run, target, cache, tokens, parents, sampling, rule="point-mass", heads=False):
@@ -65,7 +42,7 @@ def tree_step(run, target, cache, tokens, parents, sampling, rule="point-mass", 
                  mask=tree_mask(parents, prefix, device), heads=heads)  # logits (1, N, V)
     p_target = warp(out.logits[0], *sampling)  # (N, V): the target's law after each node's own path
     if rule == "point-mass":
-        path, nxt = descend(p_target, tokens, parents, run.generator)
+        path, nxt = verify_tree_descend(p_target, tokens, parents, run.generator)
     elif rule == "typical":
         path, nxt = typical_accept(p_target, torch.tensor(tokens), parents, generator=run.generator)
     else:
