@@ -119,8 +119,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         raise ValueError(f"need window >= 1, ngram >= 3, guesses >= 0; got {window}, {ngram}, {guesses}")
     W, N, G = window, ngram, guesses
     run = start(models, prompt_ids, max_new_tokens, seed)
-    sampling = (temperature, top_k, top_p)
-    target = models.target
+    sampling, target = (temperature, top_k, top_p), models.target
     # Room for the prefix plus a whole tree: a forward near the context end still writes every node first.
     cache = target.new_cache(max_len=target.config.block_size + 1 + G * (N - 1) + W * (N - 1))
     pool = {}  # key token -> list of (N-1)-tuples that followed it, newest last
@@ -129,12 +128,11 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     # stream untouched. The first N-2 steps only fill the levels with real Jacobi outputs: no pooling yet.
     rng = random.Random(0)
     levels = [[rng.choice(run.prompt) for _ in range(W - (l == 0))] for l in range(N - 1)]
-    accepted = accepted_window = 0
+    accepted = accepted_window = step = 0  # step: Jacobi steps of the window so far
 
     # Prefill: the target reads the prompt and picks the first token itself, like `ar`.
     logits = target(tensor(run.prompt, target.wte.weight.device), cache=cache).logits[0, -1]  # (V,)
     done = run.emit([sample(warp(logits, *sampling), run.generator).item()])
-    step = 0
     while not done:
         root = run.seq[-1]
         depth = run.draft_room(N - 1)  # shorter guesses near the context end or the token budget
