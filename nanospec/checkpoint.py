@@ -47,11 +47,16 @@ def gpt_checkpoint(model, tokenizer_identity, **extra):
     return {"config": asdict(model.config), "model": model.state_dict(), "tokenizer": tokenizer_identity, **extra}
 
 
-def load_gpt(path, tokenizer_identity=None, device="cpu"):
+def load_module(path, tokenizer_identity, device, build):
+    """Rebuild a trained part: `build(config dict)` makes the module, then its weights are loaded."""
     ckpt = load_checkpoint(path, tokenizer_identity)
-    model = GPT(GPTConfig(**ckpt["config"]))
-    model.load_state_dict(ckpt["model"])
-    return model.to(device).eval()
+    module = build(ckpt["config"])
+    module.load_state_dict(ckpt["model"])
+    return module.to(device).eval()
+
+
+def load_gpt(path, tokenizer_identity=None, device="cpu"):
+    return load_module(path, tokenizer_identity, device, lambda cfg: GPT(GPTConfig(**cfg)))
 
 
 def target_fingerprint(target):

@@ -38,7 +38,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from nanospec.checkpoint import drafter_is_complete, load_checkpoint, load_gpt, target_fingerprint
+from nanospec.checkpoint import drafter_is_complete, load_gpt, load_module, target_fingerprint
 from nanospec.model import Block, GPTConfig, KVCache, Output, causal_mask
 from nanospec.trainer import batch_rng, train
 
@@ -152,7 +152,4 @@ def train_stage(ctx):
 
 def load_eagle(path, tokenizer_identity=None, device="cpu"):
     """The bare head from eagle.pt; every call then takes the target it was trained on."""
-    ckpt = load_checkpoint(path, tokenizer_identity)
-    eagle = Eagle(GPTConfig(**ckpt["config"]))
-    eagle.load_state_dict(ckpt["model"])
-    return eagle.to(device).eval()
+    return load_module(path, tokenizer_identity, device, lambda cfg: Eagle(GPTConfig(**cfg)))

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from nanospec.checkpoint import drafter_is_complete, load_checkpoint, load_gpt, target_fingerprint
+from nanospec.checkpoint import drafter_is_complete, load_gpt, load_module, target_fingerprint
 from nanospec.model import GPTConfig, MTPHead
 from nanospec.trainer import batch_rng, train
 
@@ -125,7 +125,4 @@ def train_stage(ctx):
 
 def load_early_exit(path, tokenizer_identity=None, device="cpu"):
     """The adapters from early_exit.pt; `exit_logits` applies them on the target they were trained on."""
-    ckpt = load_checkpoint(path, tokenizer_identity)
-    adapter = ExitAdapter(GPTConfig(**ckpt["config"]))
-    adapter.load_state_dict(ckpt["model"])
-    return adapter.to(device).eval()
+    return load_module(path, tokenizer_identity, device, lambda cfg: ExitAdapter(GPTConfig(**cfg)))

@@ -41,7 +41,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from nanospec.checkpoint import CheckpointError, drafter_is_complete, load_checkpoint, load_gpt, target_fingerprint
+from nanospec.checkpoint import CheckpointError, drafter_is_complete, load_gpt, load_module, target_fingerprint
 from nanospec.model import Block, KVCache
 
 
@@ -134,10 +134,7 @@ class ParallelSpec(nn.Module):
 
 
 def load_parallelspec(path, tokenizer_identity=None, device="cpu"):
-    ckpt = load_checkpoint(path, tokenizer_identity)
-    drafter = ParallelSpec(ParallelSpecConfig(**ckpt["config"]))
-    drafter.load_state_dict(ckpt["model"])
-    return drafter.to(device).eval()
+    return load_module(path, tokenizer_identity, device, lambda cfg: ParallelSpec(ParallelSpecConfig(**cfg)))
 
 
 # ---------------------------------------------------------------------------------------------------------
