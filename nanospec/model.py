@@ -16,6 +16,8 @@ predicts token t+1+i from the trunk's hidden state at t, sharing the final norm 
 head. nanospec's heads are residual MLP blocks (as in Medusa, arXiv 2401.10774), not transformer layers as in
 Meta's design: an MLP head reads one position and keeps no cache, so drafting from the heads costs a few
 matrix-vector products at the last accepted position and tree verification needs no per-head cache.
+The heads are trained with the trunk, then retrained alone on the frozen target's own text
+(nanospec/drafters/heads.py), which makes their guesses far more often right (figures in README.md).
 """
 import math
 from dataclasses import dataclass
@@ -86,12 +88,10 @@ class KVCache:
         """Keep only the slots listed in `keep` (increasing), moved to 0..len(keep)-1.
         Example: length 7, keep [0, 1, 2, 3, 5] (prefix 0..3, then tree node 5) -> slot 4 := slot 5, length 5."""
         assert len(set(self.lengths)) == 1, f"compact needs every layer at the same length, got {self.lengths}"
-        keep = torch.as_tensor(keep, dtype=torch.long, device=self.k.device)
-        identity = torch.arange(len(keep), device=keep.device)
-        moved = (keep != identity).nonzero()
-        if len(moved):  # slots before the first moved one are already in place
-            first = moved[0, 0].item()
-            src = keep[first:]
+        keep = [int(s) for s in keep]
+        first = next((i for i, s in enumerate(keep) if s != i), len(keep))  # slots before it are in place
+        if first < len(keep):
+            src = torch.tensor(keep[first:], dtype=torch.long, device=self.k.device)
             self.k[:, :, :, first:len(keep)] = self.k[:, :, :, src]
             self.v[:, :, :, first:len(keep)] = self.v[:, :, :, src]
         self.lengths = [len(keep)] * len(self.lengths)
@@ -233,11 +233,12 @@ class GPT(nn.Module):
             out.head_logits = self.head_logits(x)
         return out
 
-    def head_logits(self, hidden):
-        """hidden (B, T, C) trunk output -> (B, n_future, T, V): head i's logits for token t+1+i."""
+    def head_logits(self, hidden, n=None):
+        """hidden (B, T, C) trunk output -> (B, n, T, V): head i's logits for token t+1+i, for the first n heads
+        (default all n_future): a drafter that guesses fewer tokens runs fewer heads."""
         if not len(self.heads):
             raise ValueError("this model has no MTP heads (n_future = 0)")
-        return torch.stack([self.lm_head(self.ln_f(h(hidden))) for h in self.heads], dim=1)
+        return torch.stack([self.lm_head(self.ln_f(h(hidden))) for h in self.heads[:n]], dim=1)
 
     def new_cache(self, batch_size=1, max_len=None):
         w = self.wte.weight

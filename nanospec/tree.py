@@ -41,13 +41,13 @@ def path_to(parents, node):
 def tree_mask(parents, prefix_len, device="cpu"):
     """(N, prefix_len + N) bool: each node sees the prefix, its ancestors and itself."""
     N = len(parents)
-    mask = torch.zeros(N, prefix_len + N, dtype=torch.bool, device=device)
-    mask[:, :prefix_len] = True
+    rows = []  # rows[i][j]: node j is node i or one of its ancestors (built in Python: N is small)
     for i, par in enumerate(parents):
-        mask[i, prefix_len + i] = True
-        if par >= 0:
-            mask[i, prefix_len:] |= mask[par, prefix_len:]  # a parent's row already holds all its ancestors
-    return mask
+        row = list(rows[par]) if par >= 0 else [False] * N  # a parent's row already holds all its ancestors
+        row[i] = True
+        rows.append(row)
+    prefix = torch.ones(N, prefix_len, dtype=torch.bool, device=device)
+    return torch.cat([prefix, torch.tensor(rows, dtype=torch.bool, device=device)], dim=1)
 
 
 def tree_positions(parents, prefix_len, device="cpu"):

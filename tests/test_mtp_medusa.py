@@ -15,7 +15,7 @@ from nanospec.decoding import METHODS
 from nanospec.decoding.common import start, tensor
 from nanospec.decoding.medusa import parse_tree
 from nanospec.decoding.tree_step import tree_step
-from nanospec.verify import verify_tree_descend
+from nanospec.verify import verify_tree_descend, verify_tree_greedy
 from nanospec.tree import format_tree, leaf_paths, medusa_tree, path_to, tree_from_paths, tree_positions
 from nanospec.verify import sample, verify_tree_point_mass, verify_tree_point_mass_batched, warp
 from test_model import TOL, random_ids, random_tree, tiny_gpt
@@ -85,6 +85,18 @@ def test_descend_equals_verify_tree_point_mass_under_greedy(seed):
     p_target = torch.nn.functional.one_hot(argmax, 4).double()  # (N, V) greedy: one-hot
     expect = verify_tree_point_mass(p_target, torch.tensor(tokens), parents)
     assert verify_tree_descend(p_target, tokens, parents) == expect
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_greedy_fast_path_equals_both_tree_rules(seed):
+    """tree_step's greedy shortcut (one argmax, no one-hot rows) against the two rules on warp(logits, 0);
+    integer logits make ties common, which all three must break the same way (the first maximum)."""
+    rng = random.Random(seed)
+    tokens, parents = random_tree(rng.randrange(1, 15), 4, rng)
+    logits = torch.randint(0, 3, (len(tokens), 4), generator=torch.Generator().manual_seed(seed)).double()
+    p_target = warp(logits, 0.0)
+    expect = verify_tree_point_mass(p_target, torch.tensor(tokens), parents)
+    assert verify_tree_greedy(logits, tokens, parents) == expect == verify_tree_descend(p_target, tokens, parents)
 
 
 def test_descend_follows_the_point_mass_law():

@@ -109,7 +109,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         d = run.draft_room(depth)  # near the end of the budget or context, a shallower tree
         slots = cache.max_len - cache.length - 1  # cache slots left for guesses in this forward
         step_paths = [p for p in paths if len(p) <= d][:slots]
-        candidates = target.head_logits(hidden)[0, :d, 0].topk(width, dim=-1).indices  # (d, K) top-K per head
+        candidates = target.head_logits(hidden, d)[0, :, 0].topk(width, dim=-1).indices if d else []  # (d, K)
         tokens, parents = medusa_tree(last, candidates, step_paths)
         emitted, path, out = tree_step(run, target, cache, tokens, parents, sampling, verify)
         steps, guesses, accepted = steps + 1, guesses + len(tokens) - 1, accepted + len(path)

@@ -37,7 +37,7 @@ def head_guesses(target, hidden, k, length):
     the first unconfident head when `length` (adaptive.DraftLength) uses the confidence rule."""
     if k == 0:
         return []
-    logits = target.head_logits(hidden)[0, :k, 0]  # (k, V)
+    logits = target.head_logits(hidden, k)[0, :, 0]  # (k, V)
     return length.cut(logits, logits.argmax(-1).tolist())
 
 

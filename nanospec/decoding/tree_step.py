@@ -22,7 +22,7 @@ import torch
 
 from nanospec.decoding.common import tensor
 from nanospec.tree import tree_mask, tree_positions
-from nanospec.verify import typical_accept, verify_tree_descend, warp
+from nanospec.verify import typical_accept, verify_tree_descend, verify_tree_greedy, warp
 
 RULES = ("point-mass", "typical")  # lossless (greedy = its one-hot case), and Medusa's LOSSY typical acceptance
 
@@ -40,13 +40,16 @@ def tree_step(run, target, cache, tokens, parents, sampling, rule="point-mass", 
     device = cache.k.device
     out = target(tensor(tokens, device), pos=tree_positions(parents, prefix, device), cache=cache,
                  mask=tree_mask(parents, prefix, device), heads=heads)  # logits (1, N, V)
-    p_target = warp(out.logits[0], *sampling)  # (N, V): the target's law after each node's own path
-    if rule == "point-mass":
-        path, nxt = verify_tree_descend(p_target, tokens, parents, run.generator)
-    elif rule == "typical":
-        path, nxt = typical_accept(p_target, torch.tensor(tokens), parents, generator=run.generator)
-    else:
+    if rule not in RULES:
         raise ValueError(f"unknown tree rule {rule!r}; choose one of: {', '.join(RULES)}")
+    if sampling[0] == 0:  # greedy: every rule reduces to "follow the argmax"; skip building p
+        path, nxt = verify_tree_greedy(out.logits[0], tokens, parents)
+    elif rule == "point-mass":
+        p_target = warp(out.logits[0], *sampling)  # (N, V): the target's law after each node's own path
+        path, nxt = verify_tree_descend(p_target, tokens, parents, run.generator)
+    else:
+        p_target = warp(out.logits[0], *sampling)
+        path, nxt = typical_accept(p_target, torch.tensor(tokens), parents, generator=run.generator)
     # the forward wrote all N nodes after the prefix; keep the root and the accepted path, in order
     cache.compact(list(range(prefix)) + [prefix + n for n in [0] + path])
     return [tokens[n] for n in path] + [int(nxt)], path, out
