@@ -4,6 +4,7 @@ Train everything nanospec decodes with, in stages, each skipped when its output 
     corpus     data/train.txt, data/val.txt   (Python's own standard library source, split by file)
     tokenizer  out/tokenizer.tiktoken         (byte-level BPE trained on the training split)
     target     out/target.pt                  (the GPT with its MTP heads, trained jointly)
+    heads      out/heads.pt                   (the MTP heads retrained on the frozen target's own text)
     draft      out/draft.pt                   (a much smaller GPT on the same tokenizer, for `speculative`)
     eagle      out/eagle.pt                   (EAGLE's one-layer draft head, on the target's features)
     parallelspec out/parallelspec.pt          (ParallelSpec's mask-token drafter: k guesses in one pass)
@@ -28,7 +29,7 @@ from torch.nn import functional as F
 
 from nanospec import corpus
 from nanospec.checkpoint import CheckpointError, gpt_checkpoint, load_checkpoint
-from nanospec.drafters import eagle, early_exit, parallelspec
+from nanospec.drafters import eagle, early_exit, heads, parallelspec
 from nanospec.model import GPT, GPTConfig
 from nanospec.tokenizer import Tokenizer, save_tokenizer, train_bpe
 from nanospec.trainer import TrainConfig, batch_rng, pick_device, train
@@ -40,6 +41,7 @@ PRESETS = {
                 target=GPTConfig(vocab_size=0, block_size=64, n_layer=2, n_head=2, n_embd=32, n_future=2),
                 draft=GPTConfig(vocab_size=0, block_size=64, n_layer=1, n_head=2, n_embd=16, n_future=0),
                 target_train=TrainConfig(max_iters=30, batch_size=8, eval_interval=15, warmup_iters=5),
+                heads_train=TrainConfig(max_iters=10, batch_size=8, eval_interval=5, warmup_iters=2),
                 draft_train=TrainConfig(max_iters=20, batch_size=8, eval_interval=10, warmup_iters=5),
                 eagle_train=TrainConfig(max_iters=20, batch_size=8, eval_interval=10, warmup_iters=5),
                 parallelspec_train=TrainConfig(max_iters=20, batch_size=8, eval_interval=10, warmup_iters=5),
@@ -48,6 +50,9 @@ PRESETS = {
                  target=GPTConfig(vocab_size=0, block_size=256, n_layer=4, n_head=4, n_embd=192, n_future=3),
                  draft=GPTConfig(vocab_size=0, block_size=256, n_layer=1, n_head=2, n_embd=96, n_future=0),
                  target_train=TrainConfig(max_iters=900, max_seconds=330),
+                 # heads-only phase (nanospec/drafters/heads.py): a fine-tune, so a large rate and no decay
+                 heads_train=TrainConfig(max_iters=200, max_seconds=60, lr=3e-3, min_lr=3e-4, warmup_iters=10,
+                                         weight_decay=0.0, eval_interval=50),
                  draft_train=TrainConfig(max_iters=600, max_seconds=60, lr=3e-3),
                  eagle_train=TrainConfig(max_iters=300, max_seconds=60, lr=6e-3, warmup_iters=20),
                  parallelspec_train=TrainConfig(max_iters=600, max_seconds=60, batch_size=8, lr=3e-3, warmup_iters=20),
@@ -56,6 +61,7 @@ PRESETS = {
                   target=GPTConfig(vocab_size=0, block_size=512, n_layer=8, n_head=8, n_embd=512, n_future=4),
                   draft=GPTConfig(vocab_size=0, block_size=512, n_layer=2, n_head=4, n_embd=192, n_future=0),
                   target_train=TrainConfig(max_iters=5000, batch_size=32, lr=1e-3, min_lr=1e-4, warmup_iters=200),
+                  heads_train=TrainConfig(max_iters=1000, batch_size=32, lr=1e-3, warmup_iters=50, weight_decay=0.0),
                   draft_train=TrainConfig(max_iters=3000, batch_size=32, lr=2e-3, warmup_iters=100),
                   eagle_train=TrainConfig(max_iters=3000, batch_size=32, lr=2e-3, warmup_iters=100),
                   parallelspec_train=TrainConfig(max_iters=3000, batch_size=32, lr=2e-3, warmup_iters=100),
@@ -166,6 +172,11 @@ def stage_target(ctx):
     train_gpt("target", ctx, ctx.cfg["target"], ctx.train_cfg("target_train"), ctx.cfg["head_weight"])
 
 
+def stage_heads(ctx):
+    stage_target(ctx)  # the heads learn from the target's own text: train it first if missing (else skipped)
+    heads.train_stage(ctx)  # nanospec/drafters/heads.py
+
+
 def stage_draft(ctx):
     train_gpt("draft", ctx, ctx.cfg["draft"], ctx.train_cfg("draft_train"), 0.0)
 
@@ -186,7 +197,8 @@ def stage_early_exit(ctx):
 
 
 # Run in this order by `--stage all`. corpus and tokenizer always run (cheap, skipped when present).
-STAGES = {"corpus": stage_corpus, "tokenizer": stage_tokenizer, "target": stage_target, "draft": stage_draft,
+STAGES = {"corpus": stage_corpus, "tokenizer": stage_tokenizer, "target": stage_target, "heads": stage_heads,
+          "draft": stage_draft,
           "eagle": stage_eagle, "parallelspec": stage_parallelspec, "early_exit": stage_early_exit}
 
 

@@ -359,6 +359,8 @@ def report_header(args, argv, models, device, prompts, categories, temperatures,
     lens = [len(q["ids"]) for q in prompts]
     command = " ".join(argv if argv is not None else sys.argv[1:])
     draft = f"; draft {describe(models.draft)}" if models.draft is not None else ""
+    if models.target.config.n_future:
+        draft += "; MTP heads " + ("retrained alone (heads.pt)" if models.tuned_heads else "as trained with the target")
     return [f"# nanospec bench, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
             f"- machine: {machine()}; device: {device_name(device)}; torch {torch.__version__}; "
             f"Python {platform.python_version()}; commit {git_commit()}",

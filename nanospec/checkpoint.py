@@ -95,6 +95,7 @@ class Models:
     parallelspec: torch.nn.Module = None  # mask-token parallel drafter, for `parallelspec`
     early_exit: torch.nn.Module = None  # adapters that make the target's first layers a draft, for `early-exit`
     eot: int = None  # end-of-text id: generation stops there (None: never stops early)
+    tuned_heads: bool = False  # True when heads.pt (the heads-only phase) replaced the jointly trained MTP heads
 
 
 PARTS = ("draft", "eagle", "parallelspec", "early_exit")  # optional parts, each in `<part>.pt` beside target.pt
@@ -117,13 +118,19 @@ def load_part(part, path, tokenizer_identity, device):
 
 
 def load_models(ckpt_dir, device="cpu"):
-    """Load the tokenizer, the target and every optional part present in a run folder."""
+    """Load the tokenizer, the target (with the heads from heads.pt when present) and every optional part
+    present in a run folder."""
     tok_path = os.path.join(ckpt_dir, "tokenizer.tiktoken")
     if not os.path.exists(tok_path):
         raise CheckpointError(f"no tokenizer at {tok_path}: run `make train` (or pass --ckpt FOLDER)")
     tokenizer = Tokenizer.load(tok_path)
     target = load_gpt(os.path.join(ckpt_dir, "target.pt"), tokenizer.identity, device)
     models = Models(target=target, tokenizer=tokenizer, eot=tokenizer.eot)
+    heads_path = os.path.join(ckpt_dir, "heads.pt")
+    if os.path.exists(heads_path):  # the retrained MTP heads replace the jointly trained ones
+        from nanospec.drafters.heads import load_heads
+        load_heads(heads_path, target, tokenizer.identity)
+        models.tuned_heads = True
     for part in PARTS:
         path = os.path.join(ckpt_dir, f"{part}.pt")
         if os.path.exists(path):

@@ -1,0 +1,128 @@
+"""
+The heads-only phase (Medusa-1, Cai et al. 2024, arXiv 2401.10774): retrain the MTP heads on the frozen
+target, from text the target wrote itself.
+
+Trained jointly with the trunk (train_tiny.py's `target` stage), the heads learn to guess the CORPUS's token
+t+1+i, as a side task weighted 0.3 x 0.8^(i-1). But verification accepts a guess only when it is what the
+TARGET would emit, and a 3M-parameter model often emits something else than the corpus. So this phase:
+
+  1. freezes the whole target (trunk, main head and the unembedding the heads share);
+  2. lets the target continue random training windows greedily, in batches, with its KV cache (`rollouts`):
+     self-distillation data, as in Medusa-2's recipe;
+  3. trains head i at each position t to guess the rollout's token t+1+i, with weight 1 for every head (plain
+     cross-entropy on the target's own text: sequence-level distillation, Kim and Rush 2016, arXiv 1606.07947).
+
+    rollout  [prompt from the corpus] def f ( x ) : return x     (from "def" on: the target's own greedy text)
+    at the position of "(": the main head said "x"; head 1 learns ")", head 2 ":", head 3 "return"
+
+Only the heads change; out/heads.pt holds them and `checkpoint.load_models` puts them on the target in place
+of the jointly trained ones (delete heads.pt to decode with those). The target's own output is untouched, so
+every method stays exact with respect to target.pt. The figures (agreement before and after) are in README.md.
+"""
+import os
+import time
+from dataclasses import asdict
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from nanospec.checkpoint import CheckpointError, drafter_is_complete, load_checkpoint, load_gpt, target_fingerprint
+from nanospec.trainer import train
+
+PROMPT_LEN = 32  # tokens of training text each rollout starts from; the target writes the rest of the window
+POOL = 128  # rollouts generated at once: one batched generation, read by EPOCHS * POOL / batch_size steps
+EPOCHS = 2  # each rollout is trained on twice: generating costs more than a training step (6k against 15k tok/s)
+
+
+@torch.no_grad()
+def rollouts(target, prompts, n_new):
+    """prompts (B, P) -> (B, P + n_new): each row continued greedily by the target, all rows in one batch.
+    The same tokens as `ar` on each row alone (tests/test_mtp_medusa.py checks it)."""
+    cache = target.new_cache(batch_size=prompts.size(0), max_len=prompts.size(1) + n_new)
+    with torch.autocast(prompts.device.type, enabled=False):  # one token per row: bf16 only slows it down
+        logits = target(prompts, cache=cache).logits[:, -1]  # (B, V)
+        seq = [prompts]
+        for i in range(n_new):
+            seq.append(logits.argmax(-1, keepdim=True))  # (B, 1)
+            if i + 1 < n_new:
+                logits = target(seq[-1], cache=cache).logits[:, -1]
+    return torch.cat(seq, 1)
+
+
+def head_losses(heads, target, seq):
+    """seq (B, T) rollouts -> {head i: cross-entropy of head i at t to token t+1+i, agree i: how often head i's
+    top-1 is that token}. On the generated part of a rollout, token t+1+i IS the target's greedy choice at t+i,
+    so agree i is how often a greedy tree step would accept head i's top-1 (given the guesses before it)."""
+    with torch.no_grad():
+        hidden = target(seq).hidden  # (B, T, C)
+    losses = {}
+    for i, head in enumerate(heads, 1):
+        logits = target.lm_head(target.ln_f(head(hidden[:, :-1 - i])))  # (B, T-1-i, V): guesses of t+1+i
+        truth = seq[:, 1 + i:]  # (B, T-1-i)
+        losses[f"head{i}"] = F.cross_entropy(logits.reshape(-1, logits.size(-1)), truth.reshape(-1))
+        losses[f"agree{i}"] = (logits.argmax(-1) == truth).float().mean()
+    losses["total"] = sum(losses[f"head{i}"] for i in range(1, len(heads) + 1))
+    return losses
+
+
+def train_stage(ctx):
+    """train_tiny.py's stage "heads": retrain out/target.pt's MTP heads into out/heads.pt, or skip it if
+    heads.pt is complete and was trained for this very target."""
+    t0, path = time.time(), os.path.join(ctx.out_dir, "heads.pt")
+    target = load_gpt(os.path.join(ctx.out_dir, "target.pt"), ctx.tokenizer.identity, ctx.device)
+    if not target.config.n_future:
+        print("heads: the target has no MTP heads (n_future = 0), skipping")
+        return
+    target.requires_grad_(False)
+    heads = target.heads
+    heads.requires_grad_(True)
+    target_id = target_fingerprint(target)
+    if drafter_is_complete("heads", path, ctx.tokenizer.identity, asdict(target.config), target_id):
+        return
+    train_cfg = ctx.train_cfg("heads_train")
+    T, B = target.config.block_size, train_cfg.batch_size
+    P = min(PROMPT_LEN, T // 2)
+    per_pool = max(1, POOL // B)  # batches in one pool of rollouts
+    pool = {}  # the current batch of rollouts: {index: (per_pool * B, T) tokens}
+
+    def generate(tokens, starts):
+        prompts = torch.from_numpy(np.stack([tokens[s:s + P] for s in starts]).astype(np.int64)).to(ctx.device)
+        return rollouts(target, prompts, T - P)
+
+    def loss_fn(model, step):
+        k = step // (EPOCHS * per_pool)  # rollouts depend only on (seed, k): a resumed run sees the same data
+        if k not in pool:
+            rng = np.random.default_rng([train_cfg.seed, k])
+            pool.clear()
+            pool[k] = generate(ctx.train_tokens, rng.integers(0, len(ctx.train_tokens) - P, size=per_pool * B))
+        j = step % per_pool
+        losses = head_losses(model, target, pool[k][j * B:(j + 1) * B])
+        return losses.pop("total"), {name: v.item() for name, v in losses.items()}
+
+    t_val = time.time()
+    val = generate(ctx.val_tokens, np.linspace(0, len(ctx.val_tokens) - P - 1, 2 * B).astype(np.int64))  # (2B, T)
+
+    def eval_fn(model):
+        parts = [head_losses(model, target, val[i:i + B]) for i in range(0, len(val), B)]
+        return {k: sum(p[k].item() for p in parts) / len(parts) for k in parts[0] if k != "total"}
+
+    with torch.no_grad():
+        joint = eval_fn(heads)
+    print(f"heads: {2 * B} greedy rollouts of validation prompts in {time.time() - t_val:.0f}s; jointly trained "
+          "heads on them | " + " | ".join(f"{k} {v:.3f}" for k, v in joint.items()))
+    train("heads", heads, loss_fn, eval_fn, train_cfg, path,
+          lambda: {"config": asdict(target.config), "model": heads.state_dict(), "tokenizer": ctx.tokenizer.identity,
+                   "target": target_id},
+          ctx.device, B * T)
+    print(f"heads: stage took {time.time() - t0:.0f}s (rollouts, loading the target and evaluations included)")
+
+
+def load_heads(path, target, tokenizer_identity=None):
+    """Put the heads from heads.pt on `target` (in place), after checking they were trained for it."""
+    ckpt = load_checkpoint(path, tokenizer_identity)
+    if ckpt.get("target") != target_fingerprint(target):
+        raise CheckpointError(f"{path} was trained for another target.pt: run `make train` to retrain it, "
+                              "or delete it to decode with the jointly trained heads")
+    target.heads.load_state_dict(ckpt["model"])
+    return target
