@@ -17,8 +17,14 @@ logits (0 = its top-1).
 
 Also printed, for reference: each head's agreement with the validation text itself (the training metric).
 
-    python scripts/medusa_tree.py                         # out/, 32 prompts x 128 tokens, best tree of 40
-    python scripts/medusa_tree.py --nodes 24 --prompts 64
+These expected figures average over every position; real decoding starts its steps more often just after the
+heads failed, so `make bench` measures fewer tokens per forward. And on a CPU a bigger tree costs more: a
+forward over 17 tokens takes 2-3 times one over 1. So the script then runs `medusa` with the best tree of each
+size on other validation prompts, interleaved with `ar`, and times it. The default tree is the largest one
+within 5% of the fastest (timings wobble that much), not the one with the most tokens per forward.
+
+    python scripts/medusa_tree.py                         # out/, 64 prompts x 64 tokens, trees of 2..24 paths
+    python scripts/medusa_tree.py --sizes 4,16 --prompts 32
 """
 import argparse
 import sys
@@ -81,18 +87,46 @@ def measure(models, prompts, new_tokens):
     return paths, torch.cat(greedy_ranks), torch.cat(text_ranks), torch.cat(main_ranks), n_positions
 
 
+def time_trees(models, best, sizes, prompts, new_tokens):
+    """Decode each prompt with `ar` and with medusa on the best tree of each size, interleaved, after one
+    warm-up pass. Returns {size or "ar": (tokens per forward, seconds)}."""
+    runs = {"ar": lambda p: METHODS["ar"](models, p, new_tokens)}
+    for size in sizes:
+        tree = ";".join(",".join(map(str, q)) for q in best[:size])
+        runs[size] = lambda p, tree=tree: METHODS["medusa"](models, p, new_tokens, tree=tree)
+    totals = {key: [0, 0, 0.0] for key in runs}  # tokens, forwards, seconds
+    for timed in (False, True):
+        for prompt in prompts:
+            for key, run in runs.items():
+                t = time.perf_counter()
+                _, stats = run(prompt)
+                if timed:
+                    totals[key][0] += stats["new_tokens"]
+                    totals[key][1] += stats["target_forwards"]
+                    totals[key][2] += time.perf_counter() - t
+    return {key: (tok / fwd, sec) for key, (tok, fwd, sec) in totals.items()}
+
+
+def show(tree):
+    tree = sorted(tree, key=lambda q: (len(q), q))
+    return ("[" + ", ".join("(" + ", ".join(map(str, q)) + ("," if len(q) == 1 else "") + ")" for q in tree) + "]"
+            + "\n  as a --tree string: " + ";".join(",".join(map(str, q)) for q in tree))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("--ckpt", default="out", help="folder with target.pt and tokenizer.tiktoken")
     p.add_argument("--val", default="data/val.txt", help="validation text the prompts come from")
-    p.add_argument("--prompts", type=int, default=32, help="number of prompts")
+    p.add_argument("--prompts", type=int, default=64, help="number of prompts to count ranks on")
     p.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt")
-    p.add_argument("--new-tokens", type=int, default=128, help="greedy tokens generated after each prompt")
-    p.add_argument("--nodes", type=int, default=40, help="paths in the printed tree")
+    p.add_argument("--new-tokens", type=int, default=64, help="greedy tokens generated after each prompt")
+    p.add_argument("--sizes", default="2,3,4,6,8,12,16,24", help="tree sizes (paths) to time; '' = none")
+    p.add_argument("--time-prompts", type=int, default=16, help="other validation prompts to time the trees on")
     args = p.parse_args()
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     models = load_models(args.ckpt)
+    print("MTP heads: " + ("from heads.pt (the heads-only phase)" if models.tuned_heads else "jointly trained"))
     prompts = prompts_from_val(models.tokenizer, args.val, args.prompts, args.prompt_len)
     paths, ranks, text_ranks, main_ranks, n = measure(models, prompts, args.new_tokens)
     print(f"{len(prompts)} prompts of {args.prompt_len} tokens from {args.val}, {args.new_tokens} greedy tokens "
@@ -110,17 +144,30 @@ def main():
           f"top-5 {(main_ranks < 5).double().mean():.3f}")
     mtp_tpf = 1 + (ranks == 0).long().cumprod(1).sum(1).double().mean()  # 1 + top-1 guesses right in a row
     print(f"\nmtp (top-1 chain of {ranks.size(1)}): expected tokens per forward {mtp_tpf:.2f}")
-    best = sorted(paths.items(), key=lambda kv: (-kv[1], len(kv[0]), kv[0]))
-    print("\nbest trees: nodes -> expected tokens per forward (greedy)")
+    best = [path for path, _ in sorted(paths.items(), key=lambda kv: (-kv[1], len(kv[0]), kv[0]))]
+    print("\nbest trees: paths -> expected tokens per forward (greedy)")
     total = 0.0
-    for j, (path, count) in enumerate(best[:max(args.nodes, 64)], 1):
-        total += count / n
-        if j in (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64) or j == args.nodes:
+    for j, path in enumerate(best[:64], 1):
+        total += paths[path] / n
+        if j in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64):
             print(f"  {j:3d} -> {1 + total:.3f}")
-    tree = sorted((path for path, _ in best[:args.nodes]), key=lambda q: (len(q), q))
-    print(f"\nthe best tree of {args.nodes} paths, for DEFAULT_TREE in nanospec/decoding/medusa.py:")
-    print("[" + ", ".join("(" + ", ".join(map(str, q)) + ("," if len(q) == 1 else "") + ")" for q in tree) + "]")
-    print("as a --tree string: " + ";".join(",".join(map(str, q)) for q in tree))
+    print(f"\nthe best tree of 16 paths: {show(best[:16])}")
+    sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
+    if not sizes:
+        return
+    # timing prompts: windows between the calibration ones, so no prompt is counted and timed both
+    held_out = prompts_from_val(models.tokenizer, args.val, args.time_prompts, args.prompt_len,
+                                seed_offset=args.prompt_len // 2 + 1)
+    print(f"\ntiming medusa with each tree on {len(held_out)} other prompts ({args.new_tokens} tokens, 1 thread):")
+    timed = time_trees(models, best, sizes, held_out, args.new_tokens)
+    ar_seconds = timed.pop("ar")[1]
+    for size, (tpf, sec) in timed.items():
+        print(f"  {size:3d} paths: {tpf:.2f} tokens/forward, {ar_seconds / sec:.2f}x ar")
+    # timings on a shared machine wobble by about 5%: among the trees that fast, take the one that guesses most
+    quickest = min(sec for _, sec in timed.values())
+    chosen = max(size for size, (_, sec) in timed.items() if sec <= 1.05 * quickest)
+    print(f"\nthe largest tree within 5% of the fastest, for DEFAULT_TREE in nanospec/decoding/medusa.py "
+          f"({chosen} paths): {show(best[:chosen])}")
 
 
 if __name__ == "__main__":
