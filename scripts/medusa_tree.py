@@ -18,12 +18,13 @@ logits (0 = its top-1).
 Also printed, for reference: each head's agreement with the validation text itself (the training metric).
 
 These expected figures average over every position; real decoding starts its steps more often just after the
-heads failed, so `make bench` measures fewer tokens per forward. And on a CPU a bigger tree costs more: a
+heads failed and skips the easy positions inside accepted runs, so the script also walks each continuation as
+greedy decoding would (`walk`), which predicts what `make bench` measures. And on a CPU a bigger tree costs more: a
 forward over 17 tokens takes 2-3 times one over 1. So the script then runs `medusa` with the best tree of each
 size on other validation prompts, interleaved with `ar`, and times it. The default tree is the largest one
 within 5% of the fastest (timings wobble that much), not the one with the most tokens per forward.
 
-    python scripts/medusa_tree.py                         # out/, 64 prompts x 64 tokens, trees of 2..24 paths
+    python scripts/medusa_tree.py                         # out/, 64 prompts x 64 tokens, trees of 4..24 paths
     python scripts/medusa_tree.py --sizes 4,16 --prompts 32
 """
 import argparse
@@ -84,26 +85,45 @@ def measure(models, prompts, new_tokens):
         tf = torch.arange(0, P - 1 - nf)
         text_ranks.append(torch.stack([ranks_of(h[i, tf], seq[0, tf + 2 + i]) for i in range(nf)], 1))
         main_ranks.append(ranks_of(out.logits[0, tf], seq[0, tf + 1]))  # the main head, for comparison
-    return paths, torch.cat(greedy_ranks), torch.cat(text_ranks), torch.cat(main_ranks), n_positions
+    return paths, greedy_ranks, torch.cat(text_ranks), torch.cat(main_ranks), n_positions
 
 
-def time_trees(models, best, sizes, prompts, new_tokens):
+def walk(per_prompt, tree):
+    """Tokens per forward that greedy decoding with `tree` (a set of rank paths) would get on these
+    continuations: step from position t, accept the deepest fully right path there (n guesses), emit n + 1
+    tokens, go on at t + n + 1. Unlike the average over all positions, this visits positions as decoding does:
+    it skips the ones inside an accepted run (often easy) and starts at every one just after a miss."""
+    steps = tokens = 0
+    for ranks in per_prompt:  # (n_t, n_future) ranks, position by position
+        rows, t = ranks.tolist(), 0
+        while t < len(rows):
+            n = 0
+            while n < len(rows[t]) and tuple(rows[t][:n + 1]) in tree:
+                n += 1
+            steps, tokens, t = steps + 1, tokens + n + 1, t + n + 1
+    return tokens / steps
+
+
+def time_trees(models, best, sizes, prompts, new_tokens, repeats=3):
     """Decode each prompt with `ar` and with medusa on the best tree of each size, interleaved, after one
-    warm-up pass. Returns {size or "ar": (tokens per forward, seconds)}."""
+    warm-up run; a prompt's time is its fastest of `repeats` runs (the one least disturbed by other work).
+    Returns {size or "ar": (tokens per forward, seconds)}."""
     runs = {"ar": lambda p: METHODS["ar"](models, p, new_tokens)}
     for size in sizes:
         tree = ";".join(",".join(map(str, q)) for q in best[:size])
         runs[size] = lambda p, tree=tree: METHODS["medusa"](models, p, new_tokens, tree=tree)
     totals = {key: [0, 0, 0.0] for key in runs}  # tokens, forwards, seconds
-    for timed in (False, True):
-        for prompt in prompts:
+    for prompt in prompts:
+        times, stats = {key: [] for key in runs}, {}
+        for _ in range(repeats + 1):  # the first round warms up
             for key, run in runs.items():
                 t = time.perf_counter()
-                _, stats = run(prompt)
-                if timed:
-                    totals[key][0] += stats["new_tokens"]
-                    totals[key][1] += stats["target_forwards"]
-                    totals[key][2] += time.perf_counter() - t
+                stats[key] = run(prompt)[1]  # greedy: every run of a prompt gives the same tokens
+                times[key].append(time.perf_counter() - t)
+        for key in runs:
+            totals[key][0] += stats[key]["new_tokens"]
+            totals[key][1] += stats[key]["target_forwards"]
+            totals[key][2] += min(times[key][1:])
     return {key: (tok / fwd, sec) for key, (tok, fwd, sec) in totals.items()}
 
 
@@ -120,7 +140,8 @@ def main():
     p.add_argument("--prompts", type=int, default=64, help="number of prompts to count ranks on")
     p.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt")
     p.add_argument("--new-tokens", type=int, default=64, help="greedy tokens generated after each prompt")
-    p.add_argument("--sizes", default="2,3,4,6,8,12,16,24", help="tree sizes (paths) to time; '' = none")
+    p.add_argument("--sizes", default="4,6,8,12,16,24",
+                   help="tree sizes (paths) to time, '' = none; fewer than 4 paths is a chain, which is `mtp`")
     p.add_argument("--time-prompts", type=int, default=16, help="other validation prompts to time the trees on")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -128,7 +149,8 @@ def main():
     models = load_models(args.ckpt)
     print("MTP heads: " + ("from heads.pt (the heads-only phase)" if models.tuned_heads else "jointly trained"))
     prompts = prompts_from_val(models.tokenizer, args.val, args.prompts, args.prompt_len)
-    paths, ranks, text_ranks, main_ranks, n = measure(models, prompts, args.new_tokens)
+    paths, per_prompt, text_ranks, main_ranks, n = measure(models, prompts, args.new_tokens)
+    ranks = torch.cat(per_prompt)
     print(f"{len(prompts)} prompts of {args.prompt_len} tokens from {args.val}, {args.new_tokens} greedy tokens "
           f"each: {n} positions ({time.perf_counter() - t0:.0f}s)\n")
     print("head  agrees with the target's greedy choice   | with the validation text")
@@ -143,14 +165,16 @@ def main():
     print(f"main head (token t+1) against the validation text: top-1 {(main_ranks < 1).double().mean():.3f}, "
           f"top-5 {(main_ranks < 5).double().mean():.3f}")
     mtp_tpf = 1 + (ranks == 0).long().cumprod(1).sum(1).double().mean()  # 1 + top-1 guesses right in a row
-    print(f"\nmtp (top-1 chain of {ranks.size(1)}): expected tokens per forward {mtp_tpf:.2f}")
+    chain = {(0,) * d for d in range(1, ranks.size(1) + 1)}
+    print(f"\nmtp (top-1 chain of {ranks.size(1)}): tokens per forward {mtp_tpf:.2f} averaged over positions, "
+          f"{walk(per_prompt, chain):.2f} walking as decoding does")
     best = [path for path, _ in sorted(paths.items(), key=lambda kv: (-kv[1], len(kv[0]), kv[0]))]
-    print("\nbest trees: paths -> expected tokens per forward (greedy)")
+    print("\nbest trees: paths -> tokens per forward (greedy), averaged over positions | walking as decoding does")
     total = 0.0
     for j, path in enumerate(best[:64], 1):
         total += paths[path] / n
         if j in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64):
-            print(f"  {j:3d} -> {1 + total:.3f}")
+            print(f"  {j:3d} -> {1 + total:.3f} | {walk(per_prompt, set(best[:j])):.3f}")
     print(f"\nthe best tree of 16 paths: {show(best[:16])}")
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     if not sizes:

@@ -162,6 +162,7 @@ CASES = [  # (method, options)
     ("mtp", {}),
     ("mtp", {"draft_len": 1}),
     ("medusa", {}),  # the default tree
+    ("medusa", {"tree": "large"}),  # 16 paths, up to 6 children per node
     ("medusa", {"tree": "chain"}),  # a single chain, like mtp
     ("medusa", {"tree": "wide"}),  # depth 1, ten children
     ("medusa", {"tree": "0;1;0,0;0,1;1,0;0,0,0;0,1,0"}),

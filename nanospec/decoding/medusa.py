@@ -27,23 +27,25 @@ from nanospec.tokenizer import render
 from nanospec.tree import format_tree, medusa_tree, tree_from_paths
 from nanospec.verify import sample, warp
 
-# Measured: `python scripts/medusa_tree.py --prompts 192 --new-tokens 32 --nodes 16` on the `make train` tiny
-# model counts, over greedy continuations of 190 validation prompts, how often each path of head ranks is fully
-# right, and keeps the 16 most often right (a greedy step accepts exactly the right nodes, so these maximise the
-# expected accepted length). Expected tokens per forward: 2.76, against 2.11 for the top-1 chain (`mtp`) and
-# 2.92 with 32 paths; past ~16 guesses the tiny model's forward grows costlier faster than acceptance grows.
-# Mostly width: head 1's top-5, as each head is often right at rank 2-5 when wrong at rank 1.
-DEFAULT_TREE = [(0,), (1,), (2,), (3,), (4,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0),
-                (0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1), (1, 0, 2)]
+# Measured by `python scripts/medusa_tree.py` on the `make train` tiny model with its retrained heads (heads.pt):
+# it counts, over greedy continuations of 64 validation prompts, how often each path of head ranks is fully
+# right (a greedy step accepts exactly the right nodes), then times medusa with the best tree of 4 to 24 paths
+# against `ar` on 15 other prompts. Expected tokens per forward: 2.70 with these 4 paths, 3.07 with the best 16
+# ("large"); timed: 2.10 tokens/forward at 0.76x ar, against 2.47 at 0.64x for "large". On a CPU a forward's
+# cost grows with its tokens (17 cost 2-3x one), so the small tree is faster; where a forward over 17 tokens
+# costs about what one over 1 does (a GPU, a larger model), "large" should be the faster.
+DEFAULT_TREE = [(0,), (1,), (0, 0), (0, 0, 0)]
 TREES = {
     "default": DEFAULT_TREE,
+    "large": [(0,), (1,), (2,), (3,), (4,), (5,), (0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1),
+              (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0)],  # the best 16 paths, same measurement
     "chain": [(0,) * d for d in range(1, 9)],  # the top-1 chain: what `mtp` verifies, as a tree
     "wide": [(r,) for r in range(10)],  # head 1's top-10 only: ten guesses for one token
 }
 
 NEEDS = ()  # the MTP heads are part of the target
 OPTIONS = {
-    "tree": (str, "default", "medusa's candidate tree: a preset (default, chain, wide) or paths like '0;0,0;1' "
+    "tree": (str, "default", "medusa's candidate tree: a preset (default, large, chain, wide) or paths like '0;0,0;1' "
                              "where '0,1' = head 1's top-1 then head 2's top-2"),
     "verify": (str, "point-mass", "medusa's acceptance rule: point-mass (lossless; greedy match at temperature 0) "
                                   "or typical (Medusa's typical acceptance: faster but LOSSY when sampling)"),
