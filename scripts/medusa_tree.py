@@ -88,20 +88,27 @@ def measure(models, prompts, new_tokens):
     return paths, greedy_ranks, torch.cat(text_ranks), torch.cat(main_ranks), n_positions
 
 
+def walk_steps(ranks, tree):
+    """Greedy decoding's own steps through one continuation: ranks (n_t, n_future), position by position from
+    the last prompt token; tree, a set of rank paths. Step from position t: accept the deepest fully right path
+    there (n guesses), emit n + 1 tokens, go on at t + n + 1. Returns the tokens of each step.
+    Example: rows [0,0,5] [..] [..] [1,3,0] [..] [4,0,0], tree {(0,), (1,), (0, 0)} -> [3, 2, 1]."""
+    rows, t, steps = ranks.tolist(), 0, []
+    while t < len(rows):
+        n = 0
+        while n < len(rows[t]) and tuple(rows[t][:n + 1]) in tree:
+            n += 1
+        steps.append(n + 1)
+        t += n + 1
+    return steps
+
+
 def walk(per_prompt, tree):
-    """Tokens per forward that greedy decoding with `tree` (a set of rank paths) would get on these
-    continuations: step from position t, accept the deepest fully right path there (n guesses), emit n + 1
-    tokens, go on at t + n + 1. Unlike the average over all positions, this visits positions as decoding does:
-    it skips the ones inside an accepted run (often easy) and starts at every one just after a miss."""
-    steps = tokens = 0
-    for ranks in per_prompt:  # (n_t, n_future) ranks, position by position
-        rows, t = ranks.tolist(), 0
-        while t < len(rows):
-            n = 0
-            while n < len(rows[t]) and tuple(rows[t][:n + 1]) in tree:
-                n += 1
-            steps, tokens, t = steps + 1, tokens + n + 1, t + n + 1
-    return tokens / steps
+    """Tokens per forward that greedy decoding with `tree` would get on these continuations. Unlike the average
+    over all positions, this visits positions as decoding does: it skips the ones inside an accepted run (often
+    easy ones) and starts a step at every one just after a miss."""
+    steps = [n for ranks in per_prompt for n in walk_steps(ranks, tree)]
+    return sum(steps) / len(steps)
 
 
 def time_trees(models, best, sizes, prompts, new_tokens, repeats=3):

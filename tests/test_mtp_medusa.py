@@ -6,6 +6,8 @@ and tree shapes. Sampling: the joint law of the first tokens equals the target's
 bound; Medusa's typical acceptance breaks it (negative control). Trees: the builder's layout, and the KV cache
 after each tree step equals one recomputed from the accepted text."""
 import random
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +23,9 @@ from nanospec.verify import sample, verify_tree_point_mass, verify_tree_point_ma
 from test_model import TOL, random_ids, random_tree, tiny_gpt
 from test_verify import empirical_law, tv, tv_bound
 from train_tiny import lm_losses
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import medusa_tree as tree_script  # noqa: E402  (a script, not a package module)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -347,3 +352,33 @@ def test_typical_acceptance_is_lossy():
     law = method_law(models, [1, 2], 2, n, "medusa", sampling, tree=SAMPLING_TREE, verify="typical")
     exact = exact_law(models.target, [1, 2], 2, sampling)
     assert tv(law, exact) > tv_bound(25, n)  # 0.125; it comes out near 0.7
+
+
+# ---------------------------------------------------------------------------------------------------------
+# scripts/medusa_tree.py: its prediction of greedy decoding's steps is what medusa does
+
+
+def test_walk_steps_literal():
+    rows = torch.tensor([[0, 0, 5], [9, 9, 9], [9, 9, 9], [1, 3, 0], [9, 9, 9], [4, 0, 0]])
+    assert tree_script.walk_steps(rows, {(0,), (1,), (0, 0)}) == [3, 2, 1]
+    assert tree_script.walk([rows], {(0,), (1,), (0, 0)}) == 2.0
+
+
+@pytest.mark.parametrize("tree", ["0;1;0,0;0,0,0", "0;1;2;0,0;0,1;1,0;0,0,0"])
+def test_walk_predicts_medusas_own_steps(models, tree):
+    """The ranks come from one plain forward over prompt + ar's continuation; medusa runs its own tree forwards.
+    Their steps agree wherever medusa's tree is not cut short by the end of the budget. The random model's
+    heads are right now and then, so steps of every length occur and a walk off by a position would show."""
+    m = models["random n_future=3"]
+    paths = set(parse_tree(tree, 3, 11))
+    n_new, seen = 30, []
+    prompts = [random_ids(4 + s, seed=s) for s in range(6)]
+    _, per_prompt, _, _, _ = tree_script.measure(m, prompts, n_new)
+    for prompt, ranks in zip(prompts, per_prompt):
+        predicted = tree_script.walk_steps(ranks, paths)
+        stats = METHODS["medusa"](m, prompt, n_new, tree=tree)[1]
+        steps = stats["accepted_per_step"][1:]  # [0] is the prefill's one token
+        full = [s for i, s in enumerate(predicted) if sum(predicted[:i]) + 1 + 3 < n_new]  # full depth left
+        assert steps[:len(full)] == full
+        seen += full
+    assert {1, 2, 3} <= set(seen)
