@@ -38,7 +38,7 @@ EPOCHS = 2  # each rollout is trained on twice: generating costs more than a tra
 @torch.no_grad()
 def rollouts(target, prompts, n_new):
     """prompts (B, P) -> (B, P + n_new): each row continued greedily by the target, all rows in one batch.
-    The same tokens as `ar` on each row alone (tests/test_mtp_medusa.py checks it)."""
+    The same tokens as `ar` on each row alone (tests/test_heads.py checks it)."""
     cache = target.new_cache(batch_size=prompts.size(0), max_len=prompts.size(1) + n_new)
     with torch.autocast(prompts.device.type, enabled=False):  # one token per row: bf16 only slows it down
         logits = target(prompts, cache=cache).logits[:, -1]  # (B, V)
