@@ -279,16 +279,8 @@ def verify_tree_descend(p_target, tokens, parents, generator=None):
     Example: tokens [0, 5, 8, 9], parents [-1, 0, 0, 1], greedy argmax after nodes 0..3 = [8, 1, 7, 4]
     -> y = 8 at the root: node 2; no child of node 2 holds y = 7 -> ([2], 7).
     """
-    child = {}  # (parent, token) -> the first child holding it
-    for c in range(len(parents) - 1, 0, -1):
-        child[(parents[c], int(tokens[c]))] = c
-    node, path = 0, []
-    while True:
-        y = int(sample(p_target[node], generator))  # the draw is both the test and, at the end, the output
-        if (node, y) not in child:
-            return path, y
-        node = child[(node, y)]
-        path.append(node)
+    # the draw is both the test and, at the end, the output
+    return _descend(tokens, parents, lambda node: int(sample(p_target[node], generator)))
 
 
 def verify_tree_greedy(logits, tokens, parents):
@@ -299,14 +291,22 @@ def verify_tree_greedy(logits, tokens, parents):
     Example: tokens [0, 5, 8, 9], parents [-1, 0, 0, 1], argmax after nodes 0..3 = [8, 1, 7, 4] -> ([2], 7).
     """
     best = logits.argmax(-1).tolist()  # same tie-break as warp(logits, 0): the first maximum
+    return _descend(tokens, parents, best.__getitem__)
+
+
+def _descend(tokens, parents, pick):
+    """The walk both rules above share: at node u take y = pick(u); step into the first child of u holding y
+    and repeat, or stop. Returns (path: entered nodes, root excluded; y at the last node)."""
     child = {}  # (parent, token) -> the first child holding it
     for c in range(len(parents) - 1, 0, -1):
         child[(parents[c], int(tokens[c]))] = c
     node, path = 0, []
-    while (node, best[node]) in child:
-        node = child[(node, best[node])]
+    while True:
+        y = pick(node)
+        if (node, y) not in child:
+            return path, y
+        node = child[(node, y)]
         path.append(node)
-    return path, best[node]
 
 
 def verify_tree_sampled_batched(p_target, q_draft, tokens, parents, generator=None):
