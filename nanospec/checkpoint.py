@@ -68,6 +68,15 @@ def target_fingerprint(target):
     return h.hexdigest()[:16]
 
 
+def frozen_target(name, out_dir, tokenizer_identity, device):
+    """For the stage `name` that trains a part on out_dir/target.pt: that target, frozen, and its fingerprint."""
+    path = os.path.join(out_dir, "target.pt")
+    if not os.path.exists(path):
+        raise CheckpointError(f"the {name} stage learns from {path}: run `python train_tiny.py --stage target` first")
+    target = load_gpt(path, tokenizer_identity, device).requires_grad_(False)
+    return target, target_fingerprint(target)
+
+
 def drafter_is_complete(name, path, tokenizer_identity, config, target_id):
     """What a drafter's training stage does with the checkpoint already at `path`: True (skip the stage) if it
     is complete and was trained for this config and this very target; False (train) otherwise. A file trained

@@ -116,3 +116,9 @@ def test_load_models_uses_heads_pt_when_present(tmp_path):
             assert torch.equal(p, tuned.target.state_dict()[name])
     prompt = random_ids(6, vocab=tuned.target.config.vocab_size)
     assert METHODS["medusa"](tuned, prompt, 12)[0] == METHODS["ar"](tuned, prompt, 12)[0]
+
+
+def test_a_stage_without_target_pt_is_a_clear_error(tmp_path):
+    ctx = SimpleNamespace(out_dir=str(tmp_path), device="cpu", tokenizer=SimpleNamespace(identity="tok"))
+    with pytest.raises(CheckpointError, match="heads stage learns from .*target.pt.*--stage target"):
+        train_stage(ctx)

@@ -38,7 +38,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from nanospec.checkpoint import drafter_is_complete, load_gpt, load_module, target_fingerprint
+from nanospec.checkpoint import drafter_is_complete, frozen_target, load_module
 from nanospec.model import Block, GPTConfig, KVCache, Output, causal_mask
 from nanospec.trainer import batch_rng, train
 
@@ -115,9 +115,8 @@ def train_stage(ctx):
     """train_tiny.py's stage "eagle": train the head on out/target.pt's features over the training corpus,
     or skip it if out/eagle.pt is complete and was trained on this very target (else it is trained anew)."""
     t0, path = time.time(), os.path.join(ctx.out_dir, "eagle.pt")
-    target = load_gpt(os.path.join(ctx.out_dir, "target.pt"), ctx.tokenizer.identity, ctx.device)
-    target.requires_grad_(False)
-    cfg, target_id = eagle_config(target.config), target_fingerprint(target)
+    target, target_id = frozen_target("eagle", ctx.out_dir, ctx.tokenizer.identity, ctx.device)
+    cfg = eagle_config(target.config)
     if drafter_is_complete("eagle", path, ctx.tokenizer.identity, asdict(cfg), target_id):
         return
     train_cfg = ctx.train_cfg("eagle_train")

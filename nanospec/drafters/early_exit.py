@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from nanospec.checkpoint import drafter_is_complete, load_gpt, load_module, target_fingerprint
+from nanospec.checkpoint import drafter_is_complete, frozen_target, load_module
 from nanospec.model import GPTConfig, MTPHead
 from nanospec.trainer import batch_rng, train
 
@@ -81,10 +81,8 @@ def train_stage(ctx):
     """train_tiny.py's stage "early_exit": train the adapter on the frozen out/target.pt, or skip it if
     out/early_exit.pt is complete and was trained on this target."""
     path = os.path.join(ctx.out_dir, "early_exit.pt")
-    target_path = os.path.join(ctx.out_dir, "target.pt")
-    target = load_gpt(target_path, ctx.tokenizer.identity, ctx.device)
-    target.requires_grad_(False)
-    target_id = target_fingerprint(target)  # adapters fit one training of the target: a retrained one needs new
+    # adapters fit one training of the target: a retrained one needs new ones (target_id)
+    target, target_id = frozen_target("early_exit", ctx.out_dir, ctx.tokenizer.identity, ctx.device)
     if drafter_is_complete("early_exit", path, ctx.tokenizer.identity, asdict(target.config), target_id):
         return
     train_cfg = ctx.train_cfg("early_exit_train")

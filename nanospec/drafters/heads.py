@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from nanospec.checkpoint import CheckpointError, drafter_is_complete, load_checkpoint, load_gpt, target_fingerprint
+from nanospec.checkpoint import CheckpointError, drafter_is_complete, frozen_target, load_checkpoint, target_fingerprint
 from nanospec.trainer import train
 
 PROMPT_LEN = 32  # tokens of training text each rollout starts from; the target writes the rest of the window
@@ -70,14 +70,11 @@ def train_stage(ctx):
     """train_tiny.py's stage "heads": retrain out/target.pt's MTP heads into out/heads.pt, or skip it if
     heads.pt is complete and was trained for this very target."""
     t0, path = time.time(), os.path.join(ctx.out_dir, "heads.pt")
-    target = load_gpt(os.path.join(ctx.out_dir, "target.pt"), ctx.tokenizer.identity, ctx.device)
+    target, target_id = frozen_target("heads", ctx.out_dir, ctx.tokenizer.identity, ctx.device)
     if not target.config.n_future:
         print("heads: the target has no MTP heads (n_future = 0), skipping")
         return
-    target.requires_grad_(False)
-    heads = target.heads
-    heads.requires_grad_(True)
-    target_id = target_fingerprint(target)
+    heads = target.heads.requires_grad_(True)  # the only trained part; the rest of the target stays frozen
     if drafter_is_complete("heads", path, ctx.tokenizer.identity, asdict(target.config), target_id):
         return
     train_cfg = ctx.train_cfg("heads_train")

@@ -41,7 +41,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from nanospec.checkpoint import CheckpointError, drafter_is_complete, load_gpt, load_module, target_fingerprint
+from nanospec.checkpoint import drafter_is_complete, frozen_target, load_module
 from nanospec.model import Block, KVCache
 
 
@@ -174,15 +174,10 @@ def train_stage(ctx):
     from nanospec.trainer import batch_rng, train
 
     path = os.path.join(ctx.out_dir, "parallelspec.pt")
-    target_path = os.path.join(ctx.out_dir, "target.pt")
-    if not os.path.exists(target_path):
-        raise CheckpointError(f"the parallelspec drafter learns from {target_path}: run "
-                              "`python train_tiny.py --stage target` first")
-    target = load_gpt(target_path, ctx.tokenizer.identity, ctx.device).requires_grad_(False)
+    target, fingerprint = frozen_target("parallelspec", ctx.out_dir, ctx.tokenizer.identity, ctx.device)
     tc = target.config
     cfg = ParallelSpecConfig(vocab_size=tc.vocab_size, block_size=tc.block_size, n_embd=tc.n_embd, n_head=tc.n_head,
                              **ctx.cfg.get("parallelspec", {}))  # a preset may change the drafter's size
-    fingerprint = target_fingerprint(target)
     if drafter_is_complete("parallelspec", path, ctx.tokenizer.identity, asdict(cfg), fingerprint):
         return
     train_cfg = ctx.train_cfg("parallelspec_train")
