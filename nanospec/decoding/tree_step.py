@@ -44,12 +44,12 @@ def tree_step(run, target, cache, tokens, parents, sampling, rule="point-mass", 
         raise ValueError(f"unknown tree rule {rule!r}; choose one of: {', '.join(RULES)}")
     if sampling[0] == 0:  # greedy: every rule reduces to "follow the argmax"; skip building p
         path, nxt = verify_tree_greedy(out.logits[0], tokens, parents)
-    elif rule == "point-mass":
-        p_target = warp(out.logits[0], *sampling)  # (N, V): the target's law after each node's own path
-        path, nxt = verify_tree_descend(p_target, tokens, parents, run.generator)
     else:
-        p_target = warp(out.logits[0], *sampling)
-        path, nxt = typical_accept(p_target, torch.tensor(tokens), parents, generator=run.generator)
+        p_target = warp(out.logits[0], *sampling)  # (N, V): the target's law after each node's own path
+        if rule == "point-mass":
+            path, nxt = verify_tree_descend(p_target, tokens, parents, run.generator)
+        else:
+            path, nxt = typical_accept(p_target, torch.tensor(tokens), parents, generator=run.generator)
     # the forward wrote all N nodes after the prefix; keep the root and the accepted path, in order
     cache.compact(list(range(prefix)) + [prefix + n for n in [0] + path])
     return [tokens[n] for n in path] + [int(nxt)], path, out
