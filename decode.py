@@ -13,8 +13,9 @@ import json
 import sys
 
 
-from nanospec.checkpoint import CheckpointError, load_models
-from nanospec.decoding import MODULES, METHODS, check_method
+from nanospec.checkpoint import CheckpointError
+from nanospec.decoding import MODULES, METHODS, check_method, parts_for
+from nanospec.models import load_models
 from nanospec.trainer import pick_device
 
 COLOURS = ("\033[30;46m", "\033[30;43m")  # black on cyan, black on yellow
@@ -76,7 +77,7 @@ def main(argv=None):
             if getattr(args, name) is not None and args.method not in methods:
                 raise ValueError(f"--{name.replace('_', '-')} is an option of {', '.join(methods)}, not of {args.method}")
         device = pick_device(args.device)
-        models = load_models(args.ckpt, device)
+        models = load_models(args.ckpt, device, parts_for([args.method]))  # only what the method uses
         check_method(args.method, models)
         prompt = args.prompt if args.prompt is not None else sys.stdin.read()
         prompt_ids = models.tokenizer.encode(prompt)

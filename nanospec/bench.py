@@ -38,8 +38,9 @@ import time
 
 import torch
 
-from nanospec.checkpoint import CheckpointError, load_models
-from nanospec.decoding import MODULES, METHODS, check_method
+from nanospec.checkpoint import CheckpointError
+from nanospec.decoding import MODULES, METHODS, check_method, parts_for
+from nanospec.models import load_models
 from nanospec.decoding.common import tensor
 from nanospec.trainer import pick_device
 from nanospec.verify import sample, warp
@@ -463,16 +464,16 @@ def main(argv=None):
     try:
         temperatures = [float(t) for t in args.temperatures.split(",")]
         device = pick_device(args.device)
-        models = load_models(args.ckpt, device)
+        wanted = list(MODULES) if args.methods == "all" else [m.strip() for m in args.methods.split(",")]
+        for name in wanted:
+            if name not in MODULES:
+                raise ValueError(f"unknown method {name!r}; choose from: {', '.join(MODULES)}")
+        models = load_models(args.ckpt, device, parts_for(["ar"] + wanted))
         if args.dtype == "float64":
             for f in dataclasses.fields(models):
                 part = getattr(models, f.name)
                 if isinstance(part, torch.nn.Module):
                     setattr(models, f.name, part.double())
-        wanted = list(MODULES) if args.methods == "all" else [m.strip() for m in args.methods.split(",")]
-        for name in wanted:
-            if name not in MODULES:
-                raise ValueError(f"unknown method {name!r}; choose from: {', '.join(MODULES)}")
         names, notes = [], []
         for name in dict.fromkeys(["ar"] + wanted):
             try:

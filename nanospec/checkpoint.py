@@ -1,6 +1,7 @@
 """
 Checkpoints: one file per trained part (`target.pt`, `draft.pt`, and later drafters) in one run folder, next
-to the tokenizer they were trained with (`tokenizer.tiktoken`).
+to the tokenizer they were trained with (`tokenizer.tiktoken`). This module reads and writes single files and
+knows no drafter; nanospec/models.py assembles the parts a decoding method needs.
 
 Each file holds the part's config, its weights, the identity (sha256) of the tokenizer, and what training needs
 to resume (optimizer state, step, seconds trained). Writes are atomic: write a temporary file, then rename it
@@ -9,12 +10,11 @@ over the old one, so a crash or Ctrl-C mid-write leaves the previous checkpoint 
 """
 import hashlib
 import os
-from dataclasses import dataclass, asdict
+from dataclasses import asdict
 
 import torch
 
 from nanospec.model import GPT, GPTConfig
-from nanospec.tokenizer import Tokenizer
 
 
 class CheckpointError(Exception):
@@ -92,56 +92,3 @@ def drafter_is_complete(name, path, tokenizer_identity, config, target_id):
         print(f"{name}: {path} is complete, skipping (delete it to retrain)")
         return True
     return False
-
-
-@dataclass
-class Models:
-    """Everything a decoding method may use. Methods take what they need and say so if a part is missing."""
-    target: GPT  # the model whose output every method must reproduce; carries the MTP heads
-    tokenizer: Tokenizer = None  # for display and end-of-text; tests with random models may leave it out
-    draft: GPT = None  # a smaller GPT on the same tokenizer, for `speculative`
-    eagle: torch.nn.Module = None  # feature-level draft head, for `eagle`
-    parallelspec: torch.nn.Module = None  # mask-token parallel drafter, for `parallelspec`
-    early_exit: torch.nn.Module = None  # adapters that make the target's first layers a draft, for `early-exit`
-    eot: int = None  # end-of-text id: generation stops there (None: never stops early)
-    tuned_heads: bool = False  # True when heads.pt (the heads-only phase) replaced the jointly trained MTP heads
-
-
-PARTS = ("draft", "eagle", "parallelspec", "early_exit")  # optional parts, each in `<part>.pt` beside target.pt
-
-
-def load_part(part, path, tokenizer_identity, device):
-    """Rebuild one optional part from its file. Drafter modules are imported here, when needed."""
-    if part == "draft":
-        return load_gpt(path, tokenizer_identity, device)
-    if part == "eagle":
-        from nanospec.drafters.eagle import load_eagle
-        return load_eagle(path, tokenizer_identity, device)
-    if part == "parallelspec":
-        from nanospec.drafters.parallelspec import load_parallelspec
-        return load_parallelspec(path, tokenizer_identity, device)
-    if part == "early_exit":
-        from nanospec.drafters.early_exit import load_early_exit
-        return load_early_exit(path, tokenizer_identity, device)
-    raise ValueError(f"unknown model part {part!r}")
-
-
-def load_models(ckpt_dir, device="cpu"):
-    """Load the tokenizer, the target (with the heads from heads.pt when present) and every optional part
-    present in a run folder."""
-    tok_path = os.path.join(ckpt_dir, "tokenizer.tiktoken")
-    if not os.path.exists(tok_path):
-        raise CheckpointError(f"no tokenizer at {tok_path}: run `make train` (or pass --ckpt FOLDER)")
-    tokenizer = Tokenizer.load(tok_path)
-    target = load_gpt(os.path.join(ckpt_dir, "target.pt"), tokenizer.identity, device)
-    models = Models(target=target, tokenizer=tokenizer, eot=tokenizer.eot)
-    heads_path = os.path.join(ckpt_dir, "heads.pt")
-    if os.path.exists(heads_path):  # the retrained MTP heads replace the jointly trained ones
-        from nanospec.drafters.heads import load_heads
-        load_heads(heads_path, target, tokenizer.identity)
-        models.tuned_heads = True
-    for part in PARTS:
-        path = os.path.join(ckpt_dir, f"{part}.pt")
-        if os.path.exists(path):
-            setattr(models, part, load_part(part, path, tokenizer.identity, device))
-    return models

@@ -10,7 +10,8 @@ import torch
 
 import decode
 import train_tiny
-from nanospec.checkpoint import CheckpointError, load_checkpoint, load_models
+from nanospec.checkpoint import CheckpointError, load_checkpoint
+from nanospec.models import load_models
 from nanospec.decoding.ar import generate_nocache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,6 +114,25 @@ def test_bad_input_is_a_one_line_error(toy, extra, message):
 def test_missing_checkpoint_says_run_make_train(tmp_path):
     res = run_cli("decode.py", "--ckpt", str(tmp_path), "--prompt", "x")
     assert res.returncode != 0 and "make train" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_decode_loads_only_the_parts_its_method_uses(toy, tmp_path):
+    """A broken drafter file stops only the method that needs it, with a one-line error naming the file."""
+    base, _ = toy
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("tokenizer.tiktoken", "target.pt", "draft.pt"):
+        (out / name).write_bytes((base / "out" / name).read_bytes())
+    (out / "eagle.pt").write_bytes((base / "out" / "draft.pt").read_bytes()[:500])  # truncated mid-write
+    res = run_cli("decode.py", "--ckpt", str(out), "--method", "ar", "--prompt", "def f(", "--max-new-tokens", "3")
+    assert res.returncode == 0, res.stderr
+    res = run_cli("decode.py", "--ckpt", str(out), "--method", "eagle", "--prompt", "def f(", "--max-new-tokens", "3")
+    assert res.returncode != 0 and "eagle.pt is not a readable checkpoint" in res.stderr
+    assert res.stderr.strip().count("\n") == 0
+    models = load_models(str(out), parts=["draft"])
+    assert models.draft is not None and models.eagle is None
+    with pytest.raises(ValueError, match="unknown model part"):
+        load_models(str(out), parts=["drafty"])
 
 
 def test_method_list():

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from nanospec.checkpoint import CheckpointError, Models, gpt_checkpoint, load_checkpoint, load_models, save_atomic
+from nanospec.checkpoint import CheckpointError, gpt_checkpoint, load_checkpoint, save_atomic
+from nanospec.models import Models, load_models
 from nanospec.decoding import METHODS
 from nanospec.drafters.heads import head_losses, load_heads, rollouts, train_stage
 from nanospec.trainer import TrainConfig

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from nanospec.checkpoint import Models, save_atomic
+from nanospec.checkpoint import save_atomic
+from nanospec.models import Models
 from nanospec.decoding import METHODS, check_method
 from nanospec.drafters.parallelspec import (ParallelSpec, ParallelSpecConfig, distill_losses, group_layout,
                                             load_parallelspec)

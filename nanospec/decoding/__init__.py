@@ -3,7 +3,8 @@ The registry: every `--method` name maps to a module with the same three things,
 
     generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
              **options) -> (ids, stats)
-    NEEDS:   the model parts it uses beyond the target, e.g. ("draft",)
+    NEEDS:   the model parts it cannot run without, beyond the target, e.g. ("draft",)
+    USES:    the parts it uses when present, e.g. ("heads",) (nanospec/models.py lists the parts)
     OPTIONS: its own options, name -> (type, default, help); decode.py turns each into a --kebab-case flag
 
 `decode.py`, the benchmark and the tests all go through `METHODS`.
@@ -29,6 +30,11 @@ MODULES = {
     "early-exit": early_exit,
 }
 METHODS = {name: module.generate for name, module in MODULES.items()}
+
+def parts_for(names):
+    """The model parts the methods `names` need or use: what load_models should read for them."""
+    return tuple(dict.fromkeys(p for name in names if name in MODULES for p in MODULES[name].NEEDS + MODULES[name].USES))
+
 
 # The command that trains each optional part, for the error a method gives when its part is missing.
 TRAIN_COMMAND = {part: f"python train_tiny.py --stage {part}" for part in ("draft", "eagle", "parallelspec")}

@@ -14,6 +14,7 @@ from nanospec.decoding.common import start, check_sampling, tensor
 from nanospec.verify import warp, sample
 
 NEEDS = ()  # model parts beyond the target
+USES = ()  # parts used when present
 OPTIONS = {}  # method-specific options: name -> (type, default, help)
 
 

@@ -36,6 +36,7 @@ from nanospec.model import Output
 from nanospec.verify import sample, warp
 
 NEEDS = ("eagle",)
+USES = ()  # parts used when present
 # Defaults measured on the tiny preset, one CPU thread (greedy, 8 validation prompts): 2/4/8 gave 2.6 tokens per
 # forward and the best wall-clock; 6/6/32 gives 3.2 tokens per forward but is 1.7x slower. EAGLE-2 uses depth 6-7,
 # top-k 10, 60 tokens on a GPU, where a head pass is almost free; here one costs ~0.4 of a target forward.

@@ -27,7 +27,8 @@ from nanospec.decoding.common import chain_verify, check_sampling, start, tensor
 from nanospec.drafters.early_exit import exit_logits
 from nanospec.verify import sample, warp
 
-NEEDS = ()  # the trained adapter (models.early_exit) is used when present, else the plain exit
+NEEDS = ()
+USES = ("early_exit",)  # the trained exit adapters when present, else the plain exit
 OPTIONS = {
     "exit_layer": (int, None, "blocks the draft runs before exiting, 1..n_layer-1 (None = n_layer // 2)"),
     "draft_len": (int, 4, "tokens the draft guesses per target forward (k)"),

@@ -35,6 +35,7 @@ from nanospec.decoding.common import start, check_sampling, chain_step, tensor
 from nanospec.verify import warp, sample
 
 NEEDS = ()  # model parts beyond the target
+USES = ()  # parts used when present
 OPTIONS = {"block": (int, 8, "future tokens guessed and refined in parallel per target forward")}
 
 

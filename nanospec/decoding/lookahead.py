@@ -55,6 +55,7 @@ from nanospec.decoding.tree_step import tree_step
 from nanospec.verify import sample, warp
 
 NEEDS = ()  # model parts beyond the target
+USES = ()  # parts used when present
 OPTIONS = {
     "window": (int, 3, "W: Jacobi window columns, each yielding one new n-gram per forward"),
     "ngram": (int, 4, "N: n-gram size; the window has N-1 levels and a guess covers N-1 tokens (>= 3)"),

@@ -45,6 +45,7 @@ TREES = {
 }
 
 NEEDS = ()  # the MTP heads are part of the target
+USES = ("heads",)  # heads.pt, the heads retrained alone, replaces the jointly trained ones when present
 OPTIONS = {
     "tree": (str, "default", "medusa's candidate tree: a preset (default, large, chain, wide) or paths like '0;0,0;1' "
                              "where '0,1' = head 1's top-1 then head 2's top-2"),

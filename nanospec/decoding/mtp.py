@@ -26,6 +26,7 @@ from nanospec.decoding.common import chain_step, check_sampling, start, tensor
 from nanospec.verify import sample, warp
 
 NEEDS = ()  # the MTP heads are part of the target
+USES = ("heads",)  # heads.pt, the heads retrained alone, replaces the jointly trained ones when present
 OPTIONS = {
     "draft_len": (int, None, "tokens to guess per forward: MTP heads to use, 1..n_future (None = all heads)"),
     **ADAPTIVE_OPTIONS,  # confidence: a head's softmax probability of its top-1 guess

@@ -35,6 +35,7 @@ from nanospec.verify import sample, warp
 SMALL_TREE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)]
 
 NEEDS = ("parallelspec",)
+USES = ()  # parts used when present
 OPTIONS = {
     "draft_len": (int, None, "tokens to guess per step: mask tokens to use, 1..the drafter's n_masks (None = all)"),
     "tree": (str, None, "parallelspec's guesses: small (8: top-3 for the next token, then mostly a chain), chain "

@@ -29,6 +29,7 @@ from nanospec.decoding.common import start, check_sampling, chain_step, tensor
 from nanospec.verify import warp, sample
 
 NEEDS = ()  # model parts beyond the target
+USES = ()  # parts used when present
 OPTIONS = {
     "max_ngram": (int, 3, "longest tail of the context looked up in the earlier context (n-gram size)"),
     "draft_len": (int, 10, "tokens copied after a match and checked per target forward (k)"),

@@ -31,6 +31,7 @@ from nanospec.decoding.common import start, check_sampling, chain_step, tensor
 from nanospec.verify import warp, sample
 
 NEEDS = ("draft",)  # model parts beyond the target
+USES = ()  # parts used when present
 OPTIONS = {"draft_len": (int, 4, "tokens the draft guesses per target forward (k)"), **ADAPTIVE_OPTIONS}
 
 

@@ -15,7 +15,7 @@ TARGET would emit, and a 3M-parameter model often emits something else than the 
     rollout  [prompt from the corpus] def f ( x ) : return x     (from "def" on: the target's own greedy text)
     at the position of "(": the main head said "x"; head 1 learns ")", head 2 ":", head 3 "return"
 
-Only the heads change; out/heads.pt holds them and `checkpoint.load_models` puts them on the target in place
+Only the heads change; out/heads.pt holds them and `models.load_models` puts them on the target in place
 of the jointly trained ones (delete heads.pt to decode with those). The target's own output is untouched, so
 every method stays exact with respect to target.pt. The figures (agreement before and after) are in README.md.
 """

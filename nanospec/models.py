@@ -1,0 +1,77 @@
+"""
+`Models`, the bundle every decoding method receives, and `load_models`, which assembles it from a run folder
+written by `make train`:
+
+    out/tokenizer.tiktoken   always
+    out/target.pt            always: the model every method must reproduce
+    out/heads.pt             "heads": the MTP heads retrained alone, put on the target (mtp, medusa)
+    out/draft.pt             "draft": a smaller GPT (speculative)
+    out/eagle.pt             "eagle": the EAGLE head (eagle)
+    out/parallelspec.pt      "parallelspec": the mask-token drafter (parallelspec)
+    out/early_exit.pt        "early_exit": the exit adapters (early-exit)
+
+Only the parts asked for are read, so a broken eagle.pt cannot stop `decode.py --method ar`. Each decoding
+module says which parts it needs (NEEDS) and which it uses when present (USES); `decoding.parts_for` turns a
+list of methods into the parts to load. nanospec/checkpoint.py reads single files and knows no drafter; this
+module is the one place that knows them all.
+"""
+import os
+from dataclasses import dataclass
+
+import torch
+
+from nanospec.checkpoint import CheckpointError, load_gpt
+from nanospec.drafters.eagle import load_eagle
+from nanospec.drafters.early_exit import load_early_exit
+from nanospec.drafters.heads import load_heads
+from nanospec.drafters.parallelspec import load_parallelspec
+from nanospec.model import GPT
+from nanospec.tokenizer import Tokenizer
+
+
+@dataclass
+class Models:
+    """Everything a decoding method may use. Methods take what they need and say so if a part is missing."""
+    target: GPT  # the model whose output every method must reproduce; carries the MTP heads
+    tokenizer: Tokenizer = None  # for display and end-of-text; tests with random models may leave it out
+    draft: GPT = None  # a smaller GPT on the same tokenizer, for `speculative`
+    eagle: torch.nn.Module = None  # feature-level draft head, for `eagle`
+    parallelspec: torch.nn.Module = None  # mask-token parallel drafter, for `parallelspec`
+    early_exit: torch.nn.Module = None  # adapters that make the target's first layers a draft, for `early-exit`
+    eot: int = None  # end-of-text id: generation stops there (None: never stops early)
+    tuned_heads: bool = False  # True when heads.pt (the heads-only phase) replaced the jointly trained MTP heads
+
+
+# optional part -> how to read its file, `<part>.pt` beside target.pt
+LOADERS = {
+    "draft": load_gpt,
+    "eagle": load_eagle,
+    "parallelspec": load_parallelspec,
+    "early_exit": load_early_exit,
+}
+PARTS = ("heads", *LOADERS)  # every optional part, in the order `make train` trains them
+
+
+def load_models(ckpt_dir, device="cpu", parts=None):
+    """The tokenizer, the target and the optional `parts` found in a run folder (None: every part present).
+    A part asked for but absent is simply left None (the method then says which stage to run); a part present
+    but unreadable is a CheckpointError."""
+    parts = PARTS if parts is None else tuple(parts)
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise ValueError(f"unknown model part(s) {', '.join(unknown)}; the parts are {', '.join(PARTS)}")
+    tok_path = os.path.join(ckpt_dir, "tokenizer.tiktoken")
+    if not os.path.exists(tok_path):
+        raise CheckpointError(f"no tokenizer at {tok_path}: run `make train` (or pass --ckpt FOLDER)")
+    tokenizer = Tokenizer.load(tok_path)
+    target = load_gpt(os.path.join(ckpt_dir, "target.pt"), tokenizer.identity, device)
+    models = Models(target=target, tokenizer=tokenizer, eot=tokenizer.eot)
+    heads_path = os.path.join(ckpt_dir, "heads.pt")
+    if "heads" in parts and os.path.exists(heads_path):  # the retrained MTP heads replace the joint ones
+        load_heads(heads_path, target, tokenizer.identity)
+        models.tuned_heads = True
+    for part, load in LOADERS.items():
+        path = os.path.join(ckpt_dir, f"{part}.pt")
+        if part in parts and os.path.exists(path):
+            setattr(models, part, load(path, tokenizer.identity, device))
+    return models
