@@ -17,7 +17,9 @@ Train everything nanospec decodes with, in stages, each skipped when its output 
 A crash or Ctrl-C loses at most the steps since the last checkpoint: run the same command to resume.
 """
 import argparse
+import datetime
 import json
+import math
 import os
 import sys
 import time
@@ -32,12 +34,12 @@ from nanospec.checkpoint import CheckpointError, gpt_checkpoint, load_checkpoint
 from nanospec.drafters import eagle, early_exit, heads, parallelspec
 from nanospec.model import GPT, GPTConfig
 from nanospec.tokenizer import Tokenizer, save_tokenizer, train_bpe
-from nanospec.trainer import TrainConfig, batch_rng, pick_device, train
+from nanospec.trainer import PRECISIONS, TrainConfig, autocast_dtype, batch_rng, pick_device, train
 
 # Named sizes. `tiny` is the default: all of `make train` within 10 minutes on a 2-core CPU.
 # `small` and `medium` are for a GPU. `toy` is for tests and smoke runs (seconds, useless output).
 PRESETS = {
-    "toy": dict(corpus_bytes=300_000, vocab_size=320, head_weight=0.3,
+    "toy": dict(corpus_bytes=300_000, vocab_size=320, head_weight=0.3, head_fraction=0.25,
                 target=GPTConfig(vocab_size=0, block_size=64, n_layer=2, n_head=2, n_embd=32, n_future=2),
                 draft=GPTConfig(vocab_size=0, block_size=64, n_layer=1, n_head=2, n_embd=16, n_future=0),
                 target_train=TrainConfig(max_iters=30, batch_size=8, eval_interval=15, warmup_iters=5),
@@ -46,7 +48,7 @@ PRESETS = {
                 eagle_train=TrainConfig(max_iters=20, batch_size=8, eval_interval=10, warmup_iters=5),
                 parallelspec_train=TrainConfig(max_iters=20, batch_size=8, eval_interval=10, warmup_iters=5),
                 early_exit_train=TrainConfig(max_iters=20, batch_size=8, eval_interval=10, warmup_iters=5)),
-    "tiny": dict(corpus_bytes=4_000_000, vocab_size=2048, head_weight=0.3,
+    "tiny": dict(corpus_bytes=4_000_000, vocab_size=2048, head_weight=0.3, head_fraction=0.25,
                  target=GPTConfig(vocab_size=0, block_size=256, n_layer=4, n_head=4, n_embd=192, n_future=3),
                  draft=GPTConfig(vocab_size=0, block_size=256, n_layer=1, n_head=2, n_embd=96, n_future=0),
                  target_train=TrainConfig(max_iters=900, max_seconds=330),
@@ -57,7 +59,7 @@ PRESETS = {
                  eagle_train=TrainConfig(max_iters=300, max_seconds=60, lr=6e-3, warmup_iters=20),
                  parallelspec_train=TrainConfig(max_iters=600, max_seconds=60, batch_size=8, lr=3e-3, warmup_iters=20),
                  early_exit_train=TrainConfig(max_iters=150, max_seconds=30, lr=3e-3, warmup_iters=20)),
-    "small": dict(corpus_bytes=20_000_000, vocab_size=4096, head_weight=0.3,
+    "small": dict(corpus_bytes=20_000_000, vocab_size=4096, head_weight=0.3, head_fraction=0.25,
                   target=GPTConfig(vocab_size=0, block_size=512, n_layer=8, n_head=8, n_embd=512, n_future=4),
                   draft=GPTConfig(vocab_size=0, block_size=512, n_layer=2, n_head=4, n_embd=192, n_future=0),
                   target_train=TrainConfig(max_iters=5000, batch_size=32, lr=1e-3, min_lr=1e-4, warmup_iters=200),
@@ -98,8 +100,15 @@ def lm_losses(model, w, head_positions=None):
     return losses
 
 
-def train_gpt(name, ctx, model_cfg, train_cfg, head_weight):
-    """Train one GPT (target or draft) on the corpus, or skip it if its checkpoint is complete."""
+def text_bytes(tokenizer, ids):
+    """How many bytes of text the token ids stand for (end-of-text counts as one: a document break)."""
+    return sum(1 if t == tokenizer.eot else len(tokenizer.decode_bytes([t])) for t in ids)
+
+
+def train_gpt(name, ctx, model_cfg, train_cfg, head_weight, head_fraction=0.25):
+    """Train one GPT (target or draft) on the corpus, or skip it if its checkpoint is complete.
+    Returns the final validation losses (None when skipped); "bpb" is the main head's loss in bits per byte
+    of validation text, which compares models across tokenizers."""
     path = os.path.join(ctx.out_dir, f"{name}.pt")
     model_cfg = replace(model_cfg, vocab_size=ctx.tokenizer.vocab_size)
     if os.path.exists(path):
@@ -109,27 +118,30 @@ def train_gpt(name, ctx, model_cfg, train_cfg, head_weight):
                                   "delete it or use another --out-dir")
         if ckpt.get("done"):
             print(f"{name}: {path} is complete, skipping (delete it to retrain)")
-            return
+            return None
     torch.manual_seed(train_cfg.seed)
     model = GPT(model_cfg).to(ctx.device)
     print(f"{name}: {model.num_params() / 1e6:.2f}M parameters, {model_cfg}")
     T, nf, B = model_cfg.block_size, model_cfg.n_future, train_cfg.batch_size
     val = fixed_windows(ctx.val_tokens, 4 * B, T + 1 + nf).to(ctx.device)
+    val_tokens_per_byte = T * len(val) / text_bytes(ctx.tokenizer, val[:, 1:T + 1].flatten().tolist())
 
     def loss_fn(model, step):
         rng = batch_rng(train_cfg, step)
         w = windows(ctx.train_tokens, rng, B, T + 1 + nf).to(ctx.device)
-        # MTP heads see a random quarter of the positions: 4x cheaper, and the gradient is still unbiased
-        pos = torch.from_numpy(rng.choice(T, max(1, T // 4), replace=False)).to(ctx.device)
+        # MTP heads see a random subset of the positions: cheaper, and the gradient is still unbiased
+        pos = torch.from_numpy(rng.choice(T, max(1, int(T * head_fraction)), replace=False)).to(ctx.device)
         losses = lm_losses(model, w, pos)
         loss = losses["main"] + sum(head_weight * 0.8 ** (i - 1) * losses[f"head{i}"] for i in range(1, nf + 1))
         return loss, {k: v.item() for k, v in losses.items()}
 
     def eval_fn(model):
         parts = [lm_losses(model, val[i:i + B]) for i in range(0, len(val), B)]
-        return {k: sum(p[k].item() for p in parts) / len(parts) for k in parts[0]}
+        losses = {k: sum(p[k].item() for p in parts) / len(parts) for k in parts[0]}
+        main = losses.pop("main")
+        return {"main": main, "bpb": main / math.log(2) * val_tokens_per_byte, **losses}
 
-    train(name, model, loss_fn, eval_fn, train_cfg, path,
+    return train(name, model, loss_fn, eval_fn, train_cfg, path,
           lambda: gpt_checkpoint(model, ctx.tokenizer.identity), ctx.device, B * T)
 
 
@@ -169,11 +181,19 @@ def stage_tokenizer(ctx):
 
 
 def stage_target(ctx):
-    train_gpt("target", ctx, ctx.cfg["target"], ctx.train_cfg("target_train"), ctx.cfg["head_weight"])
+    return train_gpt("target", ctx, ctx.cfg["target"], ctx.train_cfg("target_train"), ctx.cfg["head_weight"],
+                     ctx.cfg["head_fraction"])
+
+
+def needs_target(ctx):
+    """For the stages that learn from the frozen target: train it first if missing (else it is skipped), and
+    start this stage's clock afterwards, so that the target's training does not eat the stage's budget."""
+    stage_target(ctx)
+    ctx.stage_started = time.perf_counter()
 
 
 def stage_heads(ctx):
-    stage_target(ctx)  # the heads learn from the target's own text: train it first if missing (else skipped)
+    needs_target(ctx)  # the heads learn from the target's own text
     heads.train_stage(ctx)  # nanospec/drafters/heads.py
 
 
@@ -182,17 +202,17 @@ def stage_draft(ctx):
 
 
 def stage_eagle(ctx):
-    stage_target(ctx)  # the head learns from the target's features: train it first if missing (else skipped)
+    needs_target(ctx)  # the head learns from the target's features
     eagle.train_stage(ctx)  # nanospec/drafters/eagle.py
 
 
 def stage_parallelspec(ctx):
-    stage_target(ctx)  # the drafter is distilled from the target: train it first if missing (else skipped)
+    needs_target(ctx)  # the drafter is distilled from the target
     parallelspec.train_stage(ctx)  # nanospec/drafters/parallelspec.py
 
 
 def stage_early_exit(ctx):
-    stage_target(ctx)  # the adapters are distilled from the target: train it first if missing (else skipped)
+    needs_target(ctx)  # the adapters are distilled from the target
     early_exit.train_stage(ctx)  # nanospec/drafters/early_exit.py
 
 
@@ -202,23 +222,52 @@ STAGES = {"corpus": stage_corpus, "tokenizer": stage_tokenizer, "target": stage_
           "eagle": stage_eagle, "parallelspec": stage_parallelspec, "early_exit": stage_early_exit}
 
 
+# The trained stages: checkpoint file and TrainConfig key of each, for the plan printed at the start.
+TRAINED = {"target": "target_train", "heads": "heads_train", "draft": "draft_train", "eagle": "eagle_train",
+           "parallelspec": "parallelspec_train", "early_exit": "early_exit_train"}
+
+
 class Context:
     def __init__(self, args):
         self.args, self.preset, self.cfg = args, args.preset, PRESETS[args.preset]
         self.data_dir, self.out_dir = args.data_dir, args.out_dir
         self.device = pick_device(args.device)
         self.tokenizer = self.train_tokens = self.val_tokens = None
+        self.stage_started = time.perf_counter()  # when the running stage began: its budget counts from here
+
+    def budget(self, key):
+        """A stage's wall-clock budget in seconds (0 = none): the preset's, or --max-seconds."""
+        return self.args.max_seconds if self.args.max_seconds is not None else self.cfg[key].max_seconds
 
     def train_cfg(self, key):
+        """The stage's TrainConfig, with the command line's overrides. max_seconds is what is LEFT of the stage's
+        budget: loading the target, generating data and baseline evaluations count against it too."""
         cfg = self.cfg[key]
         if self.args.max_iters is not None:
             cfg = replace(cfg, max_iters=self.args.max_iters, eval_interval=min(cfg.eval_interval, self.args.max_iters))
-        if self.args.max_seconds is not None:
-            cfg = replace(cfg, max_seconds=self.args.max_seconds)
-        return replace(cfg, seed=self.args.seed)
+        if self.budget(key):
+            cfg = replace(cfg, max_seconds=max(1.0, self.budget(key) - (time.perf_counter() - self.stage_started)))
+        return replace(cfg, seed=self.args.seed, precision=self.args.precision)
 
 
-def main(argv=None):
+def plan(ctx, stages):
+    """The budgets of the stages that will train (those without a complete checkpoint) and when all should end."""
+    budgets = {}
+    for name in stages:
+        path = os.path.join(ctx.out_dir, f"{name}.pt")
+        if name in TRAINED and not (os.path.exists(path) and load_checkpoint(path).get("done")):
+            budgets[name] = ctx.budget(TRAINED[name])
+    if not budgets:
+        return "plan: every checkpoint is complete, nothing to train"
+    if not all(budgets.values()):
+        return "plan: " + ", ".join(budgets) + " (no time budget: they stop after their step counts)"
+    total = sum(budgets.values())
+    end = datetime.datetime.now() + datetime.timedelta(seconds=total)
+    return (f"plan: {' + '.join(f'{name} {s:.0f}s' for name, s in budgets.items())} = {total / 60:.1f} min of "
+            f"training; expected end {end:%H:%M:%S} (corpus, tokenizer and loading add a few seconds)")
+
+
+def build_parser():
     p = argparse.ArgumentParser(description="Train nanospec's corpus, tokenizer, target GPT and draft models.")
     p.add_argument("--preset", default="tiny", choices=PRESETS, help="model and training sizes (tiny: 2-core CPU, ~10 min)")
     p.add_argument("--stage", default="all", choices=["all", *STAGES], help="run one stage (and what it needs) or all")
@@ -229,18 +278,33 @@ def main(argv=None):
     p.add_argument("--max-iters", type=int, default=None, help="override every trained stage's step count")
     p.add_argument("--max-seconds", type=float, default=None, help="override every trained stage's time budget")
     p.add_argument("--seed", type=int, default=1337, help="seeds initialisation and batch order")
-    args = p.parse_args(argv)
+    p.add_argument("--precision", default="auto", choices=PRECISIONS,
+                   help="auto: bf16 autocast where the hardware does it fast (AVX512-BF16/AMX CPUs, recent GPUs), "
+                        "else fp32; fp32: always fp32, the reference (what most laptops and VMs train in); "
+                        "bf16: always (slow where emulated)")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     try:
         if args.max_iters is not None and args.max_iters < 1:
             raise ValueError("--max-iters must be at least 1")
         ctx = Context(args)
         os.makedirs(args.out_dir, exist_ok=True)
         torch.set_float32_matmul_precision("high")
-        print(f"preset {args.preset} | device {ctx.device} | torch {torch.__version__} | threads {torch.get_num_threads()}")
+        amp = autocast_dtype(ctx.device, args.precision)
+        print(f"preset {args.preset} | device {ctx.device} | torch {torch.__version__} | threads "
+              f"{torch.get_num_threads()} | precision {args.precision}: {'bf16 autocast' if amp else 'fp32'}")
         t0 = time.time()
-        wanted = list(STAGES) if args.stage == "all" else ["corpus", "tokenizer", args.stage]
-        for name in dict.fromkeys(wanted):
-            STAGES[name](ctx)
+        wanted = list(dict.fromkeys(list(STAGES) if args.stage == "all" else ["corpus", "tokenizer", args.stage]))
+        print(plan(ctx, wanted))
+        for name in wanted:
+            ctx.stage_started = time.perf_counter()
+            try:
+                STAGES[name](ctx)
+            except NotImplementedError as e:  # a course handout with this stage's function still blank
+                print(f"{name}: skipped, it calls a function not written yet ({e or 'NotImplementedError'})")
         print(f"all done in {time.time() - t0:.0f}s")
     except (ValueError, FileNotFoundError, CheckpointError) as e:
         sys.exit(f"error: {e}")

@@ -6,7 +6,9 @@ The part-specific bits come in as two functions: `loss_fn(model, step) -> (loss,
 batch for that step and returns the loss to minimise, and `eval_fn(model) -> {name: val loss}`.
 
 Schedule: progress = max(step / max_iters, seconds / max_seconds), so a run that hits its time budget first
-still decays its learning rate to the end instead of stopping at full speed.
+still decays its learning rate to the end instead of stopping at full speed. `seconds` is wall-clock time of
+the whole loop, evaluations and checkpoint saves included, and the loop stops early enough for the final
+evaluation and save to fit: max_seconds bounds the call, not just the optimizer steps.
 """
 import math
 import os
@@ -23,7 +25,7 @@ from nanospec.checkpoint import save_atomic
 @dataclass
 class TrainConfig:
     max_iters: int = 800  # optimizer steps; the main knob of training time
-    max_seconds: float = 0.0  # also stop (and finish the schedule) after this many seconds; 0 = no limit
+    max_seconds: float = 0.0  # also stop (and finish the schedule) after this many wall-clock seconds; 0 = none
     batch_size: int = 16  # sequences per step
     lr: float = 2e-3  # peak learning rate; tiny models take large rates
     min_lr: float = 2e-4  # the cosine ends here, a tenth of the peak
@@ -32,6 +34,7 @@ class TrainConfig:
     grad_clip: float = 1.0  # clip the global gradient norm: one bad batch cannot wreck the run
     eval_interval: int = 100  # steps between validation runs (also a checkpoint each time)
     seed: int = 1337  # seeds init and batches: the same command gives the same model
+    precision: str = "auto"  # auto: bf16 autocast where the hardware does it fast, else fp32; fp32: never bf16
 
 
 def pick_device(name="auto"):
@@ -51,17 +54,31 @@ def pick_device(name="auto"):
     return name
 
 
-def autocast_dtype(device):
-    """bfloat16 autocast where the hardware does it fast (recent GPUs, CPUs with AVX512-BF16/AMX), else fp32.
-    Weights and optimizer state stay fp32; only matmuls run in bf16. About 2x on such a CPU."""
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+def fast_bf16(device):
+    """Does this device run bfloat16 matmuls fast? Recent GPUs and CPUs with AVX512-BF16 or AMX do (about 2x
+    fp32 on such a CPU); other CPUs (most laptops and VMs) emulate it, slower than fp32."""
     if device.startswith("cuda"):
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+        return torch.cuda.is_bf16_supported()
     if device == "cpu":
         try:
             flags = open("/proc/cpuinfo").read()
         except OSError:
-            return None
-        return torch.bfloat16 if ("avx512_bf16" in flags or "amx_bf16" in flags) else None
+            return False
+        return "avx512_bf16" in flags or "amx_bf16" in flags
+    return False
+
+
+def autocast_dtype(device, precision="auto"):
+    """The autocast dtype of training: bfloat16 with precision "bf16", or "auto" where the hardware does it fast;
+    None (plain fp32) otherwise. Weights and optimizer state stay fp32 either way; only matmuls run in bf16.
+    fp32 is the reference: what most machines train in, and what every figure in README.md names."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "bf16" or (precision == "auto" and fast_bf16(device)):
+        return torch.bfloat16
     return None
 
 
@@ -101,7 +118,7 @@ def train(name, model, loss_fn, eval_fn, cfg, ckpt_path, ckpt_fields, device, to
             opt.load_state_dict(ckpt["optimizer"])
             step, seconds = ckpt["step"], ckpt["seconds"]
             print(f"{name}: resuming from {ckpt_path} at step {step} ({seconds:.0f}s trained)")
-    amp = autocast_dtype(device)
+    amp = autocast_dtype(device, cfg.precision)
 
     def save(done):
         save_atomic({**ckpt_fields(), "optimizer": opt.state_dict(), "step": step, "seconds": seconds,
@@ -115,13 +132,17 @@ def train(name, model, loss_fn, eval_fn, cfg, ckpt_path, ckpt_fields, device, to
         print(f"{name}: step {step} | val " + " | ".join(f"{k} {v:.3f}" for k, v in losses.items()), flush=True)
         return losses
 
+    def time_left():  # of the wall-clock budget, keeping room for the final evaluation and save
+        return cfg.max_seconds - seconds - reserve if cfg.max_seconds else float("inf")
+
     model.train()
     losses, t_last, tok_rate = {}, time.perf_counter(), 0.0
+    reserve = 0.0  # how long the last evaluation + save took: the final one must fit in the budget too
     signal.signal(signal.SIGTERM, stop_on_sigterm)  # `kill` and job schedulers: stop as cleanly as on Ctrl-C
     try:
-        while step < cfg.max_iters and not (cfg.max_seconds and seconds >= cfg.max_seconds):
+        while step < cfg.max_iters and time_left() > 0:
             t0 = time.perf_counter()
-            progress = max(step / cfg.max_iters, seconds / cfg.max_seconds if cfg.max_seconds else 0.0)
+            progress = max(step / cfg.max_iters, seconds / (seconds + time_left()) if cfg.max_seconds else 0.0)
             for g in opt.param_groups:
                 g["lr"] = lr_at(cfg, step, progress)
             with torch.autocast(device.split(":")[0], dtype=amp or torch.float32, enabled=amp is not None):
@@ -136,16 +157,17 @@ def train(name, model, loss_fn, eval_fn, cfg, ckpt_path, ckpt_fields, device, to
             tok_rate = 0.9 * tok_rate + 0.1 * tokens_per_step / dt if tok_rate else tokens_per_step / dt
             if step % cfg.eval_interval == 0 or time.perf_counter() - t_last > 10 or step == cfg.max_iters:
                 t_last = time.perf_counter()
-                left = (cfg.max_iters - step) * dt
-                if cfg.max_seconds:
-                    left = min(left, cfg.max_seconds - seconds)
+                left = min((cfg.max_iters - step) * dt, time_left())
                 shown = " | ".join(f"{k} {v:.3f}" for k, v in parts.items())
                 print(f"{name}: step {step}/{cfg.max_iters} | loss {loss.item():.3f} | {shown} | "
                       f"{tok_rate / 1e3:.1f}k tok/s | lr {opt.param_groups[0]['lr']:.1e} | "
                       f"{seconds:.0f}s, ~{max(0, left):.0f}s left", flush=True)
             if step % cfg.eval_interval == 0 and step < cfg.max_iters:
+                t_eval = time.perf_counter()
                 losses = evaluate()
                 save(done=False)
+                reserve = time.perf_counter() - t_eval
+                seconds += reserve
     except KeyboardInterrupt:
         save(done=False)
         print(f"\n{name}: interrupted at step {step}; checkpoint saved to {ckpt_path}. Run the same command to resume.")
