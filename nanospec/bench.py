@@ -212,38 +212,97 @@ def ngram_repeats(context, out, n=4):
 
 # ----------------------------------------------------------------------------- forward cost and Leviathan
 
+def fastest(calls, reps):
+    """Seconds of each zero-argument callable: the fastest of reps runs. On a busy machine a run that lost the CPU
+    for a scheduler slice (~10 ms) measures the machine, not the model. The calls take turns in a shuffled order
+    in each repetition, so that no call is always the one after a slow moment; the first round warms up."""
+    times = [[] for _ in calls]
+    order = list(range(len(calls)))
+    for r in range(reps + 1):
+        random.Random(r).shuffle(order)
+        for j in order:
+            with torch.inference_mode():
+                _, seconds = timed(calls[j])
+            if r:
+                times[j].append(seconds)
+    return [min(t) for t in times]
+
+
+def cached(model, prefix_len, gen):
+    """A KV cache of `model` holding prefix_len random tokens (as after a prompt) and 64 more random ids to feed."""
+    ids = torch.randint(0, model.config.vocab_size, (1, prefix_len + 64), generator=gen).to(model.wte.weight.device)
+    cache = model.new_cache()
+    model(ids[:, :prefix_len], cache=cache)
+    return cache, ids
+
+
 @torch.inference_mode()
-def step_seconds(jobs, prefix_len, reps):
-    """Seconds of each job (model, n, temperature): one forward of `model` over n new tokens on top of a
+def step_calls(jobs, prefix_len):
+    """A callable for each job (model, n, temperature): one forward of `model` over n new tokens on top of a
     cached prefix of prefix_len tokens, then, unless temperature is None, picking the next token from the
-    last position as a decoding step does (warp + sample). The fastest of reps runs: on a busy machine a run
-    that lost the CPU for a scheduler slice (~10 ms) measures the machine, not the model. The jobs take
-    turns in a shuffled order in each repetition, so that no job is always the one after a slow moment."""
+    last position as a decoding step does (warp + sample). `fastest` times them."""
     gen = torch.Generator().manual_seed(0)
     caches = {}
     for model, _, _ in jobs:
         if id(model) not in caches:  # one cache per model, filled once with the same random prefix
-            ids = torch.randint(0, model.config.vocab_size, (1, prefix_len + 64), generator=gen)
-            caches[id(model)] = (model.new_cache(), ids.to(model.wte.weight.device))
-            model(caches[id(model)][1][:, :prefix_len], cache=caches[id(model)][0])
-    times = [[] for _ in jobs]
-    order = list(range(len(jobs)))
-    for r in range(reps + 1):  # the first round warms up
-        random.Random(r).shuffle(order)
-        for j in order:
-            model, n, temperature = jobs[j]
-            cache, ids = caches[id(model)]
+            caches[id(model)] = cached(model, prefix_len, gen)
+
+    def call(model, n, temperature):
+        cache, ids = caches[id(model)]
+
+        def run():
             cache.rollback(prefix_len)
-            _, seconds = timed(one_step, model, ids[:, prefix_len:prefix_len + n], cache, temperature, gen)
-            if r:
-                times[j].append(seconds)
-    return [min(t) for t in times]
+            one_step(model, ids[:, prefix_len:prefix_len + n], cache, temperature, gen)
+        return run
+    return [call(*job) for job in jobs]
 
 
 def one_step(model, x, cache, temperature, generator):
     logits = model(x, cache=cache).logits[0, -1]  # (V,)
     if temperature is not None:
         sample(warp(logits, temperature, None, None), generator)
+
+
+@torch.inference_mode()
+def drafter_passes(models, names, prefix_len):
+    """{method: a callable that runs one pass of its drafter}, for the methods in `names` that draft with a
+    trained part, each on a cache holding prefix_len random tokens (rolled back after every pass). Against one
+    target forward over 1 token this gives c, the drafter's cost ratio in Leviathan et al.'s speedup formula:
+    a step that drafts k guesses with k passes costs k c + 1 target forwards."""
+    gen = torch.Generator().manual_seed(1)
+    target, passes = models.target, {}
+    C, device, dtype = target.config.n_embd, target.wte.weight.device, target.wte.weight.dtype
+    one = torch.randint(0, target.config.vocab_size, (1, 1), generator=gen).to(device)  # (1, 1) the newest token
+    if "speculative" in names and models.draft is not None:
+        dcache, _ = cached(models.draft, prefix_len, gen)
+        passes["speculative"] = lambda: (models.draft(one, cache=dcache), dcache.rollback(prefix_len))
+    if "early-exit" in names:
+        from nanospec.decoding.early_exit import default_exit_layer
+        from nanospec.drafters.early_exit import exit_logits
+        E = default_exit_layer(target.config.n_layer)
+        tcache, _ = cached(target, prefix_len, gen)
+
+        def exit_pass():  # blocks 1..E over one token, then the exit (adapter, final norm, unembedding)
+            hidden = target(one, cache=tcache, layers=(0, E)).hidden
+            exit_logits(target, models.early_exit, E, hidden)
+            tcache.rollback(prefix_len)
+        passes["early-exit"] = exit_pass
+    hidden = torch.randn(1, 1, C, generator=gen).to(device, dtype)  # (1, 1, C) a trunk state
+    for name in ("mtp", "medusa"):
+        if name in names and target.config.n_future:
+            passes[name] = lambda: target.head_logits(hidden)  # every head once, as a step drafts
+    if "eagle" in names and models.eagle is not None:
+        ecache = models.eagle.new_cache()
+        ids = torch.randint(0, target.config.vocab_size, (1, prefix_len), generator=gen).to(device)
+        models.eagle(target, ids, torch.randn(1, prefix_len, C, generator=gen).to(device, dtype), cache=ecache)
+        passes["eagle"] = lambda: (models.eagle(target, one, hidden, cache=ecache), ecache.rollback(prefix_len))
+    if "parallelspec" in names and models.parallelspec is not None:
+        drafter = models.parallelspec
+        pcache = drafter.new_cache()
+        drafter.draft(target, pcache, list(range(prefix_len)), 1)
+        passes["parallelspec"] = lambda: (drafter.draft(target, pcache, [0], drafter.config.n_masks),
+                                          pcache.rollback(prefix_len))
+    return passes
 
 
 def acceptance_mle(per_prompt, k, max_new_tokens):
@@ -356,7 +415,7 @@ def bar_chart(summary, names, width=40):
     return lines
 
 
-def report_header(args, argv, models, device, prompts, categories, temperatures, seconds, loads):
+def report_header(args, argv, models, device, prompts, categories, temperatures, seconds, loads, c):
     lens = [len(q["ids"]) for q in prompts]
     command = " ".join(argv if argv is not None else sys.argv[1:])
     draft = f"; draft {describe(models.draft)}" if models.draft is not None else ""
@@ -372,6 +431,8 @@ def report_header(args, argv, models, device, prompts, categories, temperatures,
             f"- settings: {args.max_new_tokens} new tokens per prompt, batch size 1, temperatures "
             f"{', '.join(f'{t:g}' for t in temperatures)}, {args.repeats} timed run(s) per prompt and method after "
             f"a warm-up, seed {args.seed} + prompt index, each method with its default options",
+            "- drafter cost c = one drafter pass / one target forward over 1 token (fastest of the cost runs): "
+            + (", ".join(f"{name} {ratio:.2f}" for name, ratio in c.items()) or "no trained drafter"),
             f"- command: python -m nanospec.bench {command}".rstrip(),
             f"- time: {seconds:.0f}s of measurements; load average (1 min) before {loads[0]}, after {loads[1]} "
             f"(other work on the machine makes every timing noisy)", ""]
@@ -515,13 +576,16 @@ def main(argv=None):
     if "speculative" in names:
         jobs += [(m, 1, t) for t in temperatures for m in (models.target, models.draft)] + [(models.draft, 1, None)]
     log("timing target forwards over n = 1..%d tokens" % max(sizes))
-    seconds = step_seconds(jobs, prefix, reps)
+    passes = drafter_passes(models, names, prefix)  # c of every trained drafter, timed in the same turns
+    seconds = fastest(step_calls(jobs, prefix) + list(passes.values()), reps)
+    c = {name: s / seconds[0] for name, s in zip(passes, seconds[len(jobs):])}
+    seconds = seconds[:len(jobs)]
     cost = dict(zip(sizes, seconds))
     step = {(job[0] is models.draft, job[2]): s for job, s in zip(jobs[len(sizes):], seconds[len(sizes):])}
     loads = (load_before, load_average())
 
     out = report_header(args, argv, models, device, prompts, categories, temperatures,
-                        time.perf_counter() - t_start, loads)
+                        time.perf_counter() - t_start, loads, c)
     out += notes + [f"- FAILED {name}: {why}" for name, why in failed.items()] + ([""] if notes or failed else [])
     summaries = {}
     for t in temperatures:

@@ -30,10 +30,15 @@ from nanospec.verify import sample, warp
 NEEDS = ()
 USES = ("early_exit",)  # the trained exit adapters when present, else the plain exit
 OPTIONS = {
-    "exit_layer": (int, None, "blocks the draft runs before exiting, 1..n_layer-1 (None = n_layer // 2)"),
+    "exit_layer": (int, None, "blocks the draft runs before exiting, 1..n_layer-1 (None = default_exit_layer)"),
     "draft_len": (int, 4, "tokens the draft guesses per target forward (k)"),
     **ADAPTIVE_OPTIONS,
 }
+
+
+def default_exit_layer(n_layer):
+    """The exit used unless --exit-layer says otherwise: half the target's blocks."""
+    return n_layer // 2
 
 
 @torch.inference_mode()
@@ -42,7 +47,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     check_sampling(temperature, top_k, top_p)
     target, adapter = models.target, models.early_exit
     L = target.config.n_layer
-    E = L // 2 if exit_layer is None else exit_layer
+    E = default_exit_layer(L) if exit_layer is None else exit_layer
     if not 1 <= E < L:
         raise ValueError(f"exit_layer must be in 1..{L - 1} (the target has {L} layers), got {exit_layer}")
     if draft_len < 1:
