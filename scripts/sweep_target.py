@@ -1,0 +1,176 @@
+"""
+Sweep the target's shape and training settings at a fixed wall-clock budget, and print what each reaches.
+
+The `tiny` preset was chosen with this script: every variant trains the target from scratch for what the same
+number of seconds buys it (its own `make train` budget by default) on the same corpus, and is judged on bits per
+byte of the validation text, which compares models across vocabularies (a bigger vocabulary puts more bytes in
+a token).
+
+A shared machine makes wall-clock budgets unfair: a run that lost the CPU to something else reaches fewer
+steps. So each variant is first timed alone for a few steps (`throughput`: the fastest steps of two short
+probes), the budget is turned into a step count (budget x tokens/s, less 3% for evaluations), and the run
+trains for exactly that many steps with the learning-rate schedule a wall-clock run on a quiet machine would
+have had. The table says what the machine measured, and the result no longer depends on its load.
+
+    python scripts/sweep_target.py                                  # every variant, the preset's target budget
+    python scripts/sweep_target.py --variants base,deep12x128 --seconds 120 --precision fp32
+    python scripts/sweep_target.py --table                          # print the table of runs already made
+
+A variant is a set of overrides of the tiny preset (`VARIANTS` below). Each trains into runs/sweep/<name>/ with
+its own tokenizer (retrained when the vocabulary differs: a few seconds); a finished variant is not retrained,
+so the table can be built up over several calls. The table: shape, parameters, training tokens/s, steps
+reached, validation bits per byte (and nats per token), and the stage's wall time. Timings need a quiet
+machine: the load average before and after each run is printed beside it.
+"""
+import argparse
+import copy
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import train_tiny  # noqa: E402
+from nanospec.checkpoint import load_checkpoint  # noqa: E402
+from nanospec.model import GPT  # noqa: E402
+from nanospec.trainer import autocast_dtype, make_optimizer  # noqa: E402
+
+# name -> overrides: "target" (GPTConfig fields), "train" (TrainConfig fields of target_train), or preset keys
+VARIANTS = {
+    "base": {},  # the preset before this sweep: 4 layers x 192, batch 16 x 256, lr 2e-3, heads on 1/4 of positions
+    "base-heads1/16": {"head_fraction": 1 / 16},
+    "4x128": {"target": dict(n_embd=128), "head_fraction": 1 / 16},
+    "6x128": {"target": dict(n_layer=6, n_embd=128), "head_fraction": 1 / 16},
+    "8x96": {"target": dict(n_layer=8, n_embd=96), "head_fraction": 1 / 16},
+    "base-vocab4096": {"vocab_size": 4096, "head_fraction": 1 / 16},
+    "4x128-batch8": {"target": dict(n_embd=128), "head_fraction": 1 / 16, "train": dict(batch_size=8)},
+}
+
+
+def preset_with(overrides):
+    cfg = copy.deepcopy(train_tiny.PRESETS["tiny"])
+    for key, value in overrides.items():
+        if key == "target":
+            cfg["target"] = replace(cfg["target"], **value)
+        elif key == "train":
+            cfg["target_train"] = replace(cfg["target_train"], **value)
+        else:
+            cfg[key] = value
+    return cfg
+
+
+def throughput(ctx, cfg, steps=8):
+    """Training tokens/s of the target of preset `cfg` on this machine: the fastest of `steps` timed steps in
+    each of two probes a few seconds apart (the fastest step is the one nothing else interrupted)."""
+    model_cfg = replace(cfg["target"], vocab_size=ctx.tokenizer.vocab_size)
+    tc = replace(cfg["target_train"], precision=ctx.args.precision)
+    T, nf, B = model_cfg.block_size, model_cfg.n_future, tc.batch_size
+    amp = autocast_dtype(ctx.device, tc.precision)
+    best = float("inf")
+    for probe in range(2):
+        torch.manual_seed(probe)
+        model = GPT(model_cfg).to(ctx.device).train()
+        opt = make_optimizer(model, tc)
+        rng = np.random.default_rng(probe)
+        for i in range(steps + 2):  # two warm-up steps
+            t0 = time.perf_counter()
+            w = train_tiny.windows(ctx.train_tokens, rng, B, T + 1 + nf).to(ctx.device)
+            pos = torch.from_numpy(rng.choice(T, max(1, int(T * cfg["head_fraction"])), replace=False))
+            with torch.autocast(ctx.device.split(":")[0], dtype=amp or torch.float32, enabled=amp is not None):
+                losses = train_tiny.lm_losses(model, w, pos.to(ctx.device))
+                loss = losses["main"] + sum(cfg["head_weight"] * v for k, v in losses.items() if k != "main")
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if i >= 2:
+                best = min(best, time.perf_counter() - t0)
+        time.sleep(2)
+    return B * T / best
+
+
+def run_variant(name, args):
+    out_dir = os.path.join(args.runs, name)
+    result_path = os.path.join(out_dir, "result.json")
+    if os.path.exists(result_path):
+        return json.load(open(result_path))
+    cfg = preset_with(VARIANTS[name])
+    targv = ["--out-dir", out_dir, "--data-dir", args.data_dir, "--precision", args.precision]
+    ns = train_tiny.build_parser().parse_args(targv)
+    ctx = train_tiny.Context(ns)
+    ctx.cfg = cfg
+    os.makedirs(out_dir, exist_ok=True)
+    # a tokenizer of the same vocabulary trained by an earlier variant is the same file: copy it
+    for other in os.listdir(args.runs):
+        tok = os.path.join(args.runs, other, "tokenizer.tiktoken")
+        other_result = os.path.join(args.runs, other, "result.json")
+        if (other != name and os.path.exists(other_result) and os.path.exists(tok)
+                and json.load(open(other_result))["vocab"] == cfg["vocab_size"]
+                and not os.path.exists(os.path.join(out_dir, "tokenizer.tiktoken"))):
+            os.system(f"cp {tok} {tok[:-9]}.vocab {out_dir}/")
+    train_tiny.stage_corpus(ctx)
+    train_tiny.stage_tokenizer(ctx)
+    tokens_per_s = throughput(ctx, cfg)
+    tc = cfg["target_train"]
+    seconds = args.seconds or tc.max_seconds
+    steps = int(0.97 * seconds * tokens_per_s / (tc.batch_size * cfg["target"].block_size))
+    cfg["target_train"] = replace(tc, max_iters=steps, max_seconds=0.0, eval_interval=max(steps // 3, 1))
+    print(f"{name}: {tokens_per_s / 1e3:.1f}k tokens/s measured alone: {seconds:.0f}s buy {steps} steps", flush=True)
+    load_before = os.getloadavg()[0]
+    ctx.stage_started = t0 = time.perf_counter()
+    losses = train_tiny.stage_target(ctx)
+    wall = time.perf_counter() - t0
+    ckpt = load_checkpoint(os.path.join(out_dir, "target.pt"))
+    t, tc = cfg["target"], cfg["target_train"]
+    result = dict(name=name, shape=f"{t.n_layer}x{t.n_embd} h{t.n_head}", vocab=cfg["vocab_size"],
+                  context=t.block_size, batch=tc.batch_size, lr=tc.lr, head_fraction=cfg["head_fraction"],
+                  params=sum(v.numel() for k, v in ckpt["model"].items() if k != "wpe.weight" and k != "lm_head.weight"),
+                  steps=ckpt["step"], tokens_per_s=tokens_per_s, budget=seconds,
+                  bpb=losses["bpb"], nats=losses["main"], wall=wall, precision=args.precision,
+                  load=f"{load_before:.1f}/{os.getloadavg()[0]:.1f}")
+    json.dump(result, open(result_path, "w"))
+    return result
+
+
+def table(results):
+    lines = ["| variant | shape | vocab | batch x context | lr | heads' positions | params | tokens/s | steps | "
+             "val bits/byte | val nats/token | wall (this run) | load |", "|" + "---|" * 13]
+    for r in results:
+        lines.append(f"| {r['name']} | {r['shape']} | {r['vocab']} | {r['batch']} x {r['context']} | {r['lr']:g} | "
+                     f"{r['head_fraction']:g} | {r['params'] / 1e6:.2f}M | {r['tokens_per_s'] / 1e3:.1f}k | "
+                     f"{r['steps']} | {r['bpb']:.3f} | {r['nats']:.3f} | {r['wall']:.0f}s | {r['load']} |")
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    p.add_argument("--variants", default="all", help=f"comma-separated, or all: {', '.join(VARIANTS)}")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="the wall-clock budget each run is given, as steps (default: the preset's target budget)")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "auto", "bf16"], help="fp32 is the reference")
+    p.add_argument("--runs", default="runs/sweep", help="one folder per variant")
+    p.add_argument("--data-dir", default="data", help="the corpus (built by the first run if missing)")
+    p.add_argument("--table", action="store_true", help="only print the table of the runs already made")
+    args = p.parse_args()
+    names = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
+    for name in names:
+        if name not in VARIANTS:
+            sys.exit(f"error: unknown variant {name!r}; the variants are {', '.join(VARIANTS)}")
+    os.makedirs(args.runs, exist_ok=True)
+    results = []
+    for name in names:
+        done = os.path.exists(os.path.join(args.runs, name, "result.json"))
+        if args.table and not done:
+            continue
+        results.append(run_variant(name, args))
+        print(table(results[-1:]), flush=True)
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
