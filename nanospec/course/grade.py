@@ -40,6 +40,7 @@ class Case:
     exercise: int  # from the test's marker; None for a collection error
     outcome: str  # passed, failed, error, skipped
     message: str = ""  # first line of the failure: "NotImplementedError: exercise 3: implement ..."
+    detail: str = ""  # the report's full text (for a collection error: the traceback)
 
 
 @dataclass
@@ -60,15 +61,15 @@ def read_junit(path):
         classname, name = tc.get("classname", ""), tc.get("name", "")
         props = {p.get("name"): p.get("value") for p in tc.iter("property")}
         module = classname if classname else name  # "tests.test_ex03_accept_residual"
-        outcome, message = "passed", ""
+        outcome, message, detail = "passed", "", ""
         for tag, label in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
             el = tc.find(tag)
             if el is not None:
-                outcome, message = label, (el.get("message") or el.text or "").strip().splitlines()[:1]
-                message = message[0] if message else label
+                outcome, detail = label, (el.text or "").strip()
+                message = ((el.get("message") or detail).strip().splitlines() or [label])[0]
                 break
         cases.append(Case(module.replace(".", "/") + ".py", name if classname else module,
-                          int(props["exercise"]) if "exercise" in props else None, outcome, message))
+                          int(props["exercise"]) if "exercise" in props else None, outcome, message, detail))
     return cases
 
 
@@ -104,7 +105,9 @@ def score(exercises, cases, timed_out=()):
         broken = [c for c in cases if c.exercise is None and c.file == ex.test_file]
         if broken:
             r.status = "not collected"
-            r.notes += [f"{ex.test_file} could not be imported: {c.message}" for c in broken]
+            for c in broken:  # the traceback's last line says why: "E   SyntaxError: invalid syntax"
+                last = [line for line in c.detail.splitlines() if line.strip()][-1:] or [c.message]
+                r.notes.append(f"{ex.test_file} could not be imported: {last[0].lstrip('E').strip()}")
             continue
         mine = [c for c in cases if c.exercise == ex.id]
         r.ran, r.passed = len(mine), sum(c.outcome == "passed" for c in mine)
