@@ -229,8 +229,12 @@ def test_a_handout_is_not_a_source_for_another(all_blanked, tmp_path):
 REPORT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
 <testcase classname="tests.test_ex01_prompt_lookup" name="test_a"><properties><property name="exercise" value="1"/></properties></testcase>
 <testcase classname="tests.test_ex01_prompt_lookup" name="test_b"><properties><property name="exercise" value="1"/></properties><failure message="AssertionError: assert [9] == [9, 4]">...</failure></testcase>
-<testcase classname="" name="tests.test_ex02_greedy_chain"><error message="collection failure">nanospec/verify.py:12: in &lt;module&gt;
-E   SyntaxError: invalid syntax</error></testcase>
+<testcase classname="" name="tests.test_ex02_greedy_chain"><error message="collection failure">tests/test_ex02_greedy_chain.py:10: in &lt;module&gt;
+    from nanospec.verify import verify_chain_greedy
+E     File "/course/nanospec/verify.py", line 76
+E       def accept_prob(p, q, x)
+E                               ^
+E   SyntaxError: expected ':'</error></testcase>
 <testcase classname="tests.test_ex03_accept_residual" name="test_c"><properties><property name="exercise" value="3"/></properties></testcase>
 </testsuite></testsuites>"""
 
@@ -246,13 +250,14 @@ def test_the_autograder_rules_on_a_literal_report(tmp_path):
         ("tests/test_ex03_accept_residual.py", "test_c", 3, "passed")]
     ex1, ex2, ex3 = parse_selection("1-3")
     ex1 = replace(ex1, tests=2)  # an exercise 1 of two tests
-    r1, r2, r3 = grade.score([ex1, ex2, ex3], cases)
+    r1, r2, r3 = grade.score([ex1, ex2, ex3], cases, root="/course")
     # partial credit: 1 of 2 tests passed -> half the points, and the failure is shown
     assert (r1.passed, r1.score, r1.status) == (1, ex1.points / 2, "ok")
     assert "AssertionError: assert [9] == [9, 4]" in r1.notes[0] and "test_b" in r1.notes[0]
     # a test file that does not import: 0 points, the error shown
     assert (r2.score, r2.status) == (0, "not collected")
-    assert r2.notes == ["tests/test_ex02_greedy_chain.py could not be imported: SyntaxError: invalid syntax"]
+    assert r2.notes == ["tests/test_ex02_greedy_chain.py could not be imported: nanospec/verify.py, line 76: "
+                        "SyntaxError: expected ':'"]
     # 1 test ran where the registry expects more: an error, never points
     assert (r3.score, r3.status) == (0, "registry mismatch") and f"expects {ex3.tests}" in r3.notes[0]
     results = grade.gradescope([r1, r2, r3], "the table", 1.0)

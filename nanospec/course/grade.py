@@ -19,6 +19,7 @@ replaced by ours first, and conftest.py files above tests/ are not loaded, so ed
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -89,7 +90,18 @@ def run_tests(root, exercises, junit, timeout):
     return read_junit(junit)
 
 
-def score(exercises, cases, timed_out=()):
+def why(case, root):
+    """The end of a collection error's traceback, e.g. 'nanospec/verify.py, line 76: SyntaxError: expected ':''."""
+    lines = [line[1:].strip() if line.startswith("E") else line.strip() for line in case.detail.splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        return case.message
+    where = [m for m in (re.match(r'File "(.+)", line (\d+)', line) for line in lines) if m]
+    place = f"{os.path.relpath(where[-1].group(1), root)}, line {where[-1].group(2)}: " if where else ""
+    return place + lines[-1]
+
+
+def score(exercises, cases, timed_out=(), root="."):
     """[Result] per exercise from the test cases (see the module docstring for the rules)."""
     results = []
     for ex in exercises:
@@ -105,9 +117,8 @@ def score(exercises, cases, timed_out=()):
         broken = [c for c in cases if c.exercise is None and c.file == ex.test_file]
         if broken:
             r.status = "not collected"
-            for c in broken:  # the traceback's last line says why: "E   SyntaxError: invalid syntax"
-                last = [line for line in c.detail.splitlines() if line.strip()][-1:] or [c.message]
-                r.notes.append(f"{ex.test_file} could not be imported: {last[0].lstrip('E').strip()}")
+            for c in broken:
+                r.notes.append(f"{ex.test_file} could not be imported: {why(c, root)}")
             continue
         mine = [c for c in cases if c.exercise == ex.id]
         r.ran, r.passed = len(mine), sum(c.outcome == "passed" for c in mine)
@@ -144,7 +155,7 @@ def grade(root, exercises, junit=None, timeout=600):
                         timed_out.add(ex.id)
                     else:
                         cases += alone
-    return score(exercises, cases, timed_out)
+    return score(exercises, cases, timed_out, root)
 
 
 def table(results, root):

@@ -316,8 +316,9 @@ def git_commit(root):
 
 
 def make_handout(root, out, exercises):
-    """Write the handout of `exercises` (registry entries) from the project at root to out. Returns a summary:
-    {"version", "exercises", "blanked": [(path, function)], "files", "source_commit", "removed": fragments}."""
+    """Write the handout of `exercises` (registry entries) from the project at root to out. Returns what
+    handout.json holds (version, exercises, blanked [path, function] pairs, source commit, date), plus "files"
+    (how many were written) and "secret_fragments" (the removed pieces searched for in the copy)."""
     root, out = os.path.abspath(root), os.path.abspath(out)
     if out == root or out.startswith(root + os.sep):
         raise HandoutError(f"--out {out} is inside the project: choose a folder outside it, e.g. ../handout")
