@@ -309,6 +309,22 @@ def test_a_registered_function_without_its_markers_is_an_error(tmp_path):
         handout.check_registry(regions + [handout.Region("nanospec/x.py", "g", 1, 1, 3, "    ")])
 
 
+def test_exercises_md_agrees_with_the_registry():
+    """EXERCISES.md's table and headings name every exercise as the registry does, with its tests and points, at
+    the registry's version; prerequisites come earlier in the course."""
+    text = (ROOT / "EXERCISES.md").read_text()
+    assert f"Course version **{VERSION}**" in text and f"- **{VERSION}** (" in text
+    rows = {int(m.group(1)): m.groups()[1:] for m in re.finditer(
+        r"^\| (\d+) \| (.+?) \| .+? \| (\d+|by hand) \| (\d+) \|$", text, re.MULTILINE)}
+    for ex in EXERCISES:
+        assert rows[ex.id] == (ex.title, "by hand" if ex.manual else str(ex.tests), str(ex.points)), ex.id
+        assert f"\n## {ex.id}. {ex.title}\n" in text, ex.id
+        assert all(0 < p < ex.id for p in ex.prerequisites), ex.id
+        for path, function in ex.regions:
+            assert f"`{function.split('.')[-1]}" in text and path in text, (ex.id, function)
+    assert len(rows) == len(EXERCISES) and 8 <= len(EXERCISES) <= 12
+
+
 def test_exercise_selection():
     assert [ex.id for ex in parse_selection("3,4")] == [3, 4]
     assert [ex.id for ex in parse_selection("1-3,7")] == [1, 2, 3, 7]
