@@ -13,7 +13,8 @@ Instructor-only: handouts leave this file out.
     blanked function still runs there (an `ar` generation, decode.py).
   - The autograder's rules (the count check, collection errors, partial credit, Gradescope's format) on a
     literal JUnit report, and the generator's one-line errors on malformed markers.
-The handouts are built once per session; the whole file takes about 15 s here (2 cores, shared).
+The all-exercise handout is built and graded once per session, the eleven one-exercise handouts once each
+(no tests run in those); the whole file takes about 17 s on a shared 2-core machine.
 """
 import ast
 import io
@@ -80,7 +81,8 @@ def test_every_graded_test_fails_with_its_own_exercises_stub(all_blanked):
         assert len(mine) == ex.tests, f"exercise {ex.id}: {len(mine)} tests ran, the registry says {ex.tests}"
         for c in mine:
             assert c.outcome in ("failed", "error"), (ex.id, c.name, c.outcome)
-            assert c.message.startswith(f"NotImplementedError: exercise {ex.id}: implement "), (ex.id, c.name, c.message)
+            own = f"NotImplementedError: exercise {ex.id}: implement "
+            assert c.message.startswith(own), (ex.id, c.name, c.message)
 
 
 def test_the_autograder_scores_the_blank_handout_zero(all_blanked):
@@ -293,7 +295,8 @@ def marked(body):
     (marked("    # begin solution ex1\n    return x\n"), "malformed marker"),
     (marked("    return x  # BEGIN SOLUTION ex1\n"), "alone on its line"),
     ("# BEGIN SOLUTION ex1\nx = 1\n# END SOLUTION ex1\n", "inside one function"),
-    ('def f(x):\n    # BEGIN SOLUTION ex1\n    """Doc."""\n    return x\n    # END SOLUTION ex1\n', "after its docstring"),
+    ('def f(x):\n    # BEGIN SOLUTION ex1\n    """Doc."""\n    return x\n    # END SOLUTION ex1\n',
+     "after its docstring"),
 ])
 def test_malformed_markers_are_one_line_errors(source, message):
     with pytest.raises(HandoutError, match=message):
