@@ -1,15 +1,22 @@
 # Thin targets: each runs one visible command.
 PYTHON ?= python
+OUT ?= ../nanospec-handout
 
-.PHONY: install train test bench bench-quick
+.PHONY: install deps train test bench bench-quick handout grade
 
 install:
 	$(PYTHON) -m pip install -r requirements.txt
 
-train:
+# `make train`, `make test` and `make grade` install requirements.txt first, only if a package is missing
+# (a torch you installed yourself, say a CUDA build, is kept).
+deps:
+	@$(PYTHON) -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in \
+	('torch', 'numpy', 'tiktoken', 'pytest', 'hypothesis')))" || $(PYTHON) -m pip install -r requirements.txt
+
+train: deps
 	$(PYTHON) train_tiny.py
 
-test:
+test: deps
 	$(PYTHON) -m pytest
 
 bench:
@@ -17,3 +24,10 @@ bench:
 
 bench-quick:
 	$(PYTHON) -m nanospec.bench --quick
+
+# The course (EXERCISES.md): `make handout EX=3,4 OUT=../handout`, then `make grade` (EX=3,4 to choose).
+handout:
+	$(PYTHON) -m nanospec.course.handout --ex $(or $(EX),all) --out $(OUT)
+
+grade: deps
+	$(PYTHON) -m nanospec.course.grade $(if $(EX),--ex $(EX))

@@ -40,6 +40,7 @@ def path_to(parents, node):
 
 def tree_mask(parents, prefix_len, device="cpu"):
     """(N, prefix_len + N) bool: each node sees the prefix, its ancestors and itself."""
+    # BEGIN SOLUTION ex6
     N = len(parents)
     rows = []  # rows[i][j]: node j is node i or one of its ancestors (built in Python: N is small)
     for i, par in enumerate(parents):
@@ -48,11 +49,14 @@ def tree_mask(parents, prefix_len, device="cpu"):
         rows.append(row)
     prefix = torch.ones(N, prefix_len, dtype=torch.bool, device=device)
     return torch.cat([prefix, torch.tensor(rows, dtype=torch.bool, device=device)], dim=1)
+    # END SOLUTION ex6
 
 
 def tree_positions(parents, prefix_len, device="cpu"):
     """(N,) position ids: prefix_len + depth."""
+    # BEGIN SOLUTION ex6
     return torch.tensor(depths(parents), dtype=torch.long, device=device) + prefix_len
+    # END SOLUTION ex6
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -69,6 +73,7 @@ def tree_from_paths(paths):
     by rank, so every parent comes before its children. Every prefix of a path must be a path too.
     Example: [(1,), (0, 0), (0,)] -> nodes [(), (0,), (1,), (0, 0)], parents [-1, 0, 0, 1].
     """
+    # BEGIN SOLUTION ex7
     nodes = [()] + sorted({tuple(int(r) for r in p) for p in paths}, key=lambda p: (len(p), p))
     index = {node: i for i, node in enumerate(nodes)}
     parents = [-1]
@@ -79,6 +84,7 @@ def tree_from_paths(paths):
             raise ValueError(f"tree path {node} needs its parent path {node[:-1]} in the tree too")
         parents.append(index[node[:-1]])
     return parents, nodes
+    # END SOLUTION ex7
 
 
 def medusa_tree(root, candidates, paths):
@@ -88,10 +94,12 @@ def medusa_tree(root, candidates, paths):
              -> tokens [7, 5, 3, 9], parents [-1, 0, 0, 1]      7 -> 5 -> 9
                                                                   \\-> 3
     """
+    # BEGIN SOLUTION ex7
     parents, nodes = tree_from_paths(paths)
     cand = candidates.tolist() if torch.is_tensor(candidates) else candidates
     tokens = [int(root)] + [cand[len(node) - 1][node[-1]] for node in nodes[1:]]
     return tokens, parents
+    # END SOLUTION ex7
 
 
 def leaf_paths(parents):

@@ -81,10 +81,12 @@ def accept_prob(p, q, x):
     A token the draft could not have produced (q(x) = 0) counts as accepted if p(x) > 0: it never happens
     when x really was drawn from q, and the convention keeps the rule free of 0/0.
     """
+    # BEGIN SOLUTION ex3
     p_x = p.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # (...)
     q_x = q.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # (...)
     ratio = p_x / torch.where(q_x > 0, q_x, torch.ones_like(q_x))
     return torch.where(q_x > 0, ratio.clamp(max=1.0), (p_x > 0).to(p.dtype))
+    # END SOLUTION ex3
 
 
 def residual(p, q):
@@ -95,10 +97,12 @@ def residual(p, q):
     rejection cannot happen, since every accept_prob is 1; we return p rather than divide by zero.
     A point-mass draft q = one_hot(x) gives p with x zeroed and renormalised; q = 0 gives p itself.
     """
+    # BEGIN SOLUTION ex3
     excess = (p - q).clamp(min=0)  # (..., V)
     mass = excess.sum(-1, keepdim=True)  # (..., 1)
     safe_mass = torch.where(mass > 0, mass, torch.ones_like(mass))
     return torch.where(mass > 0, excess / safe_mass, p)
+    # END SOLUTION ex3
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -112,6 +116,7 @@ def verify_chain_batched(p_target, q_draft, draft_tokens, generator=None):
     q_draft (B, k, V): the draft probs each token was sampled from. draft_tokens (B, k) LongTensor.
     Returns n_accepted (B,) and next_token (B,), both LongTensor.
     """
+    # BEGIN SOLUTION ex4
     B, k = draft_tokens.shape
     # one uniform per position, compared with that position's acceptance probability
     u = torch.rand(B, k, generator=generator, dtype=p_target.dtype, device=p_target.device)  # (B, k)
@@ -123,6 +128,7 @@ def verify_chain_batched(p_target, q_draft, draft_tokens, generator=None):
     rows = torch.arange(B, device=p_target.device)
     dist = residual(p_target[rows, n_accepted], q_padded[rows, n_accepted])  # (B, V)
     return n_accepted, sample(dist, generator)
+    # END SOLUTION ex4
 
 
 def verify_chain(p_target, q_draft, draft_tokens, generator=None):
@@ -171,11 +177,13 @@ def verify_chain_greedy(logits, draft_tokens):
     CPU where a tiny model's forward takes a millisecond.
     draft [5, 9, 2], argmax [5, 9, 7, 3] -> (2, 7).
     """
+    # BEGIN SOLUTION ex2
     best = logits.argmax(-1).tolist()  # same tie-break as warp(logits, 0): the first maximum
     n = 0
     while n < len(draft_tokens) and int(draft_tokens[n]) == best[n]:
         n += 1
     return n, best[n]
+    # END SOLUTION ex2
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -297,6 +305,7 @@ def verify_tree_greedy(logits, tokens, parents):
 def _descend(tokens, parents, pick):
     """The walk both rules above share: at node u take y = pick(u); step into the first child of u holding y
     and repeat, or stop. Returns (path: entered nodes, root excluded; y at the last node)."""
+    # BEGIN SOLUTION ex8
     child = {}  # (parent, token) -> the first child holding it
     for c in range(len(parents) - 1, 0, -1):
         child[(parents[c], int(tokens[c]))] = c
@@ -307,6 +316,7 @@ def _descend(tokens, parents, pick):
             return path, y
         node = child[(node, y)]
         path.append(node)
+    # END SOLUTION ex8
 
 
 def verify_tree_sampled_batched(p_target, q_draft, tokens, parents, generator=None):

@@ -1,5 +1,23 @@
 """Shared test settings. Tiny models gain nothing from several threads, and on a shared 2-core machine extra
-threads only fight each other: one thread per test process."""
+threads only fight each other: one thread per test process.
+
+The course's graded tests carry one marker per exercise (`ex1` .. `ex12`), registered here from the one
+registry, nanospec/course/registry.py; pytest runs with --strict-markers, so a misspelt marker is an error.
+Each graded test also records its exercise in the JUnit XML that the autograder reads."""
 import torch
 
+from nanospec.course.registry import EXERCISES
+
 torch.set_num_threads(1)
+
+
+def pytest_configure(config):
+    for ex in EXERCISES:
+        config.addinivalue_line("markers", f"{ex.marker}: graded test of exercise {ex.id}, {ex.title}")
+
+
+def pytest_collection_modifyitems(items):
+    exercise_of = {ex.marker: ex.id for ex in EXERCISES}
+    for item in items:
+        ids = {exercise_of[m.name] for m in item.iter_markers() if m.name in exercise_of}
+        item.user_properties += [("exercise", i) for i in sorted(ids)]

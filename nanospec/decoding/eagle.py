@@ -57,6 +57,7 @@ def refresh(eagle, target, dcache, tokens, features):
 def grow_tree(eagle, target, dcache, root, draft, depth, width, total_tokens):
     """EAGLE-2's tree from the head's Output `draft` at the root's slot (hidden, logits (1, T, C / V), the last
     position counts). Returns (tokens, parents) with the root at node 0; the head's cache is left as it was."""
+    # BEGIN SOLUTION ex9
     if depth < 1 or total_tokens < 2:
         return [root], [-1]
     L, device = dcache.length, dcache.k.device  # the head's slots end at the root, which sits at position L
@@ -95,6 +96,7 @@ def grow_tree(eagle, target, dcache, root, draft, depth, width, total_tokens):
     keep = sorted(sorted(range(len(cand_tok)), key=lambda c: (-cand_score[c], c))[:total_tokens - 1])
     node = {c: i + 1 for i, c in enumerate(keep)}
     return [root] + [cand_tok[c] for c in keep], [-1] + [node.get(cand_parent[c], 0) for c in keep]
+    # END SOLUTION ex9
 
 
 @torch.inference_mode()

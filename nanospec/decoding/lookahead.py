@@ -65,18 +65,22 @@ OPTIONS = {
 
 def remember(pool, key, gram, guesses):
     """Add an n-gram (a tuple of N-1 tokens) under its key token, newest last, at most `guesses` per key."""
+    # BEGIN SOLUTION ex10
     grams = pool.setdefault(key, [])
     if gram in grams:
         grams.remove(gram)
     grams.append(gram)
     del grams[:len(grams) - guesses]
+    # END SOLUTION ex10
 
 
 def learn(pool, seq, new, N, guesses):
     """Remember every n-gram of `seq` that ends in its last `new` tokens, under its first token.
     [4, 7, 4, 8], new 1, N 3 -> (7, 4, 8): pool[7] gets (4, 8)."""
+    # BEGIN SOLUTION ex10
     for j in range(max(0, len(seq) - new - N + 1), len(seq) - N + 1):
         remember(pool, seq[j], tuple(seq[j + 1:j + N]), guesses)
+    # END SOLUTION ex10
 
 
 def build_tree(root, grams, levels):
@@ -89,6 +93,7 @@ def build_tree(root, grams, levels):
     Example: root 7, grams [(5, 9), (5, 3)], levels [[4], [6, 8]] -> tokens [7, 5, 9, 3, 4, 6, 8],
     parents [-1, 0, 1, 1, 0, 0, 4] (trie 7 -> 5 -> {9, 3}; chain 7 -> 4; level 1: 6 under 7, 8 under 4).
     """
+    # BEGIN SOLUTION ex10
     tokens, parents, trie = [root], [-1], {}
 
     def add(tok, parent):
@@ -110,6 +115,7 @@ def build_tree(root, grams, levels):
         below = [add(tok, below[i]) for i, tok in enumerate(level)]
         where.append(below)
     return tokens, parents, where, chain
+    # END SOLUTION ex10
 
 
 @torch.inference_mode()

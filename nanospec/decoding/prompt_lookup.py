@@ -42,6 +42,7 @@ def lookup(seq, max_ngram, draft_len):
 
     [7, 1, 2, 3, 9, 4, 1, 2, 3], 3, 4 -> [9, 4, 1, 2];  [5, 6, 5, 6], 2, 4 -> [5, 6, 5, 6];  no match -> [].
     """
+    # BEGIN SOLUTION ex1
     if draft_len < 1:
         return []
     for n in range(min(max_ngram, len(seq) - 1), 0, -1):
@@ -53,6 +54,7 @@ def lookup(seq, max_ngram, draft_len):
                     copy.append(copy[j])
                 return copy[len(seq):]
     return []
+    # END SOLUTION ex1
 
 
 @torch.inference_mode()

@@ -66,6 +66,7 @@ def group_layout(n_cached, n_real, anchors, k, device="cpu"):
     Returns mask (n_real + G*k, n_cached + n_real + G*k) bool, True = may attend, and pos (n_real + G*k,).
     Example (no cache, 4 real tokens, anchors [1, 3], k 2): pos = [0, 1, 2, 3, 2, 3, 4, 5]; see the module doc.
     """
+    # BEGIN SOLUTION ex11
     anchors = torch.as_tensor(anchors, dtype=torch.long, device=device)  # (G,)
     G, n_seen = len(anchors), n_cached + n_real
     real_pos = torch.arange(n_cached, n_seen, device=device)  # (n_real,)
@@ -80,6 +81,7 @@ def group_layout(n_cached, n_real, anchors, k, device="cpu"):
     sees_mask = (row_group[:, None] == group[None, :]) & (slot[None, :] <= row_slot[:, None])  # (R, G*k)
     pos = torch.cat([real_pos, anchors[group] + 1 + slot])  # masks continue the anchor's positions
     return torch.cat([sees_real, sees_mask], dim=1), pos
+    # END SOLUTION ex11
 
 
 class ParallelSpec(nn.Module):

@@ -1,0 +1,254 @@
+"""
+The autograder: runs the chosen exercises' graded tests, prints a table and writes Gradescope's results.json.
+
+    python -m nanospec.course.grade                       # this handout's exercises (handout.json), else all
+    python -m nanospec.course.grade --ex 3,4              # (or: make grade EX=3,4)
+    python -m nanospec.course.grade --submission /autograder/submission --json /autograder/results/results.json
+
+One pytest run, in a subprocess, over the exercises' test files, selected by their markers (`-m "ex3 or ex4"`),
+writes JUnit XML, where every test case names its exercise (tests/conftest.py). An exercise scores its points
+times the share of its tests that passed. Before scoring, every exercise must have run exactly the number of
+tests the registry gives it: a misspelt marker, a lost test or an empty selection is an error (exit status 2),
+never full marks. A test file that cannot even be imported (say, a syntax error in the student's code) scores
+0 with the error shown. If the run outlives --timeout (an endless loop), each exercise is run alone, so one
+hang costs only its own points. Nothing is timed: a score never depends on the machine.
+
+--submission grades another folder (a student's repository) with THIS project's tests: its tests/ folder is
+replaced by ours first, and conftest.py files above tests/ are not loaded, so editing the tests changes nothing.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+
+from nanospec.course.handout import STAMP
+from nanospec.course.registry import BY_ID, EXERCISES, VERSION, parse_selection
+
+PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this project's root
+
+
+@dataclass
+class Case:
+    file: str  # tests/test_ex03_accept_residual.py
+    name: str  # test_docstring_example, or the module for a collection error
+    exercise: int  # from the test's marker; None for a collection error
+    outcome: str  # passed, failed, error, skipped
+    message: str = ""  # first line of the failure: "NotImplementedError: exercise 3: implement ..."
+    detail: str = ""  # the report's full text (for a collection error: the traceback)
+
+
+@dataclass
+class Result:
+    exercise: object  # the registry entry
+    passed: int = 0
+    ran: int = 0
+    score: float = 0.0
+    status: str = "ok"  # ok, not collected, timed out, registry mismatch, by hand
+    notes: list = field(default_factory=list)  # what the student should read: failures, errors
+
+
+def read_junit(path):
+    """JUnit XML -> [Case]. pytest writes one testcase per test, with a <failure>, <error> or <skipped> child
+    when it did not pass, and a collection error as a testcase named after the module."""
+    cases = []
+    for tc in ET.parse(path).iter("testcase"):
+        classname, name = tc.get("classname", ""), tc.get("name", "")
+        props = {p.get("name"): p.get("value") for p in tc.iter("property")}
+        module = classname if classname else name  # "tests.test_ex03_accept_residual"
+        outcome, message, detail = "passed", "", ""
+        for tag, label in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
+            el = tc.find(tag)
+            if el is not None:
+                outcome, detail = label, (el.text or "").strip()
+                message = ((el.get("message") or detail).strip().splitlines() or [label])[0]
+                break
+        cases.append(Case(module.replace(".", "/") + ".py", name if classname else module,
+                          int(props["exercise"]) if "exercise" in props else None, outcome, message, detail))
+    return cases
+
+
+def run_tests(root, exercises, junit, timeout):
+    """One pytest subprocess over the exercises' tests. Returns [Case], or None if it timed out."""
+    files = sorted({ex.test_file for ex in exercises})
+    cmd = [sys.executable, "-m", "pytest", *files, "-m", " or ".join(ex.marker for ex in exercises),
+           f"--junitxml={junit}", "-o", "addopts=", "-q", "--strict-markers", "-p", "no:cacheprovider",
+           f"--confcutdir={os.path.join(root, 'tests')}"]
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    try:
+        subprocess.run(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    if not os.path.exists(junit):
+        raise RuntimeError(f"pytest wrote no report in {root}: run `{' '.join(cmd[1:4])} ...` there to see why")
+    return read_junit(junit)
+
+
+def why(case, root):
+    """The end of a collection error's traceback, e.g. 'nanospec/verify.py, line 76: SyntaxError: expected ':''."""
+    lines = [line[1:].strip() if line.startswith("E") else line.strip() for line in case.detail.splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        return case.message
+    where = [m for m in (re.match(r'File "(.+)", line (\d+)', line) for line in lines) if m]
+    place = f"{os.path.relpath(where[-1].group(1), root)}, line {where[-1].group(2)}: " if where else ""
+    return place + lines[-1]
+
+
+def score(exercises, cases, timed_out=(), root="."):
+    """[Result] per exercise from the test cases (see the module docstring for the rules)."""
+    results = []
+    for ex in exercises:
+        r = Result(ex)
+        results.append(r)
+        if ex.manual:
+            r.status = "by hand"
+            continue
+        if ex.id in timed_out:
+            r.status = "timed out"
+            r.notes.append("the tests did not finish in time: an endless loop?")
+            continue
+        broken = [c for c in cases if c.exercise is None and c.file == ex.test_file]
+        if broken:
+            r.status = "not collected"
+            for c in broken:
+                r.notes.append(f"{ex.test_file} could not be imported: {why(c, root)}")
+            continue
+        mine = [c for c in cases if c.exercise == ex.id]
+        r.ran, r.passed = len(mine), sum(c.outcome == "passed" for c in mine)
+        if r.ran != ex.tests:
+            r.status = "registry mismatch"
+            r.notes.append(f"{r.ran} tests ran with marker {ex.marker} in {ex.test_file} but the registry "
+                           f"expects {ex.tests}: fix the marker or nanospec/course/registry.py")
+            r.passed = 0
+            continue
+        r.score = round(ex.points * r.passed / ex.tests, 2)
+        by_message = {}  # one line per distinct failure, with the tests that hit it
+        for c in mine:
+            if c.outcome != "passed":
+                by_message.setdefault(f"{c.outcome}: {c.message}", []).append(c.name)
+        for message, names in by_message.items():
+            more = f", and {len(names) - 3} more" if len(names) > 3 else ""
+            r.notes.append(f"{message}\n    in {', '.join(names[:3])}{more}")
+    return results
+
+
+def grade(root, exercises, junit=None, timeout=600):
+    """Run and score. Returns [Result]."""
+    graded = [ex for ex in exercises if not ex.manual]
+    cases, timed_out = [], set()
+    with tempfile.TemporaryDirectory() as tmp:
+        if graded:
+            found = run_tests(root, graded, junit or os.path.join(tmp, "all.xml"), timeout)
+            if found is not None:
+                cases = found
+            else:  # one exercise hangs: find it by running each alone
+                for ex in graded:
+                    alone = run_tests(root, [ex], os.path.join(tmp, f"ex{ex.id}.xml"), timeout)
+                    if alone is None:
+                        timed_out.add(ex.id)
+                    else:
+                        cases += alone
+    return score(exercises, cases, timed_out, root)
+
+
+def table(results, root):
+    w = max(len(r.exercise.title) for r in results) + 2
+    lines = [f"nanospec course v{VERSION}: {root}", f"{'ex':>3}  {'exercise':<{w}}{'tests':>8}{'points':>12}"]
+    auto = [r for r in results if not r.exercise.manual]
+    for r in results:
+        ex = r.exercise
+        tests = "by hand" if ex.manual else f"{r.passed}/{ex.tests}"
+        points = f"-/{ex.points}" if ex.manual else f"{r.score:g}/{ex.points}"
+        flag = "" if r.status in ("ok", "by hand") else f"  ({r.status})"
+        lines.append(f"{ex.id:>3}  {ex.title:<{w}}{tests:>8}{points:>12}{flag}")
+    tests = f"{sum(r.passed for r in auto)}/{sum(r.exercise.tests for r in auto)}"
+    points = f"{sum(r.score for r in auto):g}/{sum(r.exercise.points for r in auto)}"
+    by_hand = sum(r.exercise.points for r in results if r.exercise.manual)
+    lines.append(f"{'':>3}  {'total' + (f' (and {by_hand} points graded by hand)' if by_hand else ''):<{w}}"
+                 f"{tests:>8}{points:>12}")
+    for r in results:
+        if r.notes:
+            lines.append(f"\nexercise {r.exercise.id}:")
+            lines += [f"  {note}" for note in r.notes[:8]]
+            if len(r.notes) > 8:
+                lines.append(f"  ... and {len(r.notes) - 8} more")
+    return "\n".join(lines)
+
+
+def gradescope(results, text, seconds):
+    """Gradescope's results.json: one test entry per auto-graded exercise, with its score and what failed."""
+    tests = []
+    for r in results:
+        ex = r.exercise
+        if ex.manual:
+            continue
+        summary = f"{r.passed} of {ex.tests} tests passed" + ("" if r.status == "ok" else f" ({r.status})")
+        tests.append({"name": f"Exercise {ex.id}: {ex.title}", "number": str(ex.id), "score": r.score,
+                      "max_score": ex.points, "output": "\n".join([summary] + r.notes), "visibility": "visible"})
+    return {"score": round(sum(t["score"] for t in tests), 2), "execution_time": round(seconds, 1),
+            "output": text, "tests": tests}
+
+
+def default_selection(root):
+    """The exercises of the handout in hand (handout.json beside this project, else in root), else all."""
+    for folder in (PROJECT, root):
+        stamp = os.path.join(folder, STAMP)
+        if os.path.exists(stamp):
+            with open(stamp) as f:
+                ids = json.load(f)["exercises"]
+            return [BY_ID[i] for i in ids] + [ex for ex in EXERCISES if ex.manual]
+    return list(EXERCISES)
+
+
+def install_tests(root):
+    """Replace the submission's tests/ by this project's (the graded files, their helpers, conftest.py)."""
+    ours, theirs = os.path.join(PROJECT, "tests"), os.path.join(root, "tests")
+    if os.path.realpath(ours) == os.path.realpath(theirs):
+        return
+    shutil.rmtree(theirs, ignore_errors=True)
+    shutil.copytree(ours, theirs, ignore=shutil.ignore_patterns("__pycache__", "test_course.py"))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Grade nanospec's exercises: run their tests, print a table, write "
+                                            "Gradescope's results.json.")
+    p.add_argument("--ex", default=None, help="exercises to grade: 3,4 or 1-4 or all (default: the handout's "
+                                              "exercises from handout.json, else all)")
+    p.add_argument("--submission", default=None, help="grade this folder (a student's copy) with this project's "
+                                                      "tests, which replace its tests/ (default: this project)")
+    p.add_argument("--json", default="results.json", help="where to write Gradescope's results (default "
+                                                          "results.json; '' = do not write)")
+    p.add_argument("--junit", default=None, help="also keep pytest's JUnit XML here")
+    p.add_argument("--timeout", type=float, default=600, help="seconds one pytest run may take (default 600)")
+    args = p.parse_args(argv)
+    root = os.path.abspath(args.submission or PROJECT)
+    try:
+        if not os.path.isdir(os.path.join(root, "nanospec")):
+            raise ValueError(f"{root} holds no nanospec/ folder: is it a copy of the project?")
+        exercises = default_selection(root) if args.ex is None else parse_selection(args.ex)
+        if args.submission:
+            install_tests(root)
+        t0 = time.time()
+        results = grade(root, exercises, args.junit, args.timeout)
+    except (ValueError, RuntimeError) as e:
+        sys.exit(f"error: {e}")
+    text = table(results, root)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(gradescope(results, text, time.time() - t0), f, indent=1)
+            f.write("\n")
+        print(f"\nwrote {args.json}")
+    if any(r.status == "registry mismatch" for r in results):
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

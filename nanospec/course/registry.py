@@ -1,0 +1,98 @@
+"""
+Every exercise of the course, once. Three things read this list and nothing else:
+
+  - the graded tests: exercise N's tests carry the pytest marker `exN` (tests/conftest.py registers one
+    marker per exercise, and pytest runs with --strict-markers, so a misspelt marker is an error);
+  - the handout generator (handout.py): `regions` are the functions whose bodies it blanks; each is marked
+    once in the source by a comment pair inside the body, `# BEGIN SOLUTION exN` ... `# END SOLUTION exN`;
+  - the autograder (grade.py): it runs the tests of `test_file` selected by the marker, checks that exactly
+    `tests` of them ran (a typo or an empty selection must not pass), and scales the passed share to `points`.
+
+An exercise without regions is an open one, graded by hand (the autograder lists it and gives no points).
+The tests of an exercise never need another exercise's blanked code (tests/test_course.py proves it on a
+handout with every exercise blanked), so `prerequisites` is reading order, not a grading dependency.
+
+Bump VERSION and add a line to EXERCISES.md's changelog whenever an exercise, its tests or its points change.
+"""
+from dataclasses import dataclass
+
+VERSION = "1.0"
+
+
+@dataclass(frozen=True)
+class Exercise:
+    id: int
+    title: str
+    regions: tuple  # ((file, function or Class.method), ...): the bodies the handout replaces
+    test_file: str  # the graded tests, all marked exN
+    tests: int  # how many tests the marker must select in test_file
+    points: int
+    prerequisites: tuple = ()  # exercises to read and do first
+
+    @property
+    def marker(self):
+        return f"ex{self.id}"
+
+    @property
+    def manual(self):
+        return not self.regions
+
+
+EXERCISES = (
+    Exercise(1, "Prompt lookup: find the draft in the context",
+             (("nanospec/decoding/prompt_lookup.py", "lookup"),),
+             "tests/test_ex01_prompt_lookup.py", 10, 5),
+    Exercise(2, "Greedy verification of a chain of guesses",
+             (("nanospec/verify.py", "verify_chain_greedy"),),
+             "tests/test_ex02_greedy_chain.py", 9, 5, (1,)),
+    Exercise(3, "accept_prob and residual: one step that keeps the target's law",
+             (("nanospec/verify.py", "accept_prob"), ("nanospec/verify.py", "residual")),
+             "tests/test_ex03_accept_residual.py", 8, 8, (2,)),
+    Exercise(4, "The chain rule and its bonus token",
+             (("nanospec/verify.py", "verify_chain_batched"),),
+             "tests/test_ex04_chain_rule.py", 10, 10, (2, 3)),
+    Exercise(5, "The KV cache: rollback and compaction",
+             (("nanospec/model.py", "KVCache.rollback"), ("nanospec/model.py", "KVCache.compact")),
+             "tests/test_ex05_kv_cache.py", 8, 8, (4,)),
+    Exercise(6, "Tree attention: the mask and the position ids",
+             (("nanospec/tree.py", "tree_mask"), ("nanospec/tree.py", "tree_positions")),
+             "tests/test_ex06_tree_mask.py", 8, 8, (5,)),
+    Exercise(7, "Medusa's tree from the heads' top-k",
+             (("nanospec/tree.py", "tree_from_paths"), ("nanospec/tree.py", "medusa_tree")),
+             "tests/test_ex07_medusa_tree.py", 9, 8, (6,)),
+    Exercise(8, "The tree rule: sample and descend",
+             (("nanospec/verify.py", "_descend"),),
+             "tests/test_ex08_tree_rule.py", 8, 10, (4, 7)),
+    Exercise(9, "EAGLE's dynamic tree, grown by confidence",
+             (("nanospec/decoding/eagle.py", "grow_tree"),),
+             "tests/test_ex09_eagle_tree.py", 7, 12, (6, 8)),
+    Exercise(10, "Lookahead: the Jacobi window and the n-gram pool in one tree",
+             (("nanospec/decoding/lookahead.py", "remember"), ("nanospec/decoding/lookahead.py", "learn"),
+              ("nanospec/decoding/lookahead.py", "build_tree")),
+             "tests/test_ex10_lookahead.py", 8, 10, (6, 8)),
+    Exercise(11, "ParallelSpec: the group-wise training mask",
+             (("nanospec/drafters/parallelspec.py", "group_layout"),),
+             "tests/test_ex11_parallelspec_mask.py", 7, 8, (6,)),
+    Exercise(12, "Open design: a drafter of your own, judged with make bench",
+             (), None, 0, 8, (4, 8)),
+)
+
+BY_ID = {ex.id: ex for ex in EXERCISES}
+
+
+def parse_selection(text):
+    """"3,4" or "1-4,7" or "all" -> the exercises, in id order. Unknown ids are a one-line ValueError."""
+    if text is None or text.strip() in ("", "all"):
+        return list(EXERCISES)
+    ids = set()
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            lo, _, hi = part.partition("-")
+            ids.update(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            raise ValueError(f"bad exercise list {text!r}: use ids like 3,4 or 1-4 or all") from None
+    unknown = sorted(ids - set(BY_ID))
+    if unknown:
+        raise ValueError(f"no exercise {', '.join(map(str, unknown))}: the exercises are 1..{len(EXERCISES)}")
+    return [BY_ID[i] for i in sorted(ids)]
