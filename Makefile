@@ -1,6 +1,7 @@
 # Thin targets: each runs one visible command.
 PYTHON ?= python
 OUT ?= ../nanospec-handout
+PRECISION ?= auto  # `make train PRECISION=fp32`: the reference every README figure names
 
 .PHONY: install deps train test bench bench-quick handout grade
 
@@ -14,7 +15,7 @@ deps:
 	('torch', 'numpy', 'tiktoken', 'pytest', 'hypothesis')))" || $(PYTHON) -m pip install -r requirements.txt
 
 train: deps
-	$(PYTHON) train_tiny.py
+	$(PYTHON) train_tiny.py --precision $(strip $(PRECISION))
 
 test: deps
 	$(PYTHON) -m pytest
