@@ -41,7 +41,7 @@ import torch
 from nanospec.checkpoint import CheckpointError
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.models import load_models
-from nanospec.decoding.common import tensor
+from nanospec.decoding.common import DRAFT_SAMPLING, tensor
 from nanospec.trainer import pick_device
 from nanospec.verify import sample, warp
 
@@ -149,11 +149,26 @@ def timed(fn, *args, **kwargs):
     return result, time.perf_counter() - t
 
 
-def run_all(models, names, prompts, temperature, max_new_tokens, repeats, seed, failed):
-    """results[method][prompt id] = dict(ids, stats, seconds (median over repeats)). For each prompt and
-    repetition `ar` and every method run back to back, so that a slow minute of the shared machine hits all
-    of them alike; the order rotates so that no method always runs first. A method that raises is reported
-    in `failed` and left out from then on."""
+def table_rows(names, temperature):
+    """The rows of one temperature's table, row label -> (method, options): every method with its defaults; when
+    sampling, also each method that has a --draft-sampling switch in its other mode, labelled like "eagle (topk)",
+    so that the two ways of drafting show side by side (at temperature 0 they are the same thing)."""
+    rows = {}
+    for name in names:
+        rows[name] = (name, {})
+        default = MODULES[name].OPTIONS.get("draft_sampling", (None, None))[1]
+        for mode in DRAFT_SAMPLING if default is not None and temperature > 0 else ():
+            if mode != default:
+                rows[f"{name} ({mode})"] = (name, {"draft_sampling": mode})
+    return rows
+
+
+def run_all(models, rows, prompts, temperature, max_new_tokens, repeats, seed, failed):
+    """results[row][prompt id] = dict(ids, stats, seconds (median over repeats)), rows as table_rows gives them.
+    For each prompt and repetition `ar` and every row run back to back, so that a slow minute of the shared
+    machine hits all of them alike; the order rotates so that no row always runs first. A row that raises is
+    reported in `failed` and left out from then on."""
+    names = list(rows)
     results = {name: {} for name in names}
     for i, p in enumerate(prompts):
         times = {name: [] for name in names}
@@ -162,9 +177,10 @@ def run_all(models, names, prompts, temperature, max_new_tokens, repeats, seed, 
             for name in names[shift:] + names[:shift]:
                 if name in failed:
                     continue
+                method, options = rows[name]
                 try:
-                    (ids, stats), seconds = timed(METHODS[name], models, p["ids"], max_new_tokens,
-                                                  temperature=temperature, seed=seed + i)
+                    (ids, stats), seconds = timed(METHODS[method], models, p["ids"], max_new_tokens,
+                                                  temperature=temperature, seed=seed + i, **options)
                 except Exception as e:  # one broken method must not sink the whole table
                     failed[name] = f"{type(e).__name__}: {e} (prompt {p['id']}, temperature {temperature:g})"
                     log(f"FAILED {name}: {failed[name]}")
@@ -404,14 +420,14 @@ def bar_chart(summary, names, width=40):
     top = max(max(s["all"]["speedup"] for s in summary.values()), 1.0)
     scale = width / top
     one = round(scale)
-    lines = []
+    lines, pad = [], max(map(len, names))
     for name in names:
         if name not in summary:
             continue
         s = summary[name]["all"]["speedup"]
         bar = list("#" * round(s * scale) + " " * max(0, width - round(s * scale)))
         bar[one - 1] = "|"
-        lines.append(f"  {name:14s} {''.join(bar)} {s:.2f}x")
+        lines.append(f"  {name:{pad}s} {''.join(bar)} {s:.2f}x")
     return lines
 
 
@@ -559,13 +575,14 @@ def main(argv=None):
         log(line[2:])
 
     # Warm-up: the first calls pay for allocations and kernel choices; keep them out of the timings.
+    rows = {t: table_rows(names, t) for t in temperatures}
     for t in temperatures:
-        for name in names:
-            METHODS[name](models, prompts[0]["ids"], min(8, args.max_new_tokens), temperature=t, seed=0)
+        for method, options in rows[t].values():
+            METHODS[method](models, prompts[0]["ids"], min(8, args.max_new_tokens), temperature=t, seed=0, **options)
     failed, results = {}, {}
     t_start, load_before = time.perf_counter(), load_average()
     for t in temperatures:
-        results[t] = run_all(models, names, prompts, t, args.max_new_tokens, args.repeats, args.seed, failed)
+        results[t] = run_all(models, rows[t], prompts, t, args.max_new_tokens, args.repeats, args.seed, failed)
 
     # Forward cost against n, on top of a ~100-token cached prefix (as after a prompt); and, for Leviathan's c,
     # the draft's forward and decoding step (forward + warp + sample) against the target's, timed in turns.
@@ -590,10 +607,13 @@ def main(argv=None):
     summaries = {}
     for t in temperatures:
         greedy = t == 0
-        rows, summaries[t] = method_rows(results[t], names, prompts, categories, greedy, failed)
+        cells, summaries[t] = method_rows(results[t], list(rows[t]), prompts, categories, greedy, failed)
         header = (["method", *[f"{c}: speedup (tok/fwd)" for c in categories], "tokens/forward", "accepted/step",
                    "tokens/s", "speedup"] + (["output = ar"] if greedy else []))
-        out += [f"## {'greedy (temperature 0)' if greedy else f'temperature {t:g}'}", "", table(header, rows), ""]
+        out += [f"## {'greedy (temperature 0)' if greedy else f'temperature {t:g}'}", "", table(header, cells), ""]
+        if len(rows[t]) > len(names):
+            out += ["A row \"method (topk)\" or \"method (sample)\" is that method with --draft-sampling set the other "
+                    "way: its guesses are the drafter's top-k (verified as point masses) or draws from its q.", ""]
         if greedy:
             bad = mismatches(results[t], [n for n in names if n not in failed], prompts, models, models.tokenizer)
             out += (bad or ["Every greedy output equals ar's token for token."]) + [""]
@@ -608,7 +628,7 @@ def main(argv=None):
     chart = []
     for t in temperatures:
         chart += [f"speedup over ar, all categories, {'greedy' if t == 0 else f'temperature {t:g}'} ('|' = 1.0x)"]
-        chart += bar_chart(summaries[t], names) + [""]
+        chart += bar_chart(summaries[t], list(rows[t])) + [""]
     out += ["## Speedups", "", "```", *chart, "```", ""]
 
     report = "\n".join(out)

@@ -18,6 +18,8 @@ the target already chose; every other node's parent comes before it). Example, 4
 
 Each node then gets exactly the logits a plain forward along its own root-to-node path would give.
 """
+import heapq
+
 import torch
 
 
@@ -52,6 +54,27 @@ def tree_mask(parents, prefix_len, device="cpu"):
     # END SOLUTION ex6
 
 
+def frontier_mask(prefix_len, fed, frontier, parent, device="cpu"):
+    """The mask of one drafter pass over `frontier`, the newest nodes of a tree the drafter grows pass by pass in
+    its own cache (EAGLE's head): the cache holds prefix_len slots, then the nodes fed at earlier passes, node c
+    at slot prefix_len + fed[c]. Each frontier node sees the prefix, its fed ancestors and itself; parent[c] < 0
+    ends the walk up. The frontier's slots are added to `fed`. Returns (K, prefix_len + F + K) bool (F fed before).
+    Example: prefix 2, fed {}, frontier [0, 1] -> [[1, 1, 1, 0], [1, 1, 0, 1]]; then fed {0: 0, 1: 1},
+    frontier [2] with parent[2] = 0 -> [[1, 1, 1, 0, 1]]."""
+    F, K = len(fed), len(frontier)
+    rows, cols = [], []
+    for i, c in enumerate(frontier):
+        fed[c] = F + i
+        while c >= 0:  # c, then its ancestors, all fed by now
+            rows.append(i)
+            cols.append(prefix_len + fed[c])
+            c = parent[c]
+    mask = torch.zeros(K, prefix_len + F + K, dtype=torch.bool, device=device)
+    mask[:, :prefix_len] = True
+    mask[rows, cols] = True
+    return mask
+
+
 def tree_positions(parents, prefix_len, device="cpu"):
     """(N,) position ids: prefix_len + depth."""
     # BEGIN SOLUTION ex6
@@ -60,9 +83,9 @@ def tree_positions(parents, prefix_len, device="cpu"):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Building trees. Medusa-style trees come from a fixed list of paths filled with each head's top-k guesses;
-# other drafters (EAGLE, lookahead) build tokens + parents their own way. `leaf_paths` and `format_tree` work
-# on any tree.
+# Building trees. Medusa-style trees come from a fixed list of paths filled with each head's top-k guesses (or
+# draws); other drafters (EAGLE, lookahead) build tokens + parents their own way. `leaf_paths` and `format_tree`
+# work on any tree.
 
 
 def tree_from_paths(paths):
@@ -100,6 +123,29 @@ def medusa_tree(root, candidates, paths):
     tokens = [int(root)] + [cand[len(node) - 1][node[-1]] for node in nodes[1:]]
     return tokens, parents
     # END SOLUTION ex7
+
+
+def draw_rank_paths(n, depth, width, accept=0.75):
+    """The n nodes of a tree of DRAWN guesses most likely to be reached, as paths of draw ranks for
+    tree_from_paths: (0, 1) = the first draw below the root, then the second draw below that one.
+
+    If each draw is accepted with probability `accept`, draw r (0-based) of a node is the one accepted with
+    probability accept * (1 - accept)^r (the r before it rejected), and a node is reached with the product of
+    these along its path. Best first, at most `width` children per node and `depth` levels. The shape depends
+    on ranks only, never on the tokens drawn, so it is fixed before drawing, as verifying drawn children
+    needs (verify.verify_tree_without_replacement).
+    Example: n 4, depth 2, width 2, accept 0.75: (0,) 0.75, (0, 0) 0.56, (1,) 0.19, (0, 1) 0.14 (then (1, 0) 0.14)
+             -> [(0,), (0, 0), (1,), (0, 1)]
+    """
+    heap, paths = [(-accept, (0,))], []  # (minus the chance of reaching it, path): heapq pops the smallest
+    while heap and len(paths) < n:
+        minus_reach, path = heapq.heappop(heap)
+        paths.append(path)
+        if path[-1] + 1 < width:  # the next draw beside it: reached when this one is rejected
+            heapq.heappush(heap, (minus_reach * (1 - accept), path[:-1] + (path[-1] + 1,)))
+        if len(path) < depth:  # the first draw below it
+            heapq.heappush(heap, (minus_reach * accept, path + (0,)))
+    return paths
 
 
 def leaf_paths(parents):

@@ -16,6 +16,9 @@ The other rules are the same two functions applied differently:
                              the residual is p with x removed (= "sample y ~ p, keep it while it matches")
   - verify_tree_point_mass   a tree of deterministic drafts (Medusa / EAGLE-2 top-k trees, arXiv 2406.16858)
   - verify_tree_sampled      a tree whose children are i.i.d. samples from q (SpecInfer, arXiv 2305.09781)
+  - verify_tree_without_replacement
+                             a tree whose children at each node are draws from q WITHOUT replacement
+                             (`sample_without_replacement`; Jeon et al. 2024, arXiv 2402.14160)
   - typical_accept           Medusa's typical acceptance (arXiv 2401.10774); LOSSY, kept as an option and
                              as a negative control for the tests.
 
@@ -67,6 +70,26 @@ def sample(probs, generator=None):
     flat = probs.reshape(-1, probs.size(-1))  # (R, V)
     out = torch.multinomial(flat, 1, generator=generator)  # (R, 1)
     return out.reshape(probs.shape[:-1])
+
+
+def sample_without_replacement(probs, k, generator=None):
+    """Draw k distinct tokens per row, one after another: the first from probs, the second from probs with the
+    first removed and renormalised, and so on. probs (..., V) -> LongTensor (..., k), in the order drawn.
+
+    Gumbel-top-k (Kool et al. 2019, arXiv 1903.06059): add independent Gumbel(0, 1) noise to every log-probability
+    and take the k largest. The largest is a sample of probs (the Gumbel-max trick); given it, the rest are the
+    same trick on the remaining tokens, so the k largest, in order, are k sequential draws without replacement.
+    All k cost one noise draw per token instead of k rounds of sampling and renormalising.
+    Example: probs [0.5, 0.3, 0.2], k = 2 -> [0, 1] with probability 0.5 * 0.3/0.5 = 0.3, [1, 0] with 0.3 * 0.5/0.7.
+    Every row needs at least k tokens of nonzero probability (a ValueError otherwise): a token of probability 0
+    is never drawn.
+    """
+    u = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)  # (..., V)
+    gumbel = -torch.log(-torch.log(u.clamp(min=torch.finfo(probs.dtype).tiny)))  # (..., V) Gumbel(0, 1) noise
+    top = (torch.log(probs) + gumbel).topk(k, dim=-1)  # log 0 = -inf: never among the k largest if k fit
+    if not torch.isfinite(top.values).all():
+        raise ValueError(f"cannot draw {k} distinct tokens from a distribution with fewer than {k} possible ones")
+    return top.indices
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -239,6 +262,8 @@ def _walk_tree(p_target, tokens, parents, proposal, generator):
             P = torch.where((trying & ~ok)[:, None], residual(P, q), P)
         alive = chosen >= 0
         path[:, d] = chosen
+        if not alive.any():  # every walk has stopped: P is final (also saves the deeper levels' work)
+            break
         node = torch.where(alive, chosen, node)
         P = torch.where(alive[:, None], p_target[rows, node], P)
     return path, sample(P, generator)
@@ -344,6 +369,71 @@ def verify_tree_sampled(p_target, q_draft, tokens, parents, generator=None):
     Returns (path, next_token) as verify_tree_point_mass.
     """
     path, nxt = verify_tree_sampled_batched(
+        p_target[None], q_draft[None], torch.as_tensor(tokens)[None], parents, generator
+    )
+    return _path_list(path[0]), int(nxt[0])
+
+
+def without_replacement_proposals(q, drawn):
+    """The law each of k draws without replacement came from: q (..., V), drawn (..., k) -> (..., k, V), where row j
+    is q with drawn[..., :j] removed and renormalised. What `verify_tree_without_replacement` checks each child
+    against. Example: q [0.5, 0.3, 0.2], drawn [0, 2] -> [[0.5, 0.3, 0.2], [0, 0.6, 0.4]].
+    A row with nothing left (all of q's tokens already drawn) is all zeros: no real draw comes from it."""
+    hot = torch.nn.functional.one_hot(drawn, q.size(-1)).to(q.dtype)  # (..., k, V)
+    before = hot.cumsum(-2) - hot  # (..., k, V) 1 where a token was drawn before draw j
+    kept = torch.where(before > 0, 0.0, q.unsqueeze(-2))  # (..., k, V)
+    mass = kept.sum(-1, keepdim=True)
+    return kept / torch.where(mass > 0, mass, torch.ones_like(mass))
+
+
+def verify_tree_without_replacement_batched(p_target, q_draft, tokens, parents, generator=None):
+    """`verify_tree_without_replacement` on B trees of one shape: p_target, q_draft (B, N, V), tokens (B, N),
+    parents (N,). Returns path (B, D) padded with -1, next_token (B,)."""
+    _, children, _ = _layout(parents)
+    q_child = torch.zeros_like(q_draft)  # (B, N, V) the law each child was drawn from; row 0 (the root) unused
+    for u, ch in enumerate(children):
+        if ch:  # u's children, in draw order: u's q without the siblings drawn before each
+            q_child[:, ch] = without_replacement_proposals(q_draft[:, u], tokens[:, ch])  # (B, len(ch), V)
+
+    def proposal(rows, node, child):
+        return q_child[rows, child]
+
+    return _walk_tree(p_target, tokens, parents, proposal, generator)
+
+
+def verify_tree_without_replacement(p_target, q_draft, tokens, parents, generator=None):
+    """Lossless verification of a tree whose children at each node were drawn from q WITHOUT replacement:
+    recursive rejection sampling over distinct drafts (Jeon et al. 2024, Recursive Speculative Decoding,
+    arXiv 2402.14160). What the sampling modes of medusa, eagle and parallelspec call.
+
+    p_target, q_draft (N, V): the target's next-token law after each node, and the law q_u node u's children
+    were drawn from (`sample_without_replacement`, children in draw order = index order). tokens, parents (N,)
+    as in verify_tree_point_mass. At node u, from P = p_target[u], for its children x_1, x_2, ... in order:
+      child j was drawn from q_j = q_u without x_1..x_{j-1}, renormalised (`without_replacement_proposals`);
+      accept it with probability min(1, P(x_j) / q_j(x_j)) and descend into it;
+      on rejection P <- norm(max(0, P - q_j)), which zeroes P(x_j) (a rejection needs P(x_j) < q_j(x_j)).
+    If no child is accepted, emit a sample of P.
+    Example: P = [0.6, 0.3, 0.1], q_u = [0.2, 0.2, 0.6], children [2, 0]: x_1 = 2 is accepted with prob
+    0.1/0.6 = 1/6; else P = norm([0.4, 0.1, 0]) = [0.8, 0.2, 0], and x_2 = 0 comes from q_2 = [0.5, 0.5, 0]:
+    accepted with prob min(1, 0.8/0.5) = 1. (Drawn with replacement, the second child could repeat token 2,
+    which P no longer allows: distinct children waste no draft on a rejected token.)
+
+    Why the output follows p_u exactly: by induction over the children, the emitted token's law, given all that
+    happened before child j, is the current P. Child j's step is Leviathan's rule with proposal q_j, which emits
+    min(P, q_j) + (1 - sum min(P, q_j)) * norm(max(0, P - q_j)) = P, PROVIDED the law after a rejection is the
+    residual whatever x_j was. It is: the residual depends on q_j, which was fixed before x_j was drawn, not on
+    x_j itself; the next proposal q_{j+1} may depend on x_j (that is what drawing without replacement does).
+    The same argument holds at every node of the accepted path, which gives the whole tree's law.
+    So the rule is lossless when, at every node, the children are
+      - drawn in the order they are verified, each from exactly the q it is checked against (warped like P);
+      - as many as was fixed before drawing them, or decided by a stopping rule on earlier draws only (any
+        draft-side information is fine: which nodes get children may depend on tokens and scores drawn so far);
+      - never pruned or reordered after drawing because of their own values: keeping the most probable of the
+        drawn children (EAGLE-2's rerank) keeps a set that is no longer a draw from q, and biases the output;
+      - not counted on the draws below the node (which would make reaching a node say something about them).
+    Returns (path, next_token) as verify_tree_point_mass.
+    """
+    path, nxt = verify_tree_without_replacement_batched(
         p_target[None], q_draft[None], torch.as_tensor(tokens)[None], parents, generator
     )
     return _path_list(path[0]), int(nxt[0])

@@ -127,5 +127,9 @@ def test_quick_bench_on_a_toy_model(tmp_path, capsys):
             assert f"| {name} " in report
             assert greedy[name]["equal"] == 6, f"{name}: greedy output differs from ar's"  # 2 prompts x 3 categories
     assert {"ar", "speculative", "prompt-lookup"} <= set(greedy)  # the toy run trains a draft model
+    sampled = got["summaries"][1.0]
+    for name in ("mtp", "medusa"):  # a --draft-sampling method shows both modes side by side when sampling
+        assert name in sampled and f"{name} (topk)" in sampled and f"| {name} (topk) " in report
+    assert not any("(" in name for name in greedy)  # greedy: one row per method, both modes are the same there
     assert "## speculative: predicted against measured" in report
     assert "MISMATCH" not in report

@@ -103,6 +103,8 @@ def test_stdin_prompt(toy):
     (["--max-new-tokens", "0"], "max_new_tokens"),
     (["--prompt", "x " * 200], "context"),
     (["--device", "cuda"] if not torch.cuda.is_available() else ["--device", "tpu"], "device"),
+    (["--method", "medusa", "--tree", "0;1;70"], "at most 256 paths with ranks up to 63"),
+    (["--method", "mtp", "--temperature", "1", "--draft-sampling", "beam"], "draft_sampling must be one of"),
 ])
 def test_bad_input_is_a_one_line_error(toy, extra, message):
     base, _ = toy

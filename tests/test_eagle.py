@@ -18,6 +18,8 @@ from nanospec.decoding import eagle as eagle_method
 from nanospec.decoding.common import tensor
 from nanospec.model import GPTConfig, KVCache, Output
 from nanospec.drafters.eagle import Eagle, eagle_config, eagle_losses, load_eagle
+from nanospec.tree import draw_rank_paths, frontier_mask, tree_from_paths
+from nanospec.verify import warp
 from test_model import TOL, random_ids, tiny_gpt
 from test_mtp_medusa import exact_law, trained_tiny
 from test_verify import empirical_law, tv, tv_bound
@@ -164,6 +166,17 @@ def test_grow_tree_equals_slow_sequential_oracle(seed):
         assert all(p < i for i, p in enumerate(parents))
 
 
+def test_draw_rank_paths_and_frontier_mask_literal():
+    # reach: (0,) 0.75, (0, 0) 0.56, (1,) 0.19, (0, 1) 0.14, (1, 0) 0.14 (a tie: the smaller path first)
+    assert draw_rank_paths(4, depth=2, width=2) == [(0,), (0, 0), (1,), (0, 1)]
+    assert draw_rank_paths(5, depth=1, width=3) == [(0,), (1,), (2,)]  # no deeper than 1, no wider than 3
+    assert draw_rank_paths(3, depth=5, width=1, accept=0.5) == [(0,), (0, 0), (0, 0, 0)]  # a chain
+    fed = {}
+    assert frontier_mask(2, fed, [0, 1], [-1, -1, 0]).int().tolist() == [[1, 1, 1, 0], [1, 1, 0, 1]]
+    assert frontier_mask(2, fed, [2], [-1, -1, 0]).int().tolist() == [[1, 1, 1, 0, 1]]  # node 2 sees 0 and itself
+    assert fed == {0: 0, 1: 1, 2: 2}
+
+
 def test_grow_tree_worked_example():
     """The docstring's example: logits chosen so q after "(" = {x: 0.6, self: 0.3, ...} and so on."""
     class Head:  # a stand-in head: q depends only on the token fed last
@@ -222,21 +235,66 @@ def test_head_cache_after_each_step_equals_fresh_run_over_accepted_text(models, 
 # Sampling: the target's law, exactly
 
 
-def test_sampling_follows_the_target_law():
+@pytest.mark.parametrize("draft_sampling, sampling, n", [
+    ("sample", (0.9, 4, None), 1500),  # drawn tree: shape 5 nodes deep 2; warping must reach q and p alike
+    ("topk", (1.0, None, None), 1000),  # EAGLE-2's top-k tree, point-mass rule
+])
+def test_sampling_follows_the_target_law(draft_sampling, sampling, n):
     """The first 2 tokens of 4 (so the first tree is 2 deep and both can come from it), V = 5: 25 outcomes.
-    With n = 2000 draws a correct sampler's empirical law is within tv_bound(25, 2000) = 0.088 of the exact law
-    with probability 1 - 1e-6. The head is trained on this target, so most draws accept a guess."""
+    A correct sampler's empirical law is within tv_bound(25, n) of the exact law with probability 1 - 1e-6:
+    0.102 for n = 1500, 0.125 for 1000. The head is trained on this target, so most draws accept a guess."""
     target = tiny_gpt(3, vocab_size=5, n_future=0, n_layer=1, n_embd=8, block_size=16)
-    models, prompt, n = Models(target=target, eagle=train_head(target, 30, seed=3)[0]), [1, 2], 2000
+    models, prompt = Models(target=target, eagle=train_head(target, 30, seed=3)[0]), [1, 2]
     codes, accepted = [], 0
     for seed in range(n):
-        ids, stats = METHODS["eagle"](models, prompt, 4, temperature=1.0, seed=seed, depth=2, width=2,
-                                      total_tokens=6)
+        ids, stats = METHODS["eagle"](models, prompt, 4, temperature=sampling[0], top_k=sampling[1], seed=seed,
+                                      depth=2, width=2, total_tokens=6, draft_sampling=draft_sampling)
         codes.append(ids[0] * 5 + ids[1])
         accepted += stats["accepted_per_step"][1] > 1
     law = empirical_law(torch.tensor(codes), 25)
-    assert tv(law, exact_law(target, prompt, 2, (1.0, None, None))) < tv_bound(25, n)
+    assert tv(law, exact_law(target, prompt, 2, sampling)) < tv_bound(25, n)
     assert accepted > n / 3  # the tree's guesses, not only the target's own tokens, made the law
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("seed", range(2))
+def test_grow_sampled_tree_draws_from_the_slow_oracles_q(seed):
+    """Every node of the drawn tree has the shape's place (tree.draw_rank_paths), and the law its children were
+    drawn from is the head's warped q after the node's own path of DRAWN tokens, as a plain head forward without
+    cache or mask gives it; the children are distinct tokens q allows, and the head's cache is left as it was."""
+    target = tiny_gpt(seed)
+    head = random_head(target, seed)
+    seq = random_ids(4 + seed, seed=seed)
+    features = target(tensor(seq[:-1], "cpu")).hidden[0]  # (L, C)
+    dcache = head.new_cache()
+    draft = head(target, tensor(seq[1:], "cpu"), features[None], cache=dcache)
+    sampling, g = (0.9, 6, None), torch.Generator().manual_seed(seed)
+    tokens, parents, q_draft = eagle_method.grow_sampled_tree(head, target, dcache, seq[-1], draft, 3, 3, 9,
+                                                              sampling, g)
+    assert dcache.length == len(seq) - 1
+    assert parents == tree_from_paths(draw_rank_paths(8, 3, 3, eagle_method.ACCEPT_GUESS))[0]
+    for u in range(len(tokens)):
+        children = [c for c in range(len(tokens)) if parents[c] == u]
+        if not children:
+            continue
+        path = [c for c in ancestors(parents, u)[1:]]  # nodes below the root down to u
+        x, f = list(seq[1:]), [features]
+        for c in path:  # the slow way: the head re-reads the whole path, each node with its parent's f̂
+            h = head(target, tensor(x, "cpu"), torch.cat(f, 0)[None]).hidden[0, -1:]
+            x, f = x + [tokens[c]], f + [h]
+        q = warp(head(target, tensor(x, "cpu"), torch.cat(f, 0)[None]).logits[0, -1], *sampling)
+        assert torch.allclose(q_draft[u], q, atol=TOL)
+        drawn = [tokens[c] for c in children]
+        assert len(set(drawn)) == len(drawn) and all(q[t] > 0 for t in drawn)
+
+
+def test_absurd_trees_are_clear_errors_not_hangs(models):
+    m, prompt = models["random"], random_ids(3)
+    for options, message in [(dict(width=100000), "width must be in 1..32"), (dict(depth=0), "depth must be in 1..16"),
+                             (dict(total_tokens=1), "total_tokens must be in 2..256"),
+                             (dict(draft_sampling="beam"), "draft_sampling must be one of topk, sample")]:
+        with pytest.raises(ValueError, match=message):
+            METHODS["eagle"](m, prompt, 5, temperature=1.0, **options)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from nanospec.models import Models
 from nanospec.decoding import METHODS
 from nanospec.decoding.common import start, tensor
 from nanospec.decoding.medusa import parse_tree
-from nanospec.decoding.tree_step import tree_step
+from nanospec.decoding.tree_step import fill_tree, tree_step
 from nanospec.verify import verify_tree_descend, verify_tree_greedy
 from nanospec.tree import format_tree, leaf_paths, medusa_tree, path_to, tree_from_paths, tree_positions
 from nanospec.verify import sample, verify_tree_point_mass, verify_tree_point_mass_batched, warp
@@ -58,6 +58,28 @@ def test_parse_tree_and_its_errors():
     for bad, message in [("0;0,0,0", "deeper"), ("0;1,0", "parent"), ("x", "preset"), ("0;20", "vocabulary")]:
         with pytest.raises(ValueError, match=message):
             parse_tree(bad, n_future=2, vocab_size=11)
+    huge = ";".join([str(r) for r in range(8)] + [f"{r},{s}" for r in range(8) for s in range(40)])  # 328 paths
+    for bad in ["0;64", huge]:  # a forward over such a tree costs more than it can accept: a clear error
+        with pytest.raises(ValueError, match="at most 256 paths with ranks up to 63"):
+            parse_tree(bad, n_future=2, vocab_size=1000)
+
+
+def test_fill_tree_topk_and_drawn():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.1, 0.6, 0.3, 0.0]], dtype=torch.float64))  # (D=2, V)
+    paths = [(0,), (1,), (0, 0), (1, 0), (0, 1)]
+    tokens, parents, q = fill_tree(7, logits, paths, (1.0, None, None))  # top-k: point masses, no q
+    assert (tokens, parents, q) == ([7, 0, 1, 1, 2, 1], [-1, 0, 0, 1, 1, 2], None)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):  # drawn: each depth's draws are distinct, shared by every node at that depth
+        tokens, parents, q = fill_tree(7, logits, paths, (1.0, None, None), sampled=True, generator=g)
+        assert parents == [-1, 0, 0, 1, 1, 2] and tokens[1] != tokens[2] and tokens[3] != tokens[4]
+        assert tokens[3] == tokens[5] and 3 not in tokens[1:]  # token 3 has probability 0
+        assert torch.equal(q, torch.stack([q_row for q_row in warp(logits, 1.0)[[0, 1, 1]]] + [torch.zeros(4)] * 3))
+    # top-k 1 leaves one token per depth: the ranks beyond it go, with everything below them
+    tokens, parents, q = fill_tree(7, logits, paths, (1.0, 1, None), sampled=True, generator=g)
+    assert (tokens, parents) == ([7, 0, 1], [-1, 0, 1])
+    with pytest.raises(ValueError, match=r"\(0, 0\) too"):  # rank 1 alone: draw 2 checked as if it were draw 1
+        fill_tree(7, logits, [(0,), (0, 1)], (1.0, None, None), sampled=True)
 
 
 def test_format_tree_literal():
@@ -312,35 +334,41 @@ def exact_law(target, prompt, L, sampling):
 
 
 def method_law(models, prompt, L, n, method, sampling, **options):
-    """Empirical law of the first L tokens over n seeded runs. The budget is L + 1 so that the first step
-    after the prefill may guess L - 1 tokens deep (a method never guesses past its budget)."""
+    """Empirical law of the first L tokens over n seeded runs, and the guesses accepted in all. The budget is
+    L + 1 so that the first step after the prefill may guess L - 1 tokens deep (a method never guesses past its
+    budget)."""
     V = models.target.config.vocab_size
-    codes = []
+    codes, accepted = [], 0
     for seed in range(n):
-        ids = METHODS[method](models, prompt, L + 1, temperature=sampling[0], top_k=sampling[1], top_p=sampling[2],
-                              seed=seed, **options)[0]
+        ids, stats = METHODS[method](models, prompt, L + 1, temperature=sampling[0], top_k=sampling[1],
+                                     top_p=sampling[2], seed=seed, **options)
         codes.append(sum(t * V ** (L - 1 - i) for i, t in enumerate(ids[:L])))
-    return empirical_law(torch.tensor(codes), V ** L)
+        accepted += stats["new_tokens"] - stats["target_forwards"]  # every forward emits 1 + its accepted guesses
+    return empirical_law(torch.tensor(codes), V ** L), accepted
 
 
 SAMPLING_MODEL = dict(vocab_size=5, n_future=2, n_layer=1, n_embd=8, block_size=16)
 SAMPLING_TREE = "0;1;2;0,0;0,1;1,0"  # 3 guesses for the first token after the root, 3 for the second
 
 
-@pytest.mark.parametrize("method, L, sampling, n", [
-    ("medusa", 3, (1.0, None, None), 3000),
-    ("mtp", 2, (0.8, 4, None), 1500),  # warping (temperature, top-k) must apply to every rule the same way
+@pytest.mark.parametrize("method, draft_sampling, L, sampling, n", [
+    ("medusa", "sample", 3, (0.9, None, 0.9), 2500),  # top-p leaves some depths fewer tokens than the tree's ranks
+    ("medusa", "topk", 3, (1.0, None, None), 1500),
+    ("mtp", "sample", 2, (0.8, 4, None), 1500),  # warping (temperature, top-k) must reach q and p alike
+    ("mtp", "topk", 2, (0.8, 4, None), 800),
 ])
-def test_sampling_follows_the_target_law(method, L, sampling, n):
+def test_sampling_follows_the_target_law(method, draft_sampling, L, sampling, n):
     """First L tokens, V = 5: 5**L outcomes. With n draws, a correct sampler's empirical law is within
-    tv_bound(5**L, n) of the exact law with probability 1 - 1e-6: 0.129 for 125 outcomes and n = 3000,
-    0.102 for 25 outcomes and n = 1500. (Lossless verification itself is tested far more tightly in
-    test_verify.py; this checks that the methods wire it up right: warping, tree, cache, bonus token.)"""
+    tv_bound(5**L, n) of the exact law with probability 1 - 1e-6: 0.141 for 125 outcomes and n = 2500, 0.182 for
+    n = 1500; 0.102 for 25 outcomes and n = 1500, 0.140 for n = 800. (Lossless verification itself is tested far
+    more tightly in test_verify.py; this checks that the methods wire it up right: drawing, warping, tree, cache,
+    bonus token.) Both kinds of guesses must be accepted often, or the test would check only the target's tokens."""
     models = Models(target=tiny_gpt(3, **SAMPLING_MODEL))
     prompt = [1, 2]
     options = {"tree": SAMPLING_TREE} if method == "medusa" else {}
-    law = method_law(models, prompt, L, n, method, sampling, **options)
+    law, accepted = method_law(models, prompt, L, n, method, sampling, draft_sampling=draft_sampling, **options)
     assert tv(law, exact_law(models.target, prompt, L, sampling)) < tv_bound(5 ** L, n)
+    assert accepted > n / 8, accepted
 
 
 def test_typical_acceptance_is_lossy():
@@ -349,7 +377,7 @@ def test_typical_acceptance_is_lossy():
     token is whatever the heads ranked first, where the target would spread it over all 5."""
     models = Models(target=tiny_gpt(3, **SAMPLING_MODEL))
     n, sampling = 1000, (1.0, None, None)
-    law = method_law(models, [1, 2], 2, n, "medusa", sampling, tree=SAMPLING_TREE, verify="typical")
+    law, _ = method_law(models, [1, 2], 2, n, "medusa", sampling, tree=SAMPLING_TREE, verify="typical")
     exact = exact_law(models.target, [1, 2], 2, sampling)
     assert tv(law, exact) > tv_bound(25, n)  # 0.125; it comes out near 0.7
 

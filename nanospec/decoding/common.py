@@ -94,6 +94,24 @@ def check_sampling(temperature, top_k, top_p):
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
 
 
+# How a drafter with a distribution picks its guesses when sampling (temperature > 0). Greedy always takes the
+# top-k: at temperature 0 the warped q is one-hot and both modes are the same thing.
+DRAFT_SAMPLING = ("topk", "sample")
+DRAFT_SAMPLING_OPTIONS = {
+    "draft_sampling": (str, "sample", "how the drafter guesses when sampling (temperature > 0): sample = draw each "
+                                      "guess from the drafter's own warped q (a tree's siblings without "
+                                      "replacement) and verify with rejection sampling against that q; topk = its "
+                                      "most likely tokens, verified as point masses. Greedy always uses topk"),
+}
+
+
+def samples_drafts(draft_sampling, temperature):
+    """True when this run draws its guesses from q_draft: draft_sampling "sample" and temperature > 0."""
+    if draft_sampling not in DRAFT_SAMPLING:
+        raise ValueError(f"draft_sampling must be one of {', '.join(DRAFT_SAMPLING)}, got {draft_sampling!r}")
+    return draft_sampling == "sample" and temperature > 0
+
+
 def tensor(ids, device):
     return torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
 

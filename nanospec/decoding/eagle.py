@@ -21,8 +21,11 @@ guess through the target's own unembedding. Each step:
     best 3: x -0.51, ")"|x -0.62, self -1.20 -> tokens ["(", x, self, ")"], parents [-1, 0, 0, 1]
     target argmax after "(" = x, after x = ")", after ")" = ":"  ->  emit [x, ")", ":"] from one forward.
 
-Drafts are the head's deterministic top-k even when sampling, so the tree point-mass rule (verify.py) keeps the
-output's law exactly the target's. The head costs `depth` passes per step: 1 refresh + depth-1 expansions.
+When sampling, the point-mass rule accepts a top-k guess with probability p(guess), small when the target's law
+is flat. So by default (draft_sampling "sample") the head DRAWS its guesses from its warped q, verified by
+recursive rejection sampling against q (verify_tree_without_replacement). Keeping drawn nodes for their own q
+(the rerank) would bias that rule, so grow_sampled_tree fixes the shape first (tree.draw_rank_paths), then fills
+it level by level with draws given the DRAWN tokens above. Either way the head runs `depth` passes per step.
 
 Papers: Li et al. 2024, EAGLE, arXiv 2401.15077; Li et al. 2024, EAGLE-2, arXiv 2406.16858.
 """
@@ -30,9 +33,10 @@ import time
 
 import torch
 
-from nanospec.decoding.common import check_sampling, start, tensor
-from nanospec.decoding.tree_step import tree_step
+from nanospec.decoding.common import DRAFT_SAMPLING_OPTIONS, check_sampling, samples_drafts, start, tensor
+from nanospec.decoding.tree_step import draw_tree, tree_step
 from nanospec.model import Output
+from nanospec.tree import draw_rank_paths, frontier_mask
 from nanospec.verify import sample, warp
 
 NEEDS = ("eagle",)
@@ -41,10 +45,14 @@ USES = ()  # parts used when present
 # forward and the best wall-clock; 6/6/32 gives 3.2 tokens per forward but is 1.7x slower. EAGLE-2 uses depth 6-7,
 # top-k 10, 60 tokens on a GPU, where a head pass is almost free; here one costs ~0.4 of a target forward.
 OPTIONS = {
-    "depth": (int, 2, "deepest guess below the root; the head runs this many passes per step"),
-    "width": (int, 4, "nodes expanded per level and children per node (EAGLE-2's top_k)"),
-    "total_tokens": (int, 8, "tree size verified per target forward, root included"),
+    "depth": (int, 2, "deepest guess below the root; the head runs this many passes per step (1..16)"),
+    "width": (int, 4, "nodes expanded per level and children per node (EAGLE-2's top_k; 1..32); with "
+                      "--draft-sampling sample the most children per node"),
+    "total_tokens": (int, 8, "tree size verified per target forward, root included (2..256)"),
+    **DRAFT_SAMPLING_OPTIONS,
 }
+LIMITS = {"depth": 16, "width": 32, "total_tokens": 256}  # beyond these a step costs far more than it can accept
+ACCEPT_GUESS = 0.75  # shapes the sampled tree: a draw's acceptance, mean sum(min(p, q)) = 0.78 on the tiny model
 
 
 def refresh(eagle, target, dcache, tokens, features):
@@ -54,13 +62,23 @@ def refresh(eagle, target, dcache, tokens, features):
     return Output(logits=eagle.unembed(target, hidden[:, -1:]), hidden=hidden[:, -1:])  # only the last is needed
 
 
+def expand(eagle, target, dcache, L, d, frontier, cand_tok, cand_parent, fed, feats):
+    """One head pass over `frontier`, candidates at depth d (indices into cand_tok / cand_parent; parent -1 = the
+    root), each seeing the L accepted slots, its ancestors fed at earlier passes (slots in `fed`) and itself;
+    feats (1, K, C) = each one's parent's f̂. Returns the head's Output (1, K, ...)."""
+    device = dcache.k.device
+    mask = frontier_mask(L, fed, frontier, cand_parent, device)  # (K, L + fed + K)
+    pos = torch.full((len(frontier),), L + d, device=device)  # a depth-d node sits d after the root
+    return eagle(target, tensor([cand_tok[c] for c in frontier], device), feats, pos, dcache, mask)
+
+
 def grow_tree(eagle, target, dcache, root, draft, depth, width, total_tokens):
     """EAGLE-2's tree from the head's Output `draft` at the root's slot (hidden, logits (1, T, C / V), the last
     position counts). Returns (tokens, parents) with the root at node 0; the head's cache is left as it was."""
     # BEGIN SOLUTION ex9
     if depth < 1 or total_tokens < 2:
         return [root], [-1]
-    L, device = dcache.length, dcache.k.device  # the head's slots end at the root, which sits at position L
+    L = dcache.length  # the head's slots end at the root, which sits at position L
     score, tok = torch.log_softmax(draft.logits[0, -1], -1).topk(width)  # (K,) depth-1 scores and tokens
     # every candidate: its token, its parent candidate (-1 = the root), its score = sum of log q on its path
     cand_tok, cand_parent, cand_score = tok.tolist(), [-1] * width, score.tolist()
@@ -68,22 +86,10 @@ def grow_tree(eagle, target, dcache, root, draft, depth, width, total_tokens):
     feats = draft.hidden[:, -1:].expand(1, width, -1)  # (1, K, C) what each frontier node reads: parent's f̂
     fed = {}  # candidate -> its slot among the nodes fed to the head (after the L prefix slots)
     for d in range(1, depth):
-        F, K = len(fed), len(frontier)
-        rows, cols = [], []  # each frontier node sees itself and its ancestors, all fed at earlier levels
-        for i, c in enumerate(frontier):
-            fed[c] = F + i
-            while c >= 0:
-                rows.append(i)
-                cols.append(L + fed[c])
-                c = cand_parent[c]
-        mask = torch.zeros(K, L + F + K, dtype=torch.bool, device=device)  # (K, L+F+K) True = may attend
-        mask[:, :L] = True  # the accepted sequence
-        mask[rows, cols] = True
-        pos = torch.full((K,), L + d, device=device)  # a depth-d node sits d after the root
-        out = eagle(target, tensor([cand_tok[c] for c in frontier], device), feats, pos, dcache, mask)
+        out = expand(eagle, target, dcache, L, d, frontier, cand_tok, cand_parent, fed, feats)
         logq = torch.log_softmax(out.logits[0], -1)  # (K, V)
         s, t = logq.topk(width, dim=-1)  # (K, K) each frontier node's best children
-        s = (s + torch.tensor([cand_score[c] for c in frontier], dtype=s.dtype, device=device)[:, None]).flatten()
+        s = (s + torch.tensor([cand_score[c] for c in frontier], dtype=s.dtype, device=s.device)[:, None]).flatten()
         base = len(cand_tok)
         cand_tok += t.flatten().tolist()
         cand_parent += [c for c in frontier for _ in range(width)]
@@ -99,12 +105,35 @@ def grow_tree(eagle, target, dcache, root, draft, depth, width, total_tokens):
     # END SOLUTION ex9
 
 
+def grow_sampled_tree(eagle, target, dcache, root, draft, depth, width, total_tokens, sampling, generator):
+    """The tree of DRAWN guesses (draft_sampling "sample"): a fixed shape of total_tokens - 1 nodes by draw rank
+    (tree.draw_rank_paths), filled by tree_step.draw_tree: one head pass per level gives each node's warped q,
+    given the tokens drawn above it. Returns (tokens, parents, q_draft (N, V)); the head's cache is unchanged."""
+    if depth < 1 or total_tokens < 2:
+        return [root], [-1], None
+    L, fed, f_hat = dcache.length, {}, {0: draft.hidden[0, -1]}  # f_hat: node -> the head's f̂ there
+
+    def next_q(d, level, tokens, parents):  # node u is expand's candidate u - 1 (the root is -1)
+        feats = torch.stack([f_hat[parents[u]] for u in level])[None]  # (1, K, C) each one's parent's f̂
+        out = expand(eagle, target, dcache, L, d, [u - 1 for u in level], tokens[1:], [p - 1 for p in parents[1:]],
+                     fed, feats)
+        f_hat.update((u, out.hidden[0, i]) for i, u in enumerate(level))
+        return warp(out.logits[0], *sampling)  # (K, V)
+
+    shape = draw_rank_paths(total_tokens - 1, depth, width, ACCEPT_GUESS)
+    tree = draw_tree(root, shape, warp(draft.logits[0, -1], *sampling), next_q, generator)
+    dcache.rollback(L)
+    return tree
+
+
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-             depth=2, width=4, total_tokens=8):
+             depth=2, width=4, total_tokens=8, draft_sampling="sample"):
     check_sampling(temperature, top_k, top_p)
-    if depth < 1 or width < 1 or total_tokens < 2:
-        raise ValueError(f"eagle needs depth >= 1, width >= 1, total_tokens >= 2; got {depth}, {width}, {total_tokens}")
+    sampled = samples_drafts(draft_sampling, temperature)
+    for name, value, low in (("depth", depth, 1), ("width", width, 1), ("total_tokens", total_tokens, 2)):
+        if not low <= value <= LIMITS[name]:
+            raise ValueError(f"eagle's {name} must be in {low}..{LIMITS[name]}, got {value}")
     target, eagle = models.target, models.eagle
     if eagle.config.n_embd != target.config.n_embd or eagle.config.vocab_size != target.config.vocab_size:
         raise ValueError("the eagle head was trained for another target: run `python train_tiny.py --stage eagle`")
@@ -112,7 +141,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     run = start(models, prompt_ids, max_new_tokens, seed)
     sampling = (temperature, top_k, top_p)
     cache = target.new_cache()
-    dcache = eagle.new_cache(max_len=target.config.block_size + depth * width)  # + room for guessed nodes
+    dcache = eagle.new_cache(max_len=target.config.block_size + max(depth * width, total_tokens))  # + guessed nodes
     t_draft, passes, steps, nodes = 0.0, 0, 0, 0
 
     # prefill: the target reads the prompt and picks the first root; the head reads x_1..x_P with f_0..f_{P-1}
@@ -125,10 +154,14 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     while not done:
         d = run.draft_room(depth)  # near the end of the budget or context, a shallower tree
         t0 = time.perf_counter()
-        tokens, parents = grow_tree(eagle, target, dcache, last, draft, d, width,
-                                    min(total_tokens, cache.max_len - cache.length))
+        size, q_draft = min(total_tokens, cache.max_len - cache.length), None
+        if sampled:
+            tokens, parents, q_draft = grow_sampled_tree(eagle, target, dcache, last, draft, d, width, size,
+                                                         sampling, run.generator)
+        else:
+            tokens, parents = grow_tree(eagle, target, dcache, last, draft, d, width, size)
         t_draft += time.perf_counter() - t0
-        emitted, path, out = tree_step(run, target, cache, tokens, parents, sampling)
+        emitted, path, out = tree_step(run, target, cache, tokens, parents, sampling, q_draft=q_draft)
         steps, nodes, passes = steps + 1, nodes + len(tokens) - 1, passes + max(d - 1, 0)
         done = run.emit(emitted)
         last = emitted[-1]

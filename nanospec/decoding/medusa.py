@@ -11,9 +11,13 @@ next token comes from the same forward, as do the heads' guesses for the next tr
         5 -> 9 -> 2          target argmax after 5 = 3, after 3 = 8
           -> 3               -> 9 rejected, 3 accepted, emit [3, 8]   (mtp's chain [9, 2] would emit [3])
 
-Verification: greedy = accept while a node equals the target's argmax (the output is `ar`'s token for token);
-sampling = the tree point-mass rule (lossless, verify.py); or, with verify="typical", Medusa's typical
-acceptance, which is LOSSY: it accepts any plausible guess, so the output no longer follows the target's law.
+Verification: greedy = accept while a node equals the target's argmax (the output is `ar`'s token for token).
+Sampling, lossless either way: with draft_sampling "sample" (default) the candidates of depth d are DRAWN without
+replacement from head d's warped q and the tree is checked by recursive rejection sampling against those q
+(verify.verify_tree_without_replacement; one set of draws per depth, tree_step.fill_tree says why that is
+fine); with "topk" they are the heads' top-k, checked by the tree point-mass rule. With verify="typical",
+Medusa's typical acceptance judges the top-k guesses and is LOSSY: it accepts any plausible guess, so the
+output no longer follows the target's law. (A head's q is a marginal over the tokens before its own: see mtp.py.)
 The default tree was measured on the trained model (scripts/medusa_tree.py), see DEFAULT_TREE.
 
 Papers: Cai et al. 2024, Medusa, arXiv 2401.10774; Stern et al. 2018, Blockwise Parallel Decoding,
@@ -21,10 +25,10 @@ arXiv 1811.03115; Gloeckle et al. 2024, Multi-token Prediction, arXiv 2404.19737
 """
 import torch
 
-from nanospec.decoding.common import check_sampling, start, tensor
-from nanospec.decoding.tree_step import RULES, tree_step
+from nanospec.decoding.common import DRAFT_SAMPLING_OPTIONS, check_sampling, samples_drafts, start, tensor
+from nanospec.decoding.tree_step import RULES, fill_tree, tree_step
 from nanospec.tokenizer import render
-from nanospec.tree import format_tree, medusa_tree, tree_from_paths
+from nanospec.tree import depths, format_tree, tree_from_paths
 from nanospec.verify import sample, warp
 
 # Measured by `python scripts/medusa_tree.py` on the `make train` tiny model with its retrained heads (heads.pt):
@@ -49,10 +53,13 @@ USES = ("heads",)  # heads.pt, the heads retrained alone, replaces the jointly t
 OPTIONS = {
     "tree": (str, "default", "medusa's candidate tree: a preset (default, large, chain, wide) or paths like '0;0,0;1' "
                              "where '0,1' = head 1's top-1 then head 2's top-2"),
-    "verify": (str, "point-mass", "medusa's acceptance rule: point-mass (lossless; greedy match at temperature 0) "
-                                  "or typical (Medusa's typical acceptance: faster but LOSSY when sampling)"),
+    "verify": (str, "point-mass", "medusa's acceptance rule: point-mass (lossless: the tree rule that fits "
+                                  "--draft-sampling; greedy match at temperature 0) or typical (Medusa's typical "
+                                  "acceptance of the top-k guesses, whatever --draft-sampling says: LOSSY when sampling)"),
     "show_tree": (bool, False, "print medusa's candidate tree for the first two steps, accepted path marked *"),
+    **DRAFT_SAMPLING_OPTIONS,
 }
+MAX_PATHS, MAX_RANK = 256, 63  # a tree is verified in one forward: more nodes cost more than they can accept
 
 
 def parse_tree(tree, n_future, vocab_size):
@@ -70,12 +77,17 @@ def parse_tree(tree, n_future, vocab_size):
         raise ValueError(f"tree {tree!r} is deeper than the model's {n_future} MTP heads")
     if max(max(p) for p in paths) >= vocab_size:
         raise ValueError(f"tree {tree!r} asks for a rank beyond the vocabulary ({vocab_size} tokens)")
+    if len(paths) > MAX_PATHS or max(max(p) for p in paths) > MAX_RANK:
+        raise ValueError(f"tree {tree!r} is too large: at most {MAX_PATHS} paths with ranks up to {MAX_RANK}")
     return tree_from_paths(paths)[1][1:]
 
 
-def print_tree(step, tokens, parents, paths, path, emitted, tokenizer):
+def print_tree(step, tokens, parents, paths, path, emitted, tokenizer, sampled=False):
     """What the heads proposed and what the target kept, for a student to read."""
-    nodes = tree_from_paths(paths)[1]  # node -> its path of ranks, in the same order as tokens
+    nodes, depth = tree_from_paths(paths)[1], depths(parents)  # node -> its path of ranks, as ordered in tokens
+
+    def rank(n):  # drawn children are draws 1, 2, ... in order (fill_tree drops those q cannot give)
+        return [c for c in range(1, n + 1) if parents[c] == parents[n]].index(n) if sampled else nodes[n][-1]
 
     def text(t):
         return f"'{render(tokenizer.decode_bytes([t]))}'" if tokenizer is not None else str(t)
@@ -83,7 +95,7 @@ def print_tree(step, tokens, parents, paths, path, emitted, tokenizer):
     def label(n):
         if n == 0:
             return f"{text(tokens[0])}  (root: the target's own token)"
-        return f"{text(tokens[n])}  head {len(nodes[n])} top-{nodes[n][-1] + 1}"
+        return f"{text(tokens[n])}  head {depth[n]} {'draw' if sampled else 'top'}-{rank(n) + 1}"
 
     print(f"medusa step {step}: {len(tokens) - 1} guesses from the heads; * = kept by the target")
     print(format_tree(parents, label, marked={0, *path}))
@@ -92,13 +104,14 @@ def print_tree(step, tokens, parents, paths, path, emitted, tokenizer):
 
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-             tree="default", verify="point-mass", show_tree=False):
+             tree="default", verify="point-mass", show_tree=False, draft_sampling="sample"):
     check_sampling(temperature, top_k, top_p)
     if verify not in RULES:
         raise ValueError(f"verify must be one of {', '.join(RULES)}, got {verify!r}")
+    sampled = samples_drafts(draft_sampling, temperature) and verify == "point-mass"  # typical judges top-k guesses
     target = models.target
     paths = parse_tree(tree, target.config.n_future, target.config.vocab_size)
-    depth, width = max(map(len, paths)), max(max(p) for p in paths) + 1
+    depth = max(map(len, paths))
     run = start(models, prompt_ids, max_new_tokens, seed)
     sampling = (temperature, top_k, top_p)
     cache = target.new_cache()
@@ -113,12 +126,12 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         d = run.draft_room(depth)  # near the end of the budget or context, a shallower tree
         slots = cache.max_len - cache.length - 1  # cache slots left for guesses in this forward
         step_paths = [p for p in paths if len(p) <= d][:slots]
-        candidates = target.head_logits(hidden, d)[0, :, 0].topk(width, dim=-1).indices if d else []  # (d, K)
-        tokens, parents = medusa_tree(last, candidates, step_paths)
-        emitted, path, out = tree_step(run, target, cache, tokens, parents, sampling, verify)
+        logits = target.head_logits(hidden, d)[0, :, 0] if d else None  # (d, V) head i's logits for depth i
+        tokens, parents, q_draft = fill_tree(last, logits, step_paths, sampling, sampled, run.generator)
+        emitted, path, out = tree_step(run, target, cache, tokens, parents, sampling, verify, q_draft=q_draft)
         steps, guesses, accepted = steps + 1, guesses + len(tokens) - 1, accepted + len(path)
         if show_tree and steps <= 2:
-            print_tree(steps, tokens, parents, step_paths, path, emitted, models.tokenizer)
+            print_tree(steps, tokens, parents, step_paths, path, emitted, models.tokenizer, sampled)
         done = run.emit(emitted)
         last = emitted[-1]
         node = path[-1] if path else 0  # the last accepted node: its main head chose `last`

@@ -13,8 +13,18 @@ next chain of guesses. Drafting costs no forward of its own: the heads are small
     the cache keeps [.., 5, 9, 2]; 7 is fed with its guesses in the next forward.
 
 Greedy: guesses are accepted while they equal the main head's argmax, so the output is `ar`'s token for
-token. Sampling: the point-mass rule (accept guess x with probability p(x), else emit a sample of p without
-x) keeps the output distribution exactly the target's.
+token. Sampling (temperature > 0), two ways, both keeping the output's law exactly the target's:
+  draft_sampling "sample" (default): guess i is DRAWN from head i's warped law q_i and the chain is verified with
+      Leviathan's rule (verify_chain): accept with min(1, p_i(x)/q_i(x)), else a sample of norm(max(0, p_i - q_i)).
+  draft_sampling "topk": guess i is head i's top-1, a point mass: accepted with probability p_i(x), which is
+      small when the target's law is flat, however good the head (the chance p gives ANY single token).
+What a head's q is: head i reads the state at the position that chose `last` and never sees `last` or the
+guesses before its own, so q_i is the head's law for that token MARGINALISED over the tokens in between, while
+p_i is conditioned on them. The rule stays lossless all the same: each guess is drawn from exactly the q it is
+verified against, given the guesses before it, because that q does not depend on them (they are independent
+draws). What the marginal costs is acceptance: the accept rate sum(min(p_i, q_i)) falls with the distance
+between the conditional p_i and the marginal q_i, which grows with i (measured on the tiny model at
+temperature 1: about 0.39 for head 1, 0.33 for heads 2 and 3, against 0.70 for the draft GPT of `speculative`).
 
 Papers: Stern et al. 2018, Blockwise Parallel Decoding, arXiv 1811.03115; Gloeckle et al. 2024, Better &
 Faster Large Language Models via Multi-token Prediction, arXiv 2404.19737.
@@ -22,30 +32,37 @@ Faster Large Language Models via Multi-token Prediction, arXiv 2404.19737.
 import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, DraftLength
-from nanospec.decoding.common import chain_step, check_sampling, start, tensor
+from nanospec.decoding.common import DRAFT_SAMPLING_OPTIONS, chain_step, check_sampling, samples_drafts, start, tensor
 from nanospec.verify import sample, warp
 
 NEEDS = ()  # the MTP heads are part of the target
 USES = ("heads",)  # heads.pt, the heads retrained alone, replaces the jointly trained ones when present
 OPTIONS = {
     "draft_len": (int, None, "tokens to guess per forward: MTP heads to use, 1..n_future (None = all heads)"),
-    **ADAPTIVE_OPTIONS,  # confidence: a head's softmax probability of its top-1 guess
+    **ADAPTIVE_OPTIONS,  # confidence: a head's softmax probability of its guess
+    **DRAFT_SAMPLING_OPTIONS,
 }
 
 
-def head_guesses(target, hidden, k, length):
-    """hidden (1, 1, C) the trunk state at one position -> the top-1 guess of heads 1..k (a list), cut after
-    the first unconfident head when `length` (adaptive.DraftLength) uses the confidence rule."""
+def head_guesses(target, hidden, k, length, sampling=None, generator=None):
+    """hidden (1, 1, C) the trunk state at one position -> (guesses of heads 1..k (a list), q_draft). The guesses
+    are each head's top-1 (q_draft None), or with `sampling` set, draws from each head's warped law q_draft (k, V).
+    Cut after the first unconfident head when `length` (adaptive.DraftLength) uses the confidence rule."""
     if k == 0:
-        return []
+        return [], None
     logits = target.head_logits(hidden, k)[0, :, 0]  # (k, V)
-    return length.cut(logits, logits.argmax(-1).tolist())
+    if sampling is None:
+        return length.cut(logits, logits.argmax(-1).tolist()), None
+    q_draft = warp(logits, *sampling)  # (k, V) warped like the target's p
+    guesses = length.cut(logits, sample(q_draft, generator).tolist())
+    return guesses, q_draft[:len(guesses)]
 
 
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-             draft_len=None, adaptive="off", confidence=0.5):
+             draft_len=None, adaptive="off", confidence=0.5, draft_sampling="sample"):
     check_sampling(temperature, top_k, top_p)
+    sampled = samples_drafts(draft_sampling, temperature)
     target = models.target
     n_future = target.config.n_future
     draft_len = n_future if draft_len is None else draft_len
@@ -59,12 +76,14 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     # prefill: the main head gives the first token, the heads at the last prompt position the first guesses
     out = target(tensor(run.prompt, cache.k.device), cache=cache)
     last = int(sample(warp(out.logits[0, -1], *sampling), run.generator))
-    drafts = head_guesses(target, out.hidden[:, -1:], length.k, length)
+    draw = (sampling, run.generator) if sampled else ()  # head_guesses draws from q, or takes the top-1
+    drafts, q_draft = head_guesses(target, out.hidden[:, -1:], length.k, length, *draw)
     done = run.emit([last])
     drafted, accepted = [0] * n_future, [0] * n_future  # per head: guesses verified, guesses accepted
     while not done:
         drafts = drafts[:run.draft_room(len(drafts))]  # near the end of the budget or context, guess fewer
-        emitted, n, out = chain_step(run, target, cache, last, drafts, sampling)
+        q_draft = q_draft[:len(drafts)] if q_draft is not None and drafts else None
+        emitted, n, out = chain_step(run, target, cache, last, drafts, sampling, q_draft)
         for i in range(len(drafts)):
             drafted[i] += 1
             accepted[i] += i < n
@@ -73,7 +92,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         last = emitted[-1]
         # out.hidden[:, n] is the position of the last accepted token, whose main head chose `last`:
         # its heads guess the tokens after `last`
-        drafts = head_guesses(target, out.hidden[:, n:n + 1], length.k, length)
+        drafts, q_draft = head_guesses(target, out.hidden[:, n:n + 1], length.k, length, *draw)
     return run.out, run.stats(drafted=sum(drafted), accepted=sum(accepted),
                               acceptance_rate=sum(accepted) / max(1, sum(drafted)),
                               head_acceptance=[a / d for a, d in zip(accepted, drafted) if d])  # heads used

@@ -15,8 +15,11 @@ By default the top candidates of each mask fill a small Medusa-style tree (nanos
 chain, verified with tree attention (nanospec/decoding/tree_step.py); still one drafter pass per step. On the
 tiny preset (8 validation prompts, greedy) the chain emits 2.25 tokens per target forward and SMALL_TREE, 8
 guesses, 2.81: a mask's second or third choice is often right when its first is not.
-Verification uses the point-mass rules (the guesses are deterministic): greedy output is `ar`'s token for token,
-and sampling follows the target's law exactly.
+Greedy output is `ar`'s token for token. Sampling follows the target's law exactly in both modes of
+draft_sampling: "sample" (default) DRAWS mask j's guess from its warped law q_j (a tree: draws without
+replacement per depth, tree_step.fill_tree) and verifies by rejection sampling against q (verify_chain, or
+verify_tree_without_replacement); "topk" takes each mask's top candidates and verifies them as point masses.
+Mask j never sees the guesses before it, so q_j is a marginal over them; mtp.py says why that stays lossless.
 
 Paper: Xiao et al. 2024, ParallelSpec: Parallel Drafter for Efficient Speculative Decoding, arXiv 2410.05589.
 """
@@ -25,10 +28,9 @@ import time
 import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, DraftLength
-from nanospec.decoding.common import chain_step, check_sampling, start, tensor
+from nanospec.decoding.common import DRAFT_SAMPLING_OPTIONS, chain_step, check_sampling, samples_drafts, start, tensor
 from nanospec.decoding.medusa import parse_tree
-from nanospec.decoding.tree_step import tree_step
-from nanospec.tree import medusa_tree
+from nanospec.decoding.tree_step import fill_tree, tree_step
 from nanospec.verify import sample, warp
 
 # Paths of ranks: (1, 0) = mask 1's second choice, then mask 2's first. Top-3 for the next token, then a chain.
@@ -41,7 +43,8 @@ OPTIONS = {
     "tree": (str, None, "parallelspec's guesses: small (8: top-3 for the next token, then mostly a chain), chain "
                         "(each mask's top-1), a medusa preset (default, wide) or paths like '0;1;0,0' "
                         "(None = small, or chain with --adaptive)"),
-    **ADAPTIVE_OPTIONS,  # chain only; confidence: a mask's probability of its top-1 guess
+    **ADAPTIVE_OPTIONS,  # chain only; confidence: a mask's probability of its guess
+    **DRAFT_SAMPLING_OPTIONS,
 }
 
 
@@ -56,8 +59,9 @@ def tree_paths(tree, k, vocab_size):
 
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-             draft_len=None, tree=None, adaptive="off", confidence=0.5):
+             draft_len=None, tree=None, adaptive="off", confidence=0.5, draft_sampling="sample"):
     check_sampling(temperature, top_k, top_p)
+    sampled = samples_drafts(draft_sampling, temperature)
     target, drafter = models.target, models.parallelspec
     if drafter is None:
         raise ValueError("parallelspec needs the parallelspec drafter: run `python train_tiny.py --stage parallelspec`")
@@ -92,17 +96,19 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         guesses = drafter.draft(target, draft_cache, new_tokens, d)  # (d, V): one pass, d guesses
         draft_time += time.perf_counter() - t0
         passes += 1
-        if paths is None:  # chain: each mask's top-1
-            drafts = length.cut(guesses, guesses.argmax(-1).tolist())  # all d, unless unsure (confidence)
-            emitted, n, _ = chain_step(run, target, cache, last, drafts, sampling)
+        if paths is None:  # chain: each mask's top-1, or a draw from its warped q
+            q_draft = warp(guesses, *sampling) if sampled else None  # (d, V)
+            picks = sample(q_draft, run.generator) if sampled else guesses.argmax(-1)  # (d,)
+            drafts = length.cut(guesses, picks.tolist())  # all d, unless unsure (confidence)
+            q_draft = q_draft[:len(drafts)] if sampled else None
+            emitted, n, _ = chain_step(run, target, cache, last, drafts, sampling, q_draft)
             drafted, accepted = drafted + len(drafts), accepted + n
             length.update(len(drafts), n)
         else:  # tree: each mask's top candidates, Medusa-style (mask j's candidates sit at depth j)
             slots = cache.max_len - cache.length - 1  # cache slots left for guesses in this forward
             step_paths = [p for p in paths if len(p) <= d][:slots]
-            width = max(max(p) for p in step_paths) + 1
-            tokens, parents = medusa_tree(last, guesses.topk(width, dim=-1).indices, step_paths)
-            emitted, path, _ = tree_step(run, target, cache, tokens, parents, sampling)
+            tokens, parents, q_draft = fill_tree(last, guesses, step_paths, sampling, sampled, run.generator)
+            emitted, path, _ = tree_step(run, target, cache, tokens, parents, sampling, q_draft=q_draft)
             drafted, accepted = drafted + len(tokens) - 1, accepted + len(path)
         done = run.emit(emitted)
         last, new_tokens = emitted[-1], emitted  # the accepted guesses and the new root: the drafter's next read
