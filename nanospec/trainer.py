@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from nanospec.checkpoint import save_atomic
+from nanospec.muon import Muon, hidden_matrices
 
 
 @dataclass
@@ -34,6 +35,8 @@ class TrainConfig:
     grad_clip: float = 1.0  # clip the global gradient norm: one bad batch cannot wreck the run
     eval_interval: int = 100  # steps between validation runs (also a checkpoint each time)
     seed: int = 1337  # seeds init and batches: the same command gives the same model
+    optimizer: str = "adamw"  # adamw, or muon: Muon for the blocks' matrices (nanospec/muon.py), AdamW for the rest
+    muon_lr: float = 0.02  # Muon's peak rate (its updates have unit singular values, so it is not AdamW's scale)
     precision: str = "auto"  # auto: bf16 autocast where the hardware does it fast, else fp32; fp32: never bf16
 
 
@@ -82,12 +85,19 @@ def autocast_dtype(device, precision="auto"):
     return None
 
 
-def make_optimizer(model, cfg):
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+def make_optimizers(model, cfg):
+    """AdamW for everything; or, with cfg.optimizer "muon", Muon for the blocks' hidden matrices and AdamW for
+    the rest. Each param group's "lr_scale" is its peak rate over cfg.lr: the one schedule scales every group."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    to_muon = hidden_matrices(model) if cfg.optimizer == "muon" else set()
+    adam = [(n, p) for n, p in named if n not in to_muon]
+    groups = [{"params": [p for _, p in adam if p.dim() >= 2], "weight_decay": cfg.weight_decay, "lr_scale": 1.0},
+              {"params": [p for _, p in adam if p.dim() < 2], "weight_decay": 0.0, "lr_scale": 1.0}]
+    opts = [torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))]
+    if to_muon:
+        opts.append(Muon([{"params": [p for n, p in named if n in to_muon], "lr_scale": cfg.muon_lr / cfg.lr}],
+                         lr=cfg.muon_lr))
+    return opts
 
 
 def lr_at(cfg, step, progress):
@@ -108,21 +118,26 @@ def stop_on_sigterm(signum, frame):
 def train(name, model, loss_fn, eval_fn, cfg, ckpt_path, ckpt_fields, device, tokens_per_step):
     """Train `model` in place; resume from `ckpt_path` if it holds an unfinished run of the same part.
     `ckpt_fields()` returns what the checkpoint stores besides the training state (config, weights, tokenizer)."""
-    opt = make_optimizer(model, cfg)
+    opts = make_optimizers(model, cfg)
     step, seconds = 0, 0.0
     if os.path.exists(ckpt_path):
         from nanospec.checkpoint import load_checkpoint
         ckpt = load_checkpoint(ckpt_path)
         if "optimizer" in ckpt:
             model.load_state_dict(ckpt["model"])
-            opt.load_state_dict(ckpt["optimizer"])
+            states = ckpt["optimizer"] if isinstance(ckpt["optimizer"], list) else [ckpt["optimizer"]]
+            if len(states) != len(opts):
+                raise ValueError(f"{ckpt_path} was trained with another optimizer than {cfg.optimizer!r}: "
+                                 "delete it to retrain, or use another --out-dir")
+            for opt, state in zip(opts, states):
+                opt.load_state_dict(state)
             step, seconds = ckpt["step"], ckpt["seconds"]
             print(f"{name}: resuming from {ckpt_path} at step {step} ({seconds:.0f}s trained)")
     amp = autocast_dtype(device, cfg.precision)
 
     def save(done):
-        save_atomic({**ckpt_fields(), "optimizer": opt.state_dict(), "step": step, "seconds": seconds,
-                     "done": done, "train_config": asdict(cfg)}, ckpt_path)
+        save_atomic({**ckpt_fields(), "optimizer": [opt.state_dict() for opt in opts], "step": step,
+                     "seconds": seconds, "done": done, "train_config": asdict(cfg)}, ckpt_path)
 
     def evaluate():
         model.eval()
@@ -143,14 +158,17 @@ def train(name, model, loss_fn, eval_fn, cfg, ckpt_path, ckpt_fields, device, to
         while step < cfg.max_iters and time_left() > 0:
             t0 = time.perf_counter()
             progress = max(step / cfg.max_iters, seconds / (seconds + time_left()) if cfg.max_seconds else 0.0)
-            for g in opt.param_groups:
-                g["lr"] = lr_at(cfg, step, progress)
+            lr = lr_at(cfg, step, progress)
+            for opt in opts:
+                for g in opt.param_groups:
+                    g["lr"] = lr * g["lr_scale"]
             with torch.autocast(device.split(":")[0], dtype=amp or torch.float32, enabled=amp is not None):
                 loss, parts = loss_fn(model, step)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            for opt in opts:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
             step += 1
             dt = time.perf_counter() - t0
             seconds += dt
@@ -160,7 +178,7 @@ def train(name, model, loss_fn, eval_fn, cfg, ckpt_path, ckpt_fields, device, to
                 left = min((cfg.max_iters - step) * dt, time_left())
                 shown = " | ".join(f"{k} {v:.3f}" for k, v in parts.items())
                 print(f"{name}: step {step}/{cfg.max_iters} | loss {loss.item():.3f} | {shown} | "
-                      f"{tok_rate / 1e3:.1f}k tok/s | lr {opt.param_groups[0]['lr']:.1e} | "
+                      f"{tok_rate / 1e3:.1f}k tok/s | lr {lr:.1e} | "
                       f"{seconds:.0f}s, ~{max(0, left):.0f}s left", flush=True)
             if step % cfg.eval_interval == 0 and step < cfg.max_iters:
                 t_eval = time.perf_counter()
