@@ -72,6 +72,8 @@ class Eagle(nn.Module):
         if mask is None and n_cached > 0:
             mask = causal_mask(n_cached, T, tokens.device)
         emb = target.wte(tokens) + target.wpe(pos)  # (B, T, C) the target's own input embedding
+        # the features at unit RMS: a target trained with Muon carries features of RMS ~8 beside embeddings of ~0.1
+        features = F.rms_norm(features, (features.size(-1),))  # (B, T, C)
         x = self.fc(torch.cat([emb, features], dim=-1))  # (B, T, 2C) -> (B, T, C)
         x = self.block(x, mask, cache, 0)  # (B, T, C) the predicted next feature
         if cache is not None:
@@ -104,7 +106,8 @@ def eagle_losses(eagle, target, w):
     pred = eagle(target, w[:, 1:], f[:, :-1])  # reads f_0..f_{T-1}: predicts f_1..f_T, drafts x_2..x_{T+1}
     V = pred.logits.size(-1)
     p_target = torch.softmax(out.logits[:, 1:], dim=-1)  # (B, T, V) the target's law of x_{t+2}
-    losses = {"feature": F.smooth_l1_loss(pred.hidden, f[:, 1:]),
+    scale = f[:, 1:].pow(2).mean().sqrt()  # the features' RMS: the loss judges the error relative to it
+    losses = {"feature": F.smooth_l1_loss(pred.hidden / scale, f[:, 1:] / scale),
               "dist": F.cross_entropy(pred.logits.reshape(-1, V), p_target.reshape(-1, V))}
     losses["total"] = FEATURE_WEIGHT * losses["feature"] + DIST_WEIGHT * losses["dist"]
     losses["acc"] = (pred.logits.argmax(-1) == out.logits[:, 1:].argmax(-1)).float().mean()
