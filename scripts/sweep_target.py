@@ -1,26 +1,23 @@
 """
-Sweep the target's shape and training settings at a fixed wall-clock budget, and print what each reaches.
+Sweep the target's shape and training settings, and print what each reaches in bits per byte.
 
-The `tiny` preset was chosen with this script: every variant trains the target from scratch for what the same
-number of seconds buys it (its own `make train` budget by default) on the same corpus, and is judged on bits per
-byte of the validation text, which compares models across vocabularies (a bigger vocabulary puts more bytes in
-a token).
+The `tiny` preset was chosen with this script. Every variant trains the target from scratch on the same corpus
+and is judged on bits per byte of the validation text, which compares models across vocabularies (a bigger
+vocabulary puts more bytes in a token). What matters for `make train` is learning per CPU-second, so the table
+gives each run's own training speed beside its result: compare variants at equal wall time, not equal steps.
 
 A shared machine makes wall-clock budgets unfair: a run that lost the CPU to something else reaches fewer
-steps. So each variant is first timed alone for a few steps (`throughput`: the fastest steps of two short
-probes), the budget is turned into a step count (budget x tokens/s, less 3% for evaluations), and the run
-trains for exactly that many steps with the learning-rate schedule a wall-clock run on a quiet machine would
-have had. The table says what the machine measured, and the result no longer depends on its load.
+steps. So a run trains for a fixed number of steps (--steps, or what --seconds buy at the speed of a short
+probe timed first), with the learning-rate schedule over those steps; the load average before and after is
+printed beside each run, and a run made under load gives a fair loss but an unfair speed.
 
-    python scripts/sweep_target.py                                  # every variant, the preset's target budget
-    python scripts/sweep_target.py --variants base,deep12x128 --seconds 120 --precision fp32
-    python scripts/sweep_target.py --table                          # print the table of runs already made
+    python scripts/sweep_target.py --variants old,tiny --steps 900     # two variants, 900 steps each
+    python scripts/sweep_target.py --variants 8x96 --seconds 315       # the steps 315 s buy on this machine
+    python scripts/sweep_target.py --table                             # print the table of runs already made
 
-A variant is a set of overrides of the tiny preset (`VARIANTS` below). Each trains into runs/sweep/<name>/ with
-its own tokenizer (retrained when the vocabulary differs: a few seconds); a finished variant is not retrained,
-so the table can be built up over several calls. The table: shape, parameters, training tokens/s, steps
-reached, validation bits per byte (and nats per token), and the stage's wall time. Timings need a quiet
-machine: the load average before and after each run is printed beside it.
+A variant is a set of overrides of the `tiny` preset (`VARIANTS` below); `old` is the preset before the sweep.
+Each trains into runs/sweep/<name>/ (a tokenizer of the same vocabulary is copied from an earlier variant); a
+finished variant is not retrained, so the table can be built up over several calls.
 """
 import argparse
 import copy
@@ -38,17 +35,24 @@ import torch  # noqa: E402
 import train_tiny  # noqa: E402
 from nanospec.checkpoint import load_checkpoint  # noqa: E402
 from nanospec.model import GPT  # noqa: E402
-from nanospec.trainer import autocast_dtype, make_optimizer  # noqa: E402
+from nanospec.trainer import autocast_dtype, make_optimizers  # noqa: E402
 
 # name -> overrides: "target" (GPTConfig fields), "train" (TrainConfig fields of target_train), or preset keys
+OLD = {"target": dict(n_layer=4, n_embd=192), "head_fraction": 1 / 4,
+       "train": dict(batch_size=16, optimizer="adamw")}  # the preset before this sweep
 VARIANTS = {
-    "base": {},  # the preset before this sweep: 4 layers x 192, batch 16 x 256, lr 2e-3, heads on 1/4 of positions
-    "base-heads1/16": {"head_fraction": 1 / 16},
-    "4x128": {"target": dict(n_embd=128), "head_fraction": 1 / 16},
-    "6x128": {"target": dict(n_layer=6, n_embd=128), "head_fraction": 1 / 16},
-    "8x96": {"target": dict(n_layer=8, n_embd=96), "head_fraction": 1 / 16},
-    "base-vocab4096": {"vocab_size": 4096, "head_fraction": 1 / 16},
-    "4x128-batch8": {"target": dict(n_embd=128), "head_fraction": 1 / 16, "train": dict(batch_size=8)},
+    "old": OLD,
+    "old-heads1/16": {**OLD, "head_fraction": 1 / 16},
+    "4x128": {**OLD, "target": dict(n_layer=4, n_embd=128), "head_fraction": 1 / 16},
+    "6x128": {**OLD, "target": dict(n_layer=6, n_embd=128), "head_fraction": 1 / 16},
+    "8x96": {**OLD, "target": dict(n_layer=8, n_embd=96), "head_fraction": 1 / 16},
+    "old-vocab4096": {**OLD, "vocab_size": 4096, "head_fraction": 1 / 16},
+    "4x128-batch8": {"target": dict(n_layer=4, n_embd=128), "train": dict(batch_size=8, optimizer="adamw")},
+    "8x128-batch8": {"target": dict(n_embd=128), "train": dict(batch_size=8, optimizer="adamw")},
+    "8x128-batch8-muon": {"target": dict(n_embd=128), "train": dict(batch_size=8)},
+    "8x128-batch8-muon-lr0.04": {"target": dict(n_embd=128), "train": dict(batch_size=8, muon_lr=0.04)},
+    "8x96-muon": {"target": dict(n_embd=96)},
+    "tiny": {},  # 8x64, batch 16, Muon, heads on 1/16 of the positions
 }
 
 
@@ -75,7 +79,7 @@ def throughput(ctx, cfg, steps=8):
     for probe in range(2):
         torch.manual_seed(probe)
         model = GPT(model_cfg).to(ctx.device).train()
-        opt = make_optimizer(model, tc)
+        opts = make_optimizers(model, tc)
         rng = np.random.default_rng(probe)
         for i in range(steps + 2):  # two warm-up steps
             t0 = time.perf_counter()
@@ -86,8 +90,9 @@ def throughput(ctx, cfg, steps=8):
                 loss = losses["main"] + sum(cfg["head_weight"] * v for k, v in losses.items() if k != "main")
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            for opt in opts:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
             if i >= 2:
                 best = min(best, time.perf_counter() - t0)
         time.sleep(2)
@@ -115,12 +120,19 @@ def run_variant(name, args):
             os.system(f"cp {tok} {tok[:-9]}.vocab {out_dir}/")
     train_tiny.stage_corpus(ctx)
     train_tiny.stage_tokenizer(ctx)
-    tokens_per_s = throughput(ctx, cfg)
     tc = cfg["target_train"]
-    seconds = args.seconds or tc.max_seconds
-    steps = int(0.97 * seconds * tokens_per_s / (tc.batch_size * cfg["target"].block_size))
-    cfg["target_train"] = replace(tc, max_iters=steps, max_seconds=0.0, eval_interval=max(steps // 3, 1))
-    print(f"{name}: {tokens_per_s / 1e3:.1f}k tokens/s measured alone: {seconds:.0f}s buy {steps} steps", flush=True)
+    if args.wall_clock:  # what make train does: on a quiet machine only
+        steps = None
+        cfg["target_train"] = replace(tc, max_iters=100_000, max_seconds=args.seconds or tc.max_seconds)
+    elif args.steps:
+        steps = args.steps
+    else:
+        seconds = args.seconds or tc.max_seconds
+        tokens_per_s = throughput(ctx, cfg)
+        steps = int(0.97 * seconds * tokens_per_s / (tc.batch_size * cfg["target"].block_size))
+        print(f"{name}: {tokens_per_s / 1e3:.1f}k tokens/s in a probe: {seconds:.0f}s buy {steps} steps", flush=True)
+    if steps:
+        cfg["target_train"] = replace(tc, max_iters=steps, max_seconds=0.0, eval_interval=max(steps // 3, 1))
     load_before = os.getloadavg()[0]
     ctx.stage_started = t0 = time.perf_counter()
     losses = train_tiny.stage_target(ctx)
@@ -128,9 +140,9 @@ def run_variant(name, args):
     ckpt = load_checkpoint(os.path.join(out_dir, "target.pt"))
     t, tc = cfg["target"], cfg["target_train"]
     result = dict(name=name, shape=f"{t.n_layer}x{t.n_embd} h{t.n_head}", vocab=cfg["vocab_size"],
-                  context=t.block_size, batch=tc.batch_size, lr=tc.lr, head_fraction=cfg["head_fraction"],
+                  context=t.block_size, batch=tc.batch_size, optimizer=tc.optimizer, head_fraction=cfg["head_fraction"],
                   params=sum(v.numel() for k, v in ckpt["model"].items() if k != "wpe.weight" and k != "lm_head.weight"),
-                  steps=ckpt["step"], tokens_per_s=tokens_per_s, budget=seconds,
+                  steps=ckpt["step"], tokens=ckpt["step"] * tc.batch_size * t.block_size, seconds=ckpt["seconds"],
                   bpb=losses["bpb"], nats=losses["main"], wall=wall, precision=args.precision,
                   load=f"{load_before:.1f}/{os.getloadavg()[0]:.1f}")
     json.dump(result, open(result_path, "w"))
@@ -138,12 +150,13 @@ def run_variant(name, args):
 
 
 def table(results):
-    lines = ["| variant | shape | vocab | batch x context | lr | heads' positions | params | tokens/s | steps | "
-             "val bits/byte | val nats/token | wall (this run) | load |", "|" + "---|" * 13]
+    lines = ["| variant | shape | vocab | batch x context | optimizer | heads' positions | params | steps | tokens "
+             "| tokens/s (run) | val bits/byte | val nats/token | wall | load before/after |", "|" + "---|" * 14]
     for r in results:
-        lines.append(f"| {r['name']} | {r['shape']} | {r['vocab']} | {r['batch']} x {r['context']} | {r['lr']:g} | "
-                     f"{r['head_fraction']:g} | {r['params'] / 1e6:.2f}M | {r['tokens_per_s'] / 1e3:.1f}k | "
-                     f"{r['steps']} | {r['bpb']:.3f} | {r['nats']:.3f} | {r['wall']:.0f}s | {r['load']} |")
+        lines.append(f"| {r['name']} | {r['shape']} | {r['vocab']} | {r['batch']} x {r['context']} | "
+                     f"{r['optimizer']} | 1/{1 / r['head_fraction']:.0f} | {r['params'] / 1e6:.2f}M | {r['steps']} | "
+                     f"{r['tokens'] / 1e6:.2f}M | {r['tokens'] / r['seconds'] / 1e3:.1f}k | {r['bpb']:.3f} | "
+                     f"{r['nats']:.3f} | {r['wall']:.0f}s | {r['load']} |")
     return "\n".join(lines)
 
 
@@ -152,6 +165,9 @@ def main():
     p.add_argument("--variants", default="all", help=f"comma-separated, or all: {', '.join(VARIANTS)}")
     p.add_argument("--seconds", type=float, default=None,
                    help="the wall-clock budget each run is given, as steps (default: the preset's target budget)")
+    p.add_argument("--steps", type=int, default=0, help="train each variant for this many steps (no probe)")
+    p.add_argument("--wall-clock", action="store_true",
+                   help="train for --seconds of wall clock, as make train does (fair on a quiet machine only)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "auto", "bf16"], help="fp32 is the reference")
     p.add_argument("--runs", default="runs/sweep", help="one folder per variant")
     p.add_argument("--data-dir", default="data", help="the corpus (built by the first run if missing)")
