@@ -37,8 +37,10 @@ OPTIONS = {
 
 
 def default_exit_layer(n_layer):
-    """The exit used unless --exit-layer says otherwise: half the target's blocks."""
-    return n_layer // 2
+    """The exit used unless --exit-layer says otherwise: an eighth of the target's blocks, at least one. On a CPU
+    the draft's cost decides more than its agreement: on the 8-layer tiny target (adapters trained), exit 1 gave
+    2.71 tokens per forward and 1.10x greedy, exit 4 gave 2.94 and 0.84x (9 bench prompts, one thread)."""
+    return max(1, n_layer // 8)
 
 
 @torch.inference_mode()
