@@ -286,12 +286,9 @@ def drafter_passes(models, names, prefix_len):
     target forward over 1 token this gives c, the drafter's cost ratio in Leviathan et al.'s speedup formula:
     a step that drafts k guesses with k passes costs k c + 1 target forwards."""
     gen = torch.Generator().manual_seed(1)
-    target, passes = models.target, {}
+    target, passes = models.target, {}  # (speculative's draft forward is one of step_calls' jobs already)
     C, device, dtype = target.config.n_embd, target.wte.weight.device, target.wte.weight.dtype
     one = torch.randint(0, target.config.vocab_size, (1, 1), generator=gen).to(device)  # (1, 1) the newest token
-    if "speculative" in names and models.draft is not None:
-        dcache, _ = cached(models.draft, prefix_len, gen)
-        passes["speculative"] = lambda: (models.draft(one, cache=dcache), dcache.rollback(prefix_len))
     if "early-exit" in names:
         from nanospec.decoding.early_exit import default_exit_layer
         from nanospec.drafters.early_exit import exit_logits
@@ -599,6 +596,8 @@ def main(argv=None):
     seconds = seconds[:len(jobs)]
     cost = dict(zip(sizes, seconds))
     step = {(job[0] is models.draft, job[2]): s for job, s in zip(jobs[len(sizes):], seconds[len(sizes):])}
+    if (True, None) in step:  # the draft GPT's bare forward over 1 token
+        c = {"speculative": step[True, None] / cost[1], **c}
     loads = (load_before, load_average())
 
     out = report_header(args, argv, models, device, prompts, categories, temperatures,

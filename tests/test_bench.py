@@ -132,4 +132,9 @@ def test_quick_bench_on_a_toy_model(tmp_path, capsys):
         assert name in sampled and f"{name} (topk)" in sampled and f"| {name} (topk) " in report
     assert not any("(" in name for name in greedy)  # greedy: one row per method, both modes are the same there
     assert "## speculative: predicted against measured" in report
+    c_line = next(line for line in report.splitlines() if line.startswith("- drafter cost c = "))
+    for name in ("speculative", "early-exit", "mtp", "medusa", "eagle", "parallelspec"):  # each drafter once
+        assert c_line.count(f" {name} ") == 1, c_line
+    c_spec = float(c_line.split(" speculative ")[1].split(",")[0])
+    assert f"c = draft/target forward time = {c_spec:.2f})" in report  # one measurement, one figure
     assert "MISMATCH" not in report
