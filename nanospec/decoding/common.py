@@ -7,6 +7,7 @@ A method calls `run.emit(tokens)` once per target forward with the tokens that f
 accepted guesses plus the target's own next token); `emit` keeps what fits and says when to stop.
 """
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +27,7 @@ class Run:
     target_forwards: int = 0
     stop: str = None  # why generation ended: "eot", "max_new_tokens" or "context"
     t0: float = field(default_factory=time.perf_counter)
+    draft_time: float = 0.0  # seconds inside `with run.drafting():`, for methods that report their drafter's share
 
     @property
     def seq(self):
@@ -57,6 +59,15 @@ class Run:
                 break
         self.accepted_per_step.append(kept)
         return self.stop is not None
+
+    @contextmanager
+    def drafting(self):
+        """`with run.drafting():` around a drafter's work adds its wall time to draft_time."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.draft_time += time.perf_counter() - t
 
     def stats(self, **extra):
         n = len(self.out)

@@ -29,8 +29,6 @@ it level by level with draws given the DRAWN tokens above. Either way the head r
 
 Papers: Li et al. 2024, EAGLE, arXiv 2401.15077; Li et al. 2024, EAGLE-2, arXiv 2406.16858.
 """
-import time
-
 import torch
 
 from nanospec.decoding.common import DRAFT_SAMPLING_OPTIONS, check_sampling, samples_drafts, start, tensor
@@ -142,34 +140,31 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     sampling = (temperature, top_k, top_p)
     cache = target.new_cache()
     dcache = eagle.new_cache(max_len=target.config.block_size + max(depth * width, total_tokens))  # + guessed nodes
-    t_draft, passes, steps, nodes = 0.0, 0, 0, 0
+    passes, steps, nodes = 0, 0, 0
 
     # prefill: the target reads the prompt and picks the first root; the head reads x_1..x_P with f_0..f_{P-1}
     out = target(tensor(run.prompt, cache.k.device), cache=cache)
     last = int(sample(warp(out.logits[0, -1], *sampling), run.generator))
-    t0 = time.perf_counter()
-    draft = refresh(eagle, target, dcache, run.prompt[1:] + [last], out.hidden[0])
-    t_draft += time.perf_counter() - t0
+    with run.drafting():
+        draft = refresh(eagle, target, dcache, run.prompt[1:] + [last], out.hidden[0])
     done = run.emit([last])
     while not done:
         d = run.draft_room(depth)  # near the end of the budget or context, a shallower tree
-        t0 = time.perf_counter()
         size, q_draft = min(total_tokens, cache.max_len - cache.length), None
-        if sampled:
-            tokens, parents, q_draft = grow_sampled_tree(eagle, target, dcache, last, draft, d, width, size,
-                                                         sampling, run.generator)
-        else:
-            tokens, parents = grow_tree(eagle, target, dcache, last, draft, d, width, size)
-        t_draft += time.perf_counter() - t0
+        with run.drafting():
+            if sampled:
+                tokens, parents, q_draft = grow_sampled_tree(eagle, target, dcache, last, draft, d, width, size,
+                                                             sampling, run.generator)
+            else:
+                tokens, parents = grow_tree(eagle, target, dcache, last, draft, d, width, size)
         emitted, path, out = tree_step(run, target, cache, tokens, parents, sampling, q_draft=q_draft)
         steps, nodes, passes = steps + 1, nodes + len(tokens) - 1, passes + max(d - 1, 0)
         done = run.emit(emitted)
         last = emitted[-1]
         if not done:  # the accepted nodes again, now with the target's features at the node before each
-            t0 = time.perf_counter()
-            draft = refresh(eagle, target, dcache, [tokens[n] for n in path] + [last], out.hidden[0, [0] + path])
-            t_draft += time.perf_counter() - t0
+            with run.drafting():
+                draft = refresh(eagle, target, dcache, [tokens[n] for n in path] + [last], out.hidden[0, [0] + path])
             passes += 1
     stats = run.stats(tree_nodes=nodes / max(1, steps), drafter_passes_per_step=(passes + 1) / max(1, steps))
-    stats["draft_time_share"] = t_draft / max(stats["wall_time"], 1e-9)
+    stats["draft_time_share"] = run.draft_time / max(stats["wall_time"], 1e-9)
     return run.out, stats

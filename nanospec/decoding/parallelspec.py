@@ -23,8 +23,6 @@ Mask j never sees the guesses before it, so q_j is a marginal over them; mtp.py 
 
 Paper: Xiao et al. 2024, ParallelSpec: Parallel Drafter for Efficient Speculative Decoding, arXiv 2410.05589.
 """
-import time
-
 import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, DraftLength
@@ -85,16 +83,15 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     last = int(sample(warp(out.logits[0, -1], *sampling), run.generator))
     new_tokens = run.prompt + [last]  # what the drafter has not read yet, ending with the root
     done = run.emit([last])
-    passes, drafted, accepted, draft_time = 0, 0, 0, 0.0
+    passes, drafted, accepted = 0, 0, 0
     while not done:
         d = run.draft_room(length.k)  # near the end of the budget or context, guess fewer
         if d == 0:  # one token left to emit: nothing to guess (and this is the last step)
             emitted, _, _ = chain_step(run, target, cache, last, [], sampling)
             run.emit(emitted)
             break
-        t0 = time.perf_counter()
-        guesses = drafter.draft(target, draft_cache, new_tokens, d)  # (d, V): one pass, d guesses
-        draft_time += time.perf_counter() - t0
+        with run.drafting():
+            guesses = drafter.draft(target, draft_cache, new_tokens, d)  # (d, V): one pass, d guesses
         passes += 1
         if paths is None:  # chain: each mask's top-1, or a draw from its warped q
             q_draft = warp(guesses, *sampling) if sampled else None  # (d, V)
@@ -113,4 +110,4 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         done = run.emit(emitted)
         last, new_tokens = emitted[-1], emitted  # the accepted guesses and the new root: the drafter's next read
     return run.out, run.stats(drafter_passes=passes, drafted=drafted, accepted=accepted,
-                              acceptance_rate=accepted / max(1, drafted), draft_time=draft_time)
+                              acceptance_rate=accepted / max(1, drafted), draft_time=run.draft_time)
