@@ -61,6 +61,7 @@ def frontier_mask(prefix_len, fed, frontier, parent, device="cpu"):
     ends the walk up. The frontier's slots are added to `fed`. Returns (K, prefix_len + F + K) bool (F fed before).
     Example: prefix 2, fed {}, frontier [0, 1] -> [[1, 1, 1, 0], [1, 1, 0, 1]]; then fed {0: 0, 1: 1},
     frontier [2] with parent[2] = 0 -> [[1, 1, 1, 0, 1]]."""
+    # BEGIN SOLUTION ex9
     F, K = len(fed), len(frontier)
     rows, cols = [], []
     for i, c in enumerate(frontier):
@@ -73,6 +74,7 @@ def frontier_mask(prefix_len, fed, frontier, parent, device="cpu"):
     mask[:, :prefix_len] = True
     mask[rows, cols] = True
     return mask
+    # END SOLUTION ex9
 
 
 def tree_positions(parents, prefix_len, device="cpu"):

@@ -64,10 +64,12 @@ def expand(eagle, target, dcache, L, d, frontier, cand_tok, cand_parent, fed, fe
     """One head pass over `frontier`, candidates at depth d (indices into cand_tok / cand_parent; parent -1 = the
     root), each seeing the L accepted slots, its ancestors fed at earlier passes (slots in `fed`) and itself;
     feats (1, K, C) = each one's parent's f̂. Returns the head's Output (1, K, ...)."""
+    # BEGIN SOLUTION ex9
     device = dcache.k.device
     mask = frontier_mask(L, fed, frontier, cand_parent, device)  # (K, L + fed + K)
     pos = torch.full((len(frontier),), L + d, device=device)  # a depth-d node sits d after the root
     return eagle(target, tensor([cand_tok[c] for c in frontier], device), feats, pos, dcache, mask)
+    # END SOLUTION ex9
 
 
 def grow_tree(eagle, target, dcache, root, draft, depth, width, total_tokens):
