@@ -31,6 +31,14 @@ def depths(parents):
     return d
 
 
+def children(parents):
+    """children[u] = the nodes whose parent is u, in index order. [-1, 0, 0, 1] -> [[1, 2], [3], [], []]."""
+    kids = [[] for _ in parents]
+    for c in range(1, len(parents)):
+        kids[parents[c]].append(c)
+    return kids
+
+
 def path_to(parents, node):
     """Node indices from the root down to `node`, inclusive. [-1, 0, 1, 0], 2 -> [0, 1, 2]."""
     path = []
@@ -165,13 +173,10 @@ def format_tree(parents, label, marked=()):
                   ')'
               'self'
     """
-    children = [[] for _ in parents]
-    for n, p in enumerate(parents):
-        if p >= 0:
-            children[p].append(n)
+    kids = children(parents)
     lines, stack = [], [(0, 0)]
     while stack:  # depth-first, children in index order
         node, depth = stack.pop()
         lines.append("    " * depth + ("* " if node in marked else "  ") + label(node))
-        stack.extend((c, depth + 1) for c in reversed(children[node]))
+        stack.extend((c, depth + 1) for c in reversed(kids[node]))
     return "\n".join(lines)

@@ -32,7 +32,7 @@ All randomness comes from the `generator` passed in; nothing here seeds anything
 """
 import torch
 
-from nanospec.tree import depths, path_to
+from nanospec.tree import children, depths, path_to
 
 
 def warp(logits, temperature=0.0, top_k=None, top_p=None):
@@ -221,10 +221,7 @@ def _layout(parents):
     if parents[0] != -1 or min(parents[1:], default=0) < 0:
         raise ValueError(f"parents[0] must be -1 (the root) and only there, got {parents}")
     depth = depths(parents)  # checks that every parent comes before its children
-    children = [[] for _ in parents]
-    for c in range(1, len(parents)):
-        children[parents[c]].append(c)
-    return parents, children, depth
+    return parents, children(parents), depth
 
 
 def _walk_tree(p_target, tokens, parents, proposal, generator):

@@ -27,7 +27,7 @@ The target's law is kept either way; drawn children are accepted far more often 
 import torch
 
 from nanospec.decoding.common import tensor
-from nanospec.tree import depths, medusa_tree, tree_from_paths, tree_mask, tree_positions
+from nanospec.tree import children, depths, medusa_tree, tree_from_paths, tree_mask, tree_positions
 from nanospec.verify import (sample_without_replacement, typical_accept, verify_tree_descend, verify_tree_greedy,
                              verify_tree_without_replacement, warp)
 
@@ -112,18 +112,17 @@ def draw_tree(root, paths, q_root, next_q, generator=None):
     The shape is fixed before any draw and no drawn node is pruned, as verify_tree_without_replacement needs.
     Returns (tokens, parents, q_draft (N, V): the law each node's children were drawn from)."""
     parents, nodes = tree_from_paths(paths)
-    N = len(nodes)
-    children = [[c for c in range(N) if parents[c] == u] for u in range(N)]  # in rank order = draw order
+    N, kids = len(nodes), children(parents)  # kids[u] in rank order = draw order
     tokens = [int(root)] + [-1] * (N - 1)  # -1: not drawn
     q_draft = q_root.new_zeros(N, q_root.numel())  # (N, V)
     q_draft[0] = q_root
     for d in range(max(map(len, nodes))):
-        level = [u for u in range(N) if len(nodes[u]) == d and tokens[u] >= 0 and children[u]]
+        level = [u for u in range(N) if len(nodes[u]) == d and tokens[u] >= 0 and kids[u]]
         if d > 0 and level:
             q_draft[level] = next_q(d, level, tokens, parents)
         for u in level:
-            m = min(len(children[u]), int((q_draft[u] > 0).sum()))
-            for c, x in zip(children[u], sample_without_replacement(q_draft[u], m, generator).tolist()):
+            m = min(len(kids[u]), int((q_draft[u] > 0).sum()))
+            for c, x in zip(kids[u], sample_without_replacement(q_draft[u], m, generator).tolist()):
                 tokens[c] = x
     keep = [u for u in range(N) if tokens[u] >= 0]
     index = {u: i for i, u in enumerate(keep)}
