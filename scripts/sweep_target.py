@@ -6,14 +6,14 @@ and is judged on bits per byte of the validation text, which compares models acr
 vocabulary puts more bytes in a token). What matters for `make train` is learning per CPU-second, so the table
 gives each run's own training speed beside its result: compare variants at equal wall time, not equal steps.
 
-A shared machine makes wall-clock budgets unfair: a run that lost the CPU to something else reaches fewer
-steps. So a run trains for a fixed number of steps (--steps, or what --seconds buy at the speed of a short
-probe timed first), with the learning-rate schedule over those steps; the load average before and after is
-printed beside each run, and a run made under load gives a fair loss but an unfair speed.
+By default a run trains for --seconds of wall clock, as `make train` does, which is fair on a quiet machine
+only: a run that loses the CPU to other work reaches fewer steps. On a busy machine use --steps: a fixed number
+of steps, with the learning-rate schedule over them, gives a loss that does not depend on the load (the speed
+still does). The load average before and after each run is printed beside it.
 
-    python scripts/sweep_target.py --variants old,tiny --steps 900     # two variants, 900 steps each
-    python scripts/sweep_target.py --variants 8x96 --seconds 315       # the steps 315 s buy on this machine
-    python scripts/sweep_target.py --table                             # print the table of runs already made
+    python scripts/sweep_target.py --variants 8x96-muon,tiny --seconds 315    # what make train would reach
+    python scripts/sweep_target.py --variants old,8x128-batch8 --steps 900      # the same steps for both
+    python scripts/sweep_target.py --table                                      # the table of runs already made
 
 A variant is a set of overrides of the `tiny` preset (`VARIANTS` below); `old` is the preset before the sweep.
 Each trains into runs/sweep/<name>/ (a tokenizer of the same vocabulary is copied from an earlier variant); a
@@ -23,19 +23,16 @@ import argparse
 import copy
 import json
 import os
+import shutil
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
 import train_tiny  # noqa: E402
 from nanospec.checkpoint import load_checkpoint  # noqa: E402
-from nanospec.model import GPT  # noqa: E402
-from nanospec.trainer import autocast_dtype, make_optimizers  # noqa: E402
+from nanospec.trainer import PRECISIONS  # noqa: E402
 
 # name -> overrides: "target" (GPTConfig fields), "train" (TrainConfig fields of target_train), or preset keys
 OLD = {"target": dict(n_layer=4, n_embd=192), "head_fraction": 1 / 4,
@@ -68,37 +65,6 @@ def preset_with(overrides):
     return cfg
 
 
-def throughput(ctx, cfg, steps=8):
-    """Training tokens/s of the target of preset `cfg` on this machine: the fastest of `steps` timed steps in
-    each of two probes a few seconds apart (the fastest step is the one nothing else interrupted)."""
-    model_cfg = replace(cfg["target"], vocab_size=ctx.tokenizer.vocab_size)
-    tc = replace(cfg["target_train"], precision=ctx.args.precision)
-    T, nf, B = model_cfg.block_size, model_cfg.n_future, tc.batch_size
-    amp = autocast_dtype(ctx.device, tc.precision)
-    best = float("inf")
-    for probe in range(2):
-        torch.manual_seed(probe)
-        model = GPT(model_cfg).to(ctx.device).train()
-        opts = make_optimizers(model, tc)
-        rng = np.random.default_rng(probe)
-        for i in range(steps + 2):  # two warm-up steps
-            t0 = time.perf_counter()
-            w = train_tiny.windows(ctx.train_tokens, rng, B, T + 1 + nf).to(ctx.device)
-            pos = torch.from_numpy(rng.choice(T, max(1, int(T * cfg["head_fraction"])), replace=False))
-            with torch.autocast(ctx.device.split(":")[0], dtype=amp or torch.float32, enabled=amp is not None):
-                losses = train_tiny.lm_losses(model, w, pos.to(ctx.device))
-                loss = losses["main"] + sum(cfg["head_weight"] * v for k, v in losses.items() if k != "main")
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-            for opt in opts:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            if i >= 2:
-                best = min(best, time.perf_counter() - t0)
-        time.sleep(2)
-    return B * T / best
-
-
 def run_variant(name, args):
     out_dir = os.path.join(args.runs, name)
     result_path = os.path.join(out_dir, "result.json")
@@ -117,22 +83,15 @@ def run_variant(name, args):
         if (other != name and os.path.exists(other_result) and os.path.exists(tok)
                 and json.load(open(other_result))["vocab"] == cfg["vocab_size"]
                 and not os.path.exists(os.path.join(out_dir, "tokenizer.tiktoken"))):
-            os.system(f"cp {tok} {tok[:-9]}.vocab {out_dir}/")
+            for path in (tok, tok[:-len(".tiktoken")] + ".vocab"):
+                shutil.copy(path, out_dir)
     train_tiny.stage_corpus(ctx)
     train_tiny.stage_tokenizer(ctx)
     tc = cfg["target_train"]
-    if args.wall_clock:  # what make train does: on a quiet machine only
-        steps = None
+    if args.steps:  # a fixed number of steps, the schedule over them: the loss does not depend on the load
+        cfg["target_train"] = replace(tc, max_iters=args.steps, max_seconds=0.0, eval_interval=max(args.steps // 3, 1))
+    else:  # what make train does (max_iters out of the way): fair on a quiet machine only
         cfg["target_train"] = replace(tc, max_iters=100_000, max_seconds=args.seconds or tc.max_seconds)
-    elif args.steps:
-        steps = args.steps
-    else:
-        seconds = args.seconds or tc.max_seconds
-        tokens_per_s = throughput(ctx, cfg)
-        steps = int(0.97 * seconds * tokens_per_s / (tc.batch_size * cfg["target"].block_size))
-        print(f"{name}: {tokens_per_s / 1e3:.1f}k tokens/s in a probe: {seconds:.0f}s buy {steps} steps", flush=True)
-    if steps:
-        cfg["target_train"] = replace(tc, max_iters=steps, max_seconds=0.0, eval_interval=max(steps // 3, 1))
     load_before = os.getloadavg()[0]
     ctx.stage_started = t0 = time.perf_counter()
     losses = train_tiny.stage_target(ctx)
@@ -164,11 +123,10 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("--variants", default="all", help=f"comma-separated, or all: {', '.join(VARIANTS)}")
     p.add_argument("--seconds", type=float, default=None,
-                   help="the wall-clock budget each run is given, as steps (default: the preset's target budget)")
-    p.add_argument("--steps", type=int, default=0, help="train each variant for this many steps (no probe)")
-    p.add_argument("--wall-clock", action="store_true",
-                   help="train for --seconds of wall clock, as make train does (fair on a quiet machine only)")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "auto", "bf16"], help="fp32 is the reference")
+                   help="wall-clock budget of each run, as make train gives it (default: the preset's target budget)")
+    p.add_argument("--steps", type=int, default=0,
+                   help="train each variant for this many steps instead: fair on a busy machine too")
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="fp32 is the reference")
     p.add_argument("--runs", default="runs/sweep", help="one folder per variant")
     p.add_argument("--data-dir", default="data", help="the corpus (built by the first run if missing)")
     p.add_argument("--table", action="store_true", help="only print the table of the runs already made")
