@@ -39,9 +39,10 @@ from nanospec.verify import sample, warp
 
 NEEDS = ("eagle",)
 USES = ()  # parts used when present
-# Defaults measured on the tiny preset, one CPU thread (greedy, 8 validation prompts): 2/4/8 gave 2.6 tokens per
-# forward and the best wall-clock; 6/6/32 gives 3.2 tokens per forward but is 1.7x slower. EAGLE-2 uses depth 6-7,
-# top-k 10, 60 tokens on a GPU, where a head pass is almost free; here one costs ~0.4 of a target forward.
+# Defaults measured on the 4x192 tiny preset of before 2026-11-23, one CPU thread (greedy, 8 validation prompts):
+# 2/4/8 gave 2.6 tokens per forward and the best wall-clock; 6/6/32 gives 3.2 tokens per forward but is 1.7x
+# slower. EAGLE-2 uses depth 6-7, top-k 10, 60 tokens on a GPU, where a head pass is almost free; here one costs
+# about a quarter of a target forward (the bench's c).
 OPTIONS = {
     "depth": (int, 2, "deepest guess below the root; the head runs this many passes per step (1..16)"),
     "width": (int, 4, "nodes expanded per level and children per node (EAGLE-2's top_k; 1..32); with "
@@ -50,7 +51,7 @@ OPTIONS = {
     **DRAFT_SAMPLING_OPTIONS,
 }
 LIMITS = {"depth": 16, "width": 32, "total_tokens": 256}  # beyond these a step costs far more than it can accept
-ACCEPT_GUESS = 0.75  # shapes the sampled tree: a draw's acceptance, mean sum(min(p, q)) = 0.78 on the tiny model
+ACCEPT_GUESS = 0.75  # shapes the sampled tree: a draw's acceptance, mean sum(min(p, q)) = 0.78 on the 4x192 model
 
 
 def refresh(eagle, target, dcache, tokens, features):

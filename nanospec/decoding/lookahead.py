@@ -41,7 +41,7 @@ at no extra cost (the paper checks the n-grams only). The accepted path's cache 
 window), usually at most N (an n-gram: N-1 guesses + the target's own token).
 
 Defaults W=3, N=4, G=3 are for a tiny model on a CPU, where a forward's cost grows with its length (on the
-`tiny` preset, 30 new tokens cost about 2.5x one): a forward holds at most 1 + (W-1) + W(N-2) + G(N-1) = 18
+4x192 `tiny` preset, 30 new tokens cost about 2.5x one): a forward holds at most 1 + (W-1) + W(N-2) + G(N-1) = 18
 tokens. Against W=5, G=5 (30 tokens), measured greedy on 8 validation prompts: the same 3.0 tokens per
 forward, 1.6x instead of 1.35x the speed of `ar` (CPU time). (The paper's W=15, N=5, G=15 for 7B models on
 a GPU would feed ~130 tokens per forward.)

@@ -23,7 +23,7 @@ guesses before its own, so q_i is the head's law for that token MARGINALISED ove
 p_i is conditioned on them. The rule stays lossless all the same: each guess is drawn from exactly the q it is
 verified against, given the guesses before it, because that q does not depend on them (they are independent
 draws). What the marginal costs is acceptance: the accept rate sum(min(p_i, q_i)) falls with the distance
-between the conditional p_i and the marginal q_i, which grows with i (measured on the tiny model at
+between the conditional p_i and the marginal q_i, which grows with i (measured on the 4x192 tiny model at
 temperature 1: about 0.39 for head 1, 0.33 for heads 2 and 3, against 0.70 for the draft GPT of `speculative`).
 
 Papers: Stern et al. 2018, Blockwise Parallel Decoding, arXiv 1811.03115; Gloeckle et al. 2024, Better &

@@ -13,7 +13,7 @@ a step's drafter pass reads only the tokens emitted since the last step plus the
 
 By default the top candidates of each mask fill a small Medusa-style tree (nanospec/tree.py) instead of one
 chain, verified with tree attention (nanospec/decoding/tree_step.py); still one drafter pass per step. On the
-tiny preset (8 validation prompts, greedy) the chain emits 2.25 tokens per target forward and SMALL_TREE, 8
+4x192 tiny preset (8 validation prompts, greedy) the chain emits 2.25 tokens per target forward and SMALL_TREE, 8
 guesses, 2.81: a mask's second or third choice is often right when its first is not.
 Greedy output is `ar`'s token for token. Sampling follows the target's law exactly in both modes of
 draft_sampling: "sample" (default) DRAWS mask j's guess from its warped law q_j (a tree: draws without
