@@ -33,8 +33,8 @@ from nanospec.verify import sample, warp
 
 # Measured by `python scripts/medusa_tree.py` on the 4x192 `make train` model of before 2026-11-23, with its
 # retrained heads (heads.pt): it counts, over greedy continuations of 64 validation prompts, how often each path
-# of head ranks is fully right (a greedy step accepts exactly the right nodes), then times medusa with the best tree of 4 to 24 paths
-# against `ar` on 15 other prompts. Tokens per forward predicted by walking the continuations as decoding does:
+# of head ranks is fully right (a greedy step accepts exactly the right nodes), then times medusa with the best
+# tree of 4 to 24 paths against `ar` on 15 other prompts. Tokens per forward predicted by walking the continuations as decoding does:
 # 2.26 with these 4 paths, 2.76 with the best 16 ("large"); timed: 2.10 at 0.76x ar, against 2.47 at 0.64x for
 # "large" (prefill included). On a CPU a forward's cost grows with its tokens (17 cost 2-3x one), so the small
 # tree is faster; where a forward over 17 tokens costs about what one over 1 does (a GPU, a larger model),
