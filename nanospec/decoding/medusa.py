@@ -31,14 +31,14 @@ from nanospec.tokenizer import render
 from nanospec.tree import depths, format_tree, tree_from_paths
 from nanospec.verify import sample, warp
 
-# Measured by `python scripts/medusa_tree.py` on the 4x192 `make train` model of before 2026-11-23, with its
-# retrained heads (heads.pt): it counts, over greedy continuations of 64 validation prompts, how often each path
-# of head ranks is fully right (a greedy step accepts exactly the right nodes), then times medusa with the best
-# tree of 4 to 24 paths against `ar` on 15 other prompts. Tokens per forward predicted by walking the continuations as decoding does:
-# 2.26 with these 4 paths, 2.76 with the best 16 ("large"); timed: 2.10 at 0.76x ar, against 2.47 at 0.64x for
-# "large" (prefill included). On a CPU a forward's cost grows with its tokens (17 cost 2-3x one), so the small
-# tree is faster; where a forward over 17 tokens costs about what one over 1 does (a GPU, a larger model),
-# "large" should be the faster. On the thin 8x64 target, 8-24 paths timed 0.06-0.11x faster than these 4 (README).
+# Measured by `python scripts/medusa_tree.py` on the 4x192 `make train` model of before 2026-11-23, with its retrained
+# heads (heads.pt): it counts, over greedy continuations of 64 validation prompts, how often each path of head ranks
+# is fully right (a greedy step accepts exactly the right nodes), then times medusa with the best tree of 4 to 24
+# paths against `ar` on 15 other prompts. Tokens per forward predicted by walking the continuations as decoding does:
+# 2.26 with these 4 paths, 2.76 with the best 16 ("large"); timed: 2.10 at 0.76x ar, against 2.47 at 0.64x for "large"
+# (prefill included). On a CPU a forward's cost grows with its tokens (17 cost 2-3x one), so the small tree is faster;
+# where a forward over 17 tokens costs about what one over 1 does (a GPU, a larger model), "large" should be the
+# faster. On the thin 8x64 target, 8-24 paths timed 0.06-0.11x faster than these 4 (README).
 DEFAULT_TREE = [(0,), (1,), (0, 0), (0, 0, 0)]
 TREES = {
     "default": DEFAULT_TREE,
