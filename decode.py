@@ -15,8 +15,8 @@ import sys
 
 from nanospec.checkpoint import CheckpointError
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
-from nanospec.models import load_models
-from nanospec.trainer import pick_device
+from nanospec.parts import load_models
+from nanospec.device import pick_device
 
 COLOURS = ("\033[30;46m", "\033[30;43m")  # black on cyan, black on yellow
 RESET = "\033[0m"

@@ -40,9 +40,10 @@ import torch
 
 from nanospec.checkpoint import CheckpointError
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
-from nanospec.models import load_models
+from nanospec.parts import load_models
 from nanospec.decoding.common import DRAFT_SAMPLING, tensor
-from nanospec.trainer import pick_device
+from nanospec.device import pick_device
+from nanospec.presets import PRESETS
 from nanospec.verify import sample, warp
 
 
@@ -89,11 +90,7 @@ def git_commit():
 
 
 def preset_of(config):
-    """The train_tiny.py preset whose target has this config, or 'custom'."""
-    try:
-        from train_tiny import PRESETS  # a script at the repository root: only there when run from it
-    except ImportError:
-        return "?"
+    """The preset (nanospec/presets.py) whose target has this config, or 'custom'."""
     for name, preset in PRESETS.items():
         if dataclasses.replace(preset["target"], vocab_size=config.vocab_size) == config:
             return name

@@ -1,7 +1,7 @@
 """
 Checkpoints: one file per trained part (`target.pt`, `draft.pt`, and later drafters) in one run folder, next
 to the tokenizer they were trained with (`tokenizer.tiktoken`). This module reads and writes single files and
-knows no drafter; nanospec/models.py assembles the parts a decoding method needs.
+knows no drafter; nanospec/parts.py assembles the parts a decoding method needs.
 
 Each file holds the part's config, its weights, the identity (sha256) of the tokenizer, and what training needs
 to resume (optimizer state, step, seconds trained). Writes are atomic: write a temporary file, then rename it

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from nanospec.models import load_models  # noqa: E402
+from nanospec.parts import load_models  # noqa: E402
 from nanospec.decoding import METHODS  # noqa: E402
 
 K = 10  # ranks counted per head: a tree node never asks for more than head i's top-10

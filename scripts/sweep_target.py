@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import train_tiny  # noqa: E402
+from nanospec.presets import PRESETS  # noqa: E402
 from nanospec.checkpoint import load_checkpoint  # noqa: E402
 from nanospec.trainer import PRECISIONS  # noqa: E402
 
@@ -54,7 +55,7 @@ VARIANTS = {
 
 
 def preset_with(overrides):
-    cfg = copy.deepcopy(train_tiny.PRESETS["tiny"])
+    cfg = copy.deepcopy(PRESETS["tiny"])
     for key, value in overrides.items():
         if key == "target":
             cfg["target"] = replace(cfg["target"], **value)

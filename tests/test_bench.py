@@ -10,6 +10,7 @@ import pytest
 
 import train_tiny
 from nanospec import bench, corpus
+from nanospec.presets import PRESETS
 from nanospec.decoding import MODULES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +81,7 @@ def test_committed_prompts_are_validation_text_of_the_default_corpus(tmp_path):
     assert min(counts.values()) >= 10, counts
     if doc["python"] != sys.version.split()[0]:
         pytest.skip(f"prompts.json was cut from Python {doc['python']}'s stdlib, this is {sys.version.split()[0]}")
-    corpus.build_corpus(tmp_path, budget_bytes=train_tiny.PRESETS["tiny"]["corpus_bytes"])
+    corpus.build_corpus(tmp_path, budget_bytes=PRESETS["tiny"]["corpus_bytes"])
     val, train = (tmp_path / "val.txt").read_text(), (tmp_path / "train.txt").read_text()
     for p in doc["prompts"]:
         text = "\n".join(p["lines"])

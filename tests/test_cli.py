@@ -11,7 +11,7 @@ import torch
 import decode
 import train_tiny
 from nanospec.checkpoint import CheckpointError, load_checkpoint
-from nanospec.models import load_models
+from nanospec.parts import load_models
 from nanospec.decoding.ar import generate_nocache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

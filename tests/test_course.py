@@ -204,7 +204,7 @@ def test_what_needs_no_exercise_still_runs_in_the_handout(all_blanked):
     code = """
 import torch, decode, train_tiny, nanospec.bench
 from nanospec.model import GPT, GPTConfig
-from nanospec.models import Models
+from nanospec.parts import Models
 from nanospec.decoding import METHODS
 from nanospec.decoding.ar import generate_nocache
 torch.manual_seed(0)

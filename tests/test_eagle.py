@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nanospec.checkpoint import save_atomic
-from nanospec.models import Models
+from nanospec.parts import Models
 from nanospec.decoding import METHODS, check_method
 from nanospec.decoding import eagle as eagle_method
 from nanospec.decoding.common import tensor

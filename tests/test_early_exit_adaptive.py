@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from nanospec.models import Models
+from nanospec.parts import Models
 from nanospec.decoding import METHODS, MODULES
 from nanospec.decoding.adaptive import DraftLength
 from nanospec.drafters.early_exit import ExitAdapter, distill_losses, exit_logits

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nanospec.checkpoint import CheckpointError, gpt_checkpoint, load_checkpoint, save_atomic
-from nanospec.models import Models, load_models
+from nanospec.parts import Models, load_models
 from nanospec.decoding import METHODS
 from nanospec.drafters.heads import head_losses, load_heads, rollouts, train_stage
 from nanospec.trainer import TrainConfig

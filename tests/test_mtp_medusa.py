@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanospec.models import Models
+from nanospec.parts import Models
 from nanospec.decoding import METHODS
 from nanospec.decoding.common import start, tensor
 from nanospec.decoding.medusa import parse_tree

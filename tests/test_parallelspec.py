@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from nanospec.checkpoint import save_atomic
-from nanospec.models import Models
+from nanospec.parts import Models
 from nanospec.decoding import METHODS, check_method
 from nanospec.drafters.parallelspec import (ParallelSpec, ParallelSpecConfig, distill_losses, group_layout,
                                             load_parallelspec)

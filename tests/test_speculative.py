@@ -15,7 +15,7 @@ Tiny float64 models, so argmax ties do not happen and equal distributions are eq
 import pytest
 import torch
 
-from nanospec.models import Models
+from nanospec.parts import Models
 from nanospec.decoding import METHODS, check_method
 from nanospec.decoding import speculative as speculative_module
 from nanospec.decoding.common import chain_step

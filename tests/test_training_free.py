@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nanospec.models import Models
+from nanospec.parts import Models
 from nanospec.decoding import METHODS
 from nanospec.decoding.lookahead import build_tree
 from nanospec.decoding.prompt_lookup import lookup

@@ -4,7 +4,7 @@ The registry: every `--method` name maps to a module with the same three things,
     generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
              **options) -> (ids, stats)
     NEEDS:   the model parts it cannot run without, beyond the target, e.g. ("draft",)
-    USES:    the parts it uses when present, e.g. ("heads",) (nanospec/models.py lists the parts)
+    USES:    the parts it uses when present, e.g. ("heads",) (nanospec/parts.py lists the parts)
     OPTIONS: its own options, name -> (type, default, help); decode.py turns each into a --kebab-case flag
 
 `decode.py`, the benchmark and the tests all go through `METHODS`.

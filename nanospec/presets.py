@@ -1,0 +1,43 @@
+"""
+Named sizes of everything `make train` builds: the corpus budget, the tokenizer's vocabulary, the target and
+draft shapes, and each stage's TrainConfig. `python train_tiny.py --preset NAME` picks one; the benchmark reads
+them to name the preset a checkpoint came from.
+"""
+from nanospec.model import GPTConfig
+from nanospec.trainer import TrainConfig
+
+# Named sizes. `tiny` is the default: all of `make train` within 9.5 minutes on a 2-core CPU in fp32.
+# `small` and `medium` are for a GPU. `toy` is for tests and smoke runs (seconds, useless output).
+PRESETS = {
+    "toy": dict(corpus_bytes=300_000, vocab_size=320, head_weight=0.3, head_fraction=0.25,
+                target=GPTConfig(vocab_size=0, block_size=64, n_layer=2, n_head=2, n_embd=32, n_future=2),
+                draft=GPTConfig(vocab_size=0, block_size=64, n_layer=1, n_head=2, n_embd=16, n_future=0),
+                target_train=TrainConfig(max_iters=30, batch_size=8, eval_interval=15, warmup_iters=5),
+                heads_train=TrainConfig(max_iters=10, batch_size=8, eval_interval=5, warmup_iters=2),
+                draft_train=TrainConfig(max_iters=20, batch_size=8, eval_interval=10, warmup_iters=5),
+                eagle_train=TrainConfig(max_iters=20, batch_size=8, eval_interval=10, warmup_iters=5),
+                parallelspec_train=TrainConfig(max_iters=20, batch_size=8, eval_interval=10, warmup_iters=5),
+                early_exit_train=TrainConfig(max_iters=20, batch_size=8, eval_interval=10, warmup_iters=5)),
+    # tiny: deep and thin, so that a one-layer drafter costs about a tenth of a target forward; Muon, width 64
+    # and MTP heads on 1/16 of the positions bought the most learning per CPU-second in fp32 (README, "The target")
+    "tiny": dict(corpus_bytes=4_000_000, vocab_size=2048, head_weight=0.3, head_fraction=1 / 16,
+                 target=GPTConfig(vocab_size=0, block_size=256, n_layer=8, n_head=4, n_embd=64, n_future=3),
+                 draft=GPTConfig(vocab_size=0, block_size=256, n_layer=1, n_head=2, n_embd=96, n_future=0),
+                 target_train=TrainConfig(max_iters=1500, max_seconds=315, optimizer="muon"),
+                 # heads-only phase (nanospec/drafters/heads.py): a fine-tune, so a large rate and no decay
+                 heads_train=TrainConfig(max_iters=200, max_seconds=45, lr=3e-3, min_lr=3e-4, warmup_iters=10,
+                                         weight_decay=0.0, eval_interval=50),
+                 draft_train=TrainConfig(max_iters=600, max_seconds=40, lr=3e-3, optimizer="muon"),
+                 eagle_train=TrainConfig(max_iters=300, max_seconds=60, lr=6e-3, warmup_iters=20),
+                 parallelspec_train=TrainConfig(max_iters=600, max_seconds=50, batch_size=8, lr=3e-3, warmup_iters=20),
+                 early_exit_train=TrainConfig(max_iters=150, max_seconds=25, lr=3e-3, warmup_iters=20)),
+    "small": dict(corpus_bytes=20_000_000, vocab_size=4096, head_weight=0.3, head_fraction=0.25,
+                  target=GPTConfig(vocab_size=0, block_size=512, n_layer=8, n_head=8, n_embd=512, n_future=4),
+                  draft=GPTConfig(vocab_size=0, block_size=512, n_layer=2, n_head=4, n_embd=192, n_future=0),
+                  target_train=TrainConfig(max_iters=5000, batch_size=32, lr=1e-3, min_lr=1e-4, warmup_iters=200),
+                  heads_train=TrainConfig(max_iters=1000, batch_size=32, lr=1e-3, warmup_iters=50, weight_decay=0.0),
+                  draft_train=TrainConfig(max_iters=3000, batch_size=32, lr=2e-3, warmup_iters=100),
+                  eagle_train=TrainConfig(max_iters=3000, batch_size=32, lr=2e-3, warmup_iters=100),
+                  parallelspec_train=TrainConfig(max_iters=3000, batch_size=32, lr=2e-3, warmup_iters=100),
+                  early_exit_train=TrainConfig(max_iters=1000, batch_size=32, lr=2e-3, warmup_iters=50)),
+}
