@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import train_tiny
-from nanospec import bench, corpus
+from nanospec import bench, corpus, report
 from nanospec.presets import PRESETS
 from nanospec.decoding import MODULES
 
@@ -92,19 +92,19 @@ def test_committed_prompts_are_validation_text_of_the_default_corpus(tmp_path):
 # ----------------------------------------------------------------------------- helpers
 
 def test_helpers_on_literal_examples():
-    assert bench.ngram_repeats([], [1, 2, 3, 4, 1, 2, 3, 4, 1]) == (2, 2, 6)  # a loop repeats its own 4-grams
-    assert bench.ngram_repeats([1, 2, 3, 4], [1, 2, 3, 4, 5]) == (0, 1, 2)  # 1234 is copied from the prompt
-    assert bench.first_difference([1, 2, 3], [1, 2, 3]) is None
-    assert bench.first_difference([1, 2, 3], [1, 5, 3]) == 1
-    assert bench.first_difference([1, 2], [1, 2, 3]) == 2
+    assert report.ngram_repeats([], [1, 2, 3, 4, 1, 2, 3, 4, 1]) == (2, 2, 6)  # a loop repeats its own 4-grams
+    assert report.ngram_repeats([1, 2, 3, 4], [1, 2, 3, 4, 5]) == (0, 1, 2)  # 1234 is copied from the prompt
+    assert report.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert report.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert report.first_difference([1, 2], [1, 2, 3]) == 2
     # k = 2, 10 tokens: prefill 1, then steps keeping 3 (2 accepted), 1 (0, a rejection), 2 (1, a rejection),
     # 3 (2): 5 accepted, 2 rejections -> a = 5/7; 9 tokens in 4 steps
-    a, per_step = bench.acceptance_mle([{"accepted_per_step": [1, 3, 1, 2, 3]}], k=2, max_new_tokens=10)
+    a, per_step = report.acceptance_mle([{"accepted_per_step": [1, 3, 1, 2, 3]}], k=2, max_new_tokens=10)
     assert a == pytest.approx(5 / 7) and per_step == pytest.approx(9 / 4)
-    assert bench.leviathan(0.0, 4, 0.5) == pytest.approx(1 / 3)  # nothing accepted: 1 token for 4c + 1
-    assert bench.leviathan(1.0, 4, 0.0) == pytest.approx(5.0)  # free draft, always right: k + 1
-    assert bench.leviathan(0.5, 1, 0.0) == pytest.approx(1.5)  # (1 - 0.25) / 0.5
-    assert bench.table(["a", "b"], [["x", 1]]) == "| a | b |\n|---|--:|\n| x | 1 |"
+    assert report.leviathan(0.0, 4, 0.5) == pytest.approx(1 / 3)  # nothing accepted: 1 token for 4c + 1
+    assert report.leviathan(1.0, 4, 0.0) == pytest.approx(5.0)  # free draft, always right: k + 1
+    assert report.leviathan(0.5, 1, 0.0) == pytest.approx(1.5)  # (1 - 0.25) / 0.5
+    assert report.table(["a", "b"], [["x", 1]]) == "| a | b |\n|---|--:|\n| x | 1 |"
 
 
 # ----------------------------------------------------------------------------- the whole bench, quick
@@ -135,7 +135,7 @@ def test_quick_bench_on_a_toy_model(tmp_path, capsys):
     assert "## speculative: predicted against measured" in report
     c_line = next(line for line in report.splitlines() if line.startswith("- drafter cost c = "))
     for name in ("speculative", "early-exit", "mtp", "medusa", "eagle", "parallelspec"):  # each drafter once
-        assert c_line.count(f" {name} ") == 1, c_line
-    c_spec = float(c_line.split(" speculative ")[1].split(",")[0])
-    assert f"c = draft/target forward time = {c_spec:.2f})" in report  # one measurement, one figure
+        assert c_line.count(f" {name}") == 1, c_line
+    for name in ("eagle", "parallelspec"):  # c from the method's own drafting timer, as its stats report it
+        assert float(c_line.split(f" {name} ")[1].split(",")[0].split(";")[0]) > 0, c_line
     assert "MISMATCH" not in report

@@ -1,0 +1,368 @@
+"""
+The Markdown report of `make bench` (nanospec/bench.py measures, this module writes): the conditions (machine,
+device, model, prompts, settings), a table per temperature, the greedy-equality check, how repetitive `ar`'s
+output is, the cost of a target forward against the tokens it reads, and Leviathan's model of `speculative`
+set beside the measured speedup. Everything here reads the measurements; nothing is timed here.
+
+    report.build(measured)   -> the whole report as Markdown text, from a `Measured` record
+"""
+import dataclasses
+import datetime
+import os
+import platform
+import re
+import subprocess
+from dataclasses import dataclass
+
+import torch
+
+from nanospec.decoding import MODULES
+from nanospec.decoding.common import tensor
+from nanospec.presets import PRESETS
+
+
+@dataclass
+class Measured:
+    """Everything `make bench` measured, as the report reads it (bench.py fills it in)."""
+    args: object  # the parsed command line, its settings resolved (--quick applied)
+    command: str  # the flags as typed, for the header
+    models: object  # nanospec.parts.Models
+    device: str
+    prompts: list  # dicts id, category, text, ids
+    categories: list  # in the prompt file's order
+    temperatures: list
+    names: list  # the methods that ran (ar first)
+    rows: dict  # temperature -> {row label: (method, options)}, see bench.table_rows
+    results: dict  # temperature -> {row label: {prompt id: dict(ids, stats, seconds)}}
+    notes: list  # "- skipped ..." lines
+    failed: dict  # row label -> one-line reason it stopped
+    cost: dict  # n -> seconds of one target forward over n new tokens after a cached prefix
+    prefix: int  # that prefix's length
+    reps: int  # the cost runs (fastest of)
+    step: dict  # (is the draft, temperature or None) -> seconds of one forward (None) or decoding step
+    c: dict  # method -> drafter cost c from its own drafting time; methods that do not report it are absent
+    seconds: float  # of measurements
+    loads: tuple  # load average before and after
+
+
+# ----------------------------------------------------------------------------- the conditions
+
+def machine():
+    """'AMD EPYC, 2 cores' from /proc/cpuinfo where there is one (Linux), else what platform knows."""
+    name = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
+
+
+def load_average():
+    """The 1-minute load average (runnable processes), or '?' where the OS does not say."""
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except (AttributeError, OSError):
+        return "?"
+
+
+def device_name(device):
+    return torch.cuda.get_device_name(device) if device.startswith("cuda") else device
+
+
+def git_commit():
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def preset_of(config):
+    """The preset (nanospec/presets.py) whose target has this config, or 'custom'."""
+    for name, preset in PRESETS.items():
+        if dataclasses.replace(preset["target"], vocab_size=config.vocab_size) == config:
+            return name
+    return "custom"
+
+
+def describe(model):
+    c = model.config
+    return (f"{model.num_params() / 1e6:.2f}M parameters ({c.n_layer} layer{'s' * (c.n_layer > 1)} x {c.n_embd} "
+            f"wide, {c.n_head} heads, vocab {c.vocab_size}, context {c.block_size})")
+
+
+# ----------------------------------------------------------------------------- what the figures are made of
+
+def first_difference(a, b):
+    """Index of the first position where the lists differ (the shorter length if one is a prefix), or None."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@torch.inference_mode()
+def top2_gap(target, ids):
+    """How far apart the target's two best next-token logits are after `ids` (a full forward, no cache):
+    a gap near float rounding (1e-5) means a near-tie that a batched forward may break the other way."""
+    logits = target(tensor(ids, target.wte.weight.device)).logits[0, -1]  # (V,)
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
+
+
+def ngram_repeats(context, out, n=4):
+    """(4-grams of `out` seen earlier in `out`, seen earlier in context + out, all 4-grams of `out`).
+    Empty context, out [1, 2, 3, 4, 1, 2, 3, 4, 1] -> 1234 2341 3412 4123 1234 2341 -> (2, 2, 6)."""
+    seq = list(context) + list(out)
+    in_out, in_seq = set(), set()  # 4-grams so far: of the output, of the whole sequence
+    own = seen = total = 0
+    for i in range(len(seq) - n + 1):
+        g = tuple(seq[i:i + n])
+        if i >= len(context):  # a 4-gram of the output
+            own, seen, total = own + (g in in_out), seen + (g in in_seq), total + 1
+            in_out.add(g)
+        in_seq.add(g)
+    return own, seen, total
+
+
+def acceptance_mle(per_prompt, k, max_new_tokens):
+    """Leviathan's per-token acceptance rate a from speculative's steps: each step accepts n of k guesses,
+    and n < k means one rejection. Under the model (each guess accepted with probability a, independently),
+    the maximum-likelihood a = accepted / (accepted + rejections). The prefill and steps with fewer than k
+    guesses (near the token budget, where draft_room shrinks k) are left out. Returns (a, tokens per step)."""
+    accepted = rejections = steps = 0
+    for stats in per_prompt:
+        done = stats["accepted_per_step"][0]  # the prefill forward emits 1 token
+        for kept in stats["accepted_per_step"][1:]:
+            if max_new_tokens - done - 1 >= k:  # a full step of k guesses
+                n = kept - 1  # the guesses it accepted (kept = accepted + the target's own token)
+                accepted, rejections, steps = accepted + n, rejections + (n < k), steps + 1
+            done += kept
+    a = accepted / max(1, accepted + rejections)
+    return a, (accepted + steps) / max(1, steps)
+
+
+def leviathan(a, k, c, verify=1.0):
+    """Expected speedup: (1 - a^(k+1)) / (1 - a) tokens per step, for k draft forwards (c each, in target
+    forwards) and one target forward over k+1 tokens (`verify`; Leviathan et al. take it as 1)."""
+    tokens = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+    return tokens / (k * c + verify)
+
+
+# ----------------------------------------------------------------------------- tables
+
+def table(header, rows):
+    """A Markdown table, its columns padded so that it also reads well as plain text."""
+    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    # numbers align right (Markdown: "--:"), words left
+    right = [all(re.match(r"-?[0-9]", row[i]) for row in cells[1:]) for i in range(len(header))]
+
+    def line(row):
+        return "| " + " | ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(row, widths, right)) + " |"
+    rule = "|" + "|".join("-" * (w + 1) + (":" if r else "-") for w, r in zip(widths, right)) + "|"
+    return "\n".join([line(cells[0]), rule] + [line(row) for row in cells[1:]])
+
+
+def totals(results, name, ids):
+    """(tokens, target forwards, seconds) of one method over some prompts."""
+    runs = [results[name][i] for i in ids if i in results[name]]
+    return (sum(r["stats"]["new_tokens"] for r in runs), sum(r["stats"]["target_forwards"] for r in runs),
+            sum(r["seconds"] for r in runs))
+
+
+def method_rows(results, names, prompts, categories, greedy, failed):
+    """One row per method: per category 'speedup (tokens/forward)', then the totals over every prompt."""
+    groups = [(c, [p["id"] for p in prompts if p["category"] == c]) for c in categories]
+    groups.append(("all", [p["id"] for p in prompts]))
+    rows, summary = [], {}
+    for name in names:
+        if name in failed:
+            continue
+        cells, summary[name] = [], {}
+        for group, ids in groups:
+            tokens, forwards, seconds = totals(results, name, ids)
+            ar_tokens, _, ar_seconds = totals(results, "ar", ids)
+            speedup = (tokens / seconds) / (ar_tokens / ar_seconds)
+            summary[name][group] = dict(tokens_per_forward=tokens / forwards, tokens_per_s=tokens / seconds,
+                                        speedup=speedup)
+            if group != "all":
+                cells.append(f"{speedup:.2f}x ({tokens / forwards:.2f})")
+        s = summary[name]["all"]
+        accepted = round(s["tokens_per_forward"] - 1, 2) + 0.0  # + 0.0: no "-0.00" (ar stopped by end-of-text)
+        row = [name, *cells, f"{s['tokens_per_forward']:.2f}", f"{accepted:.2f}", f"{s['tokens_per_s']:.1f}",
+               f"{s['speedup']:.2f}x"]
+        if greedy:
+            equal = sum(results[name][p["id"]]["ids"] == results["ar"][p["id"]]["ids"] for p in prompts)
+            summary[name]["equal"] = equal
+            row.append(f"{equal}/{len(prompts)}" + ("" if equal == len(prompts) else " !"))
+        rows.append(row)
+    return rows, summary
+
+
+def mismatches(results, names, prompts, models):
+    """Lines describing each greedy output that differs from ar's."""
+    lines = []
+    by_id = {p["id"]: p for p in prompts}
+    for name in names:
+        for pid, r in results[name].items():
+            want = results["ar"][pid]["ids"]
+            i = first_difference(r["ids"], want)
+            if i is None:
+                continue
+            ar_tok = repr(models.tokenizer.decode(want[i:i + 1])) if i < len(want) else "(end)"
+            got_tok = repr(models.tokenizer.decode(r["ids"][i:i + 1])) if i < len(r["ids"]) else "(end)"
+            gap = top2_gap(models.target, by_id[pid]["ids"] + want[:i])
+            lines.append(f"- MISMATCH {name} on {pid}: first difference at output token {i}: ar {ar_tok}, "
+                         f"{name} {got_tok}; ar's top-2 logit gap there {gap:.2g}"
+                         + (" (a near-tie: float rounding can flip it)" if gap < 1e-4 else ""))
+    return lines
+
+
+def bar_chart(summary, names, width=40):
+    """Plain-text bars of each method's overall speedup; '|' marks 1.0x (ar)."""
+    top = max(max(s["all"]["speedup"] for s in summary.values()), 1.0)
+    scale = width / top
+    one = round(scale)
+    lines, pad = [], max(map(len, names))
+    for name in names:
+        if name not in summary:
+            continue
+        s = summary[name]["all"]["speedup"]
+        bar = list("#" * round(s * scale) + " " * max(0, width - round(s * scale)))
+        bar[one - 1] = "|"
+        lines.append(f"  {name:{pad}s} {''.join(bar)} {s:.2f}x")
+    return lines
+
+
+# ----------------------------------------------------------------------------- the sections
+
+def header(m):
+    """The conditions every figure below depends on: machine, model, prompts, settings, drafter costs."""
+    args, models = m.args, m.models
+    lens = [len(q["ids"]) for q in m.prompts]
+    draft = f"; draft {describe(models.draft)}" if models.draft is not None else ""
+    if models.target.config.n_future:
+        draft += "; MTP heads " + ("retrained alone (heads.pt)" if models.tuned_heads else "as trained with the target")
+    measured = ", ".join(f"{name} {c:.2f}" for name, c in m.c.items() if c is not None)
+    unreported = [name for name, c in m.c.items() if c is None]
+    costs = (measured or "no trained drafter reports it") + (
+        f"; not reported by {', '.join(unreported)} (no drafting time in their stats)" if unreported else "")
+    return [f"# nanospec bench, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
+            f"- machine: {machine()}; device: {device_name(m.device)}; torch {torch.__version__}; "
+            f"Python {platform.python_version()}; commit {git_commit()}",
+            f"- model: {args.ckpt}/ (preset {preset_of(models.target.config)}): target {describe(models.target)}"
+            f"{draft}; {args.dtype}",
+            f"- prompts: {args.prompts}, {len(m.prompts)} ({', '.join(m.categories)}; up to "
+            f"{args.prompts_per_category} each), {min(lens)}-{max(lens)} tokens (mean {sum(lens) / len(lens):.0f})",
+            f"- settings: {args.max_new_tokens} new tokens per prompt, batch size 1, temperatures "
+            f"{', '.join(f'{t:g}' for t in m.temperatures)}, {args.repeats} timed run(s) per prompt and method "
+            f"after a warm-up, seed {args.seed} + prompt index, each method with its default options",
+            "- drafter cost c = seconds per drafter pass inside the method's own drafting timer (its timed runs) / "
+            "one target forward over 1 token (fastest of the cost runs): " + costs,
+            f"- command: python -m nanospec.bench {m.command}".rstrip(),
+            f"- time: {m.seconds:.0f}s of measurements; load average (1 min) before {m.loads[0]}, after "
+            f"{m.loads[1]} (other work on the machine makes every timing noisy)", ""]
+
+
+def temperature_section(m, t):
+    """One temperature's table (and, greedy, the equality check). Returns (lines, {row: summary})."""
+    greedy = t == 0
+    cells, summary = method_rows(m.results[t], list(m.rows[t]), m.prompts, m.categories, greedy, m.failed)
+    head = (["method", *[f"{c}: speedup (tok/fwd)" for c in m.categories], "tokens/forward", "accepted/step",
+             "tokens/s", "speedup"] + (["output = ar"] if greedy else []))
+    out = [f"## {'greedy (temperature 0)' if greedy else f'temperature {t:g}'}", "", table(head, cells), ""]
+    if len(m.rows[t]) > len(m.names):
+        out += ["A row \"method (topk)\" or \"method (sample)\" is that method with --draft-sampling set the other "
+                "way: its guesses are the drafter's top-k (verified as point masses) or draws from its q.", ""]
+    if greedy:
+        bad = mismatches(m.results[t], [n for n in m.names if n not in m.failed], m.prompts, m.models)
+        out += (bad or ["Every greedy output equals ar's token for token."]) + [""]
+    return out, summary
+
+
+def repetition_section(m):
+    rows = []
+    for c in m.categories:
+        row = [c]
+        for t in m.temperatures:
+            own = seen = total = 0
+            for q in (q for q in m.prompts if q["category"] == c):
+                o, s, n = ngram_repeats(q["ids"], m.results[t]["ar"][q["id"]]["ids"])
+                own, seen, total = own + o, seen + s, total + n
+            row += [f"{own / max(1, total):.0%}", f"{seen / max(1, total):.0%}"]
+        rows.append(row)
+    head = ["category"] + [f"{'greedy' if t == 0 else f't={t:g}'}: {what}" for t in m.temperatures
+                           for what in ("repeats own 4-grams", "4-grams in prompt or earlier")]
+    return ["## How repetitive ar's output is", "", table(head, rows), "",
+            "Share of the output's token 4-grams that already occurred earlier in the output (a loop), and "
+            "earlier in prompt + output (what a copying draft can find). High values flatter every method.", ""]
+
+
+def cost_section(m):
+    cost = m.cost
+    rows = [[f"{n0}-{n0 + 7}"] + [f"{cost[n] / cost[1]:.2f}" for n in range(n0, n0 + 8) if n in cost]
+            for n0 in range(1, max(cost) + 1, 8)]
+    return ["## Cost of one target forward over n new tokens, relative to n = 1", "",
+            table(["n", *[f"+{i}" for i in range(8)]], rows), "",
+            f"cost(1) = {cost[1] * 1e3:.2f} ms: one target forward over 1 token after a {m.prefix}-token cached "
+            f"prefix (fastest of {m.reps} runs). Row '9-16', column '+3' is n = 12. A method that produces t tokens "
+            f"per forward while verifying n positions gains at most about t / (cost(n)/cost(1)), before its own "
+            f"drafting overhead: that is why speedups fall short of tokens/forward.", ""]
+
+
+def leviathan_section(m, summaries):
+    """Leviathan's predicted speedup for `speculative` from its measured acceptance rate, next to the measured
+    one. m.step[(is_draft, temperature)]: seconds of one forward (temperature None) or decoding step."""
+    k = MODULES["speculative"].OPTIONS["draft_len"][1]
+    cost, step = m.cost, m.step
+    c_forward = step[True, None] / cost[1]
+    verify = cost[min(k + 1, max(cost))] / cost[1]
+    rows = []
+    for t in m.temperatures:
+        c_step = step[True, t] / step[False, t]
+        for group in m.categories + ["all"]:
+            ids = [q["id"] for q in m.prompts if group in ("all", q["category"])]
+            runs = [m.results[t]["speculative"][i]["stats"] for i in ids]
+            a, per_step = acceptance_mle(runs, k, m.args.max_new_tokens)
+            predicted_tokens = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+            rows.append([f"{t:g}", group, f"{a:.2f}", f"{predicted_tokens:.2f}", f"{per_step:.2f}",
+                         f"{leviathan(a, k, c_forward):.2f}x", f"{c_step:.2f}",
+                         f"{leviathan(a, k, c_step, verify):.2f}x",
+                         f"{summaries[t]['speculative'][group]['speedup']:.2f}x"])
+    head = ["temperature", "category", "a", "tokens/step predicted", "measured", "speedup predicted (Leviathan)",
+            "c_step", "predicted (c_step, verify cost)", "measured"]
+    return [f"## speculative: predicted against measured (k = {k}, c = draft/target forward time = {c_forward:.2f})",
+            "", table(head, rows), "",
+            "a: acceptance rate per draft token (maximum likelihood from the accepted counts). Predicted "
+            "tokens/step: (1 - a^(k+1)) / (1 - a). Leviathan et al.'s speedup: that / (k c + 1), with c the "
+            "ratio of bare forwards over 1 token. The next prediction prices what the formula leaves out: "
+            "c_step is the ratio of whole decoding steps (forward + warp + sample: per token, the draft pays "
+            f"the same Python and sampling overhead as the target), and the verify forward over k+1 tokens "
+            f"costs cost({k + 1})/cost(1) = {verify:.2f}, not 1. Neither counts the prefill.", ""]
+
+
+def build(m):
+    """The whole report, as Markdown text. Returns (text, summaries: temperature -> {row: figures})."""
+    out = header(m)
+    out += m.notes + [f"- FAILED {name}: {why}" for name, why in m.failed.items()]
+    out += [""] if m.notes or m.failed else []
+    summaries = {}
+    for t in m.temperatures:
+        lines, summaries[t] = temperature_section(m, t)
+        out += lines
+    out += ["Cells: wall-clock speedup over ar (tokens per target forward). Times are whole generate() calls, "
+            "prefill included; tokens/forward counts the prefill forward (1 token); accepted/step = "
+            "tokens/forward - 1.", ""]
+    out += repetition_section(m) + cost_section(m)
+    if "speculative" in m.names and "speculative" not in m.failed:
+        out += leviathan_section(m, summaries)
+    chart = []
+    for t in m.temperatures:
+        chart += [f"speedup over ar, all categories, {'greedy' if t == 0 else f'temperature {t:g}'} ('|' = 1.0x)"]
+        chart += bar_chart(summaries[t], list(m.rows[t])) + [""]
+    out += ["## Speedups", "", "```", *chart, "```", ""]
+    return "\n".join(out), summaries
