@@ -421,7 +421,7 @@ def main(argv=None):
     with open(args.out, "w", encoding="utf-8") as f:
         f.write(text)
     log(f"wrote {args.out}")
-    return dict(summaries=summaries, skipped=setup["notes"], failed=failed, report=text)
+    return dict(summaries=summaries, skipped=setup["notes"], failed=failed, report=text, results=results)
 
 
 if __name__ == "__main__":
