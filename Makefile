@@ -3,7 +3,7 @@ PYTHON ?= python
 OUT ?= ../nanospec-handout
 PRECISION ?= auto  # `make train PRECISION=fp32`: the reference every README figure names
 
-.PHONY: install deps train test bench bench-quick handout grade
+.PHONY: install deps train test bench bench-quick gpu-check handout grade
 
 install:
 	$(PYTHON) -m pip install -r requirements.txt
@@ -25,6 +25,11 @@ bench:
 
 bench-quick:
 	$(PYTHON) -m nanospec.bench --quick
+
+# Every method at greedy, temperature 1 and 0.7 + top-p 0.9 on CUDA, greedy = ar, and the quick bench (needs out/).
+# Without a GPU it says so and exits 0.
+gpu-check:
+	$(PYTHON) -m nanospec.gpu_check
 
 # The course (EXERCISES.md): `make handout EX=3,4 OUT=../handout`, then `make grade` (EX=3,4 to choose).
 handout:

@@ -40,7 +40,7 @@ class Measured:
     prefix: int  # that prefix's length
     reps: int  # the cost runs (fastest of)
     step: dict  # (is the draft, temperature or None) -> seconds of one forward (None) or decoding step
-    c: dict  # method -> drafter cost c from its own drafting time; methods that do not report it are absent
+    c: dict  # method with a trained drafter -> c from its own drafting time, or None where its stats lack it
     seconds: float  # of measurements
     loads: tuple  # load average before and after
 

@@ -1,0 +1,142 @@
+"""
+`make gpu-check`: does every method run on this GPU? On CUDA, with the trained checkpoints in out/:
+
+    1. every method at greedy, at temperature 1, and at temperature 0.7 with top-p 0.9, on a few prompts and
+       seeds (which path a run takes, and so which tensors it makes, varies with the seed);
+    2. every method's greedy output equal to `ar`'s, token for token (every method is lossless with its default
+       options; fp32 by default, as the README's figures);
+    3. the bench's `--quick` run to completion: no method failed or skipped.
+
+It prints a grid (method x setting: ok or FAIL), one line per failure, and a last line with the count; the
+exit status is 0 when everything passed. Without a GPU it says so in one line and exits 0, so that `make
+gpu-check` is harmless anywhere. The same checks run on the CPU with `--device cpu` (the tests do that on toy
+checkpoints).
+
+    python -m nanospec.gpu_check                                  # `make gpu-check`: CUDA, out/
+    python -m nanospec.gpu_check --device cpu --ckpt /tmp/run/out --dtype float64
+"""
+import argparse
+import contextlib
+import io
+import os
+import sys
+import tempfile
+
+import torch
+
+from nanospec import bench
+from nanospec.decoding import MODULES, METHODS, check_method
+from nanospec.parts import PARTS
+
+# (column label, sampling keywords every method's generate takes)
+SETTINGS = (
+    ("greedy", dict(temperature=0.0)),
+    ("t=1", dict(temperature=1.0)),
+    ("t=0.7 top-p=0.9", dict(temperature=0.7, top_p=0.9)),
+)
+PROMPTS = ("def fibonacci(n):\n    ", "import os\n\n\nclass Reader:\n    \"\"\"Read a file", "The value of x is")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Run every method at greedy and sampled settings on a GPU, check "
+                                            "greedy outputs against ar's, and run the quick bench.")
+    p.add_argument("--device", default="cuda", help="cuda (default), cuda:N, mps, or cpu (the same checks, for tests)")
+    p.add_argument("--ckpt", default="out", help="folder with the trained checkpoints (`make train` writes out/)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                   help="float64 rules out near-ties of an untrained toy model (tests)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens per run (default 32)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per prompt and setting (default 3)")
+    p.add_argument("--prompts", default="data/prompts.json", help="the bench's prompt file")
+    return p.parse_args(argv)
+
+
+def no_gpu(device):
+    """The one line to print when the device asked for is not here, or None when it is."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return "gpu-check: no CUDA GPU here (torch.cuda.is_available() is False): nothing to check"
+    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        return "gpu-check: no MPS device here: nothing to check"
+    return None
+
+
+def run_methods(models, args):
+    """grid[method][setting] = None (passed) or the first failure, as one line."""
+    encoded = [models.tokenizer.encode(text) for text in PROMPTS]
+    reference = {}  # (prompt index, seed) -> ar's greedy output
+    grid = {}
+    for name in MODULES:  # ar first: the reference
+        grid[name] = {}
+        try:
+            check_method(name, models)
+        except ValueError as e:
+            grid[name] = {label: f"cannot run: {e}" for label, _ in SETTINGS}
+            continue
+        for label, sampling in SETTINGS:
+            grid[name][label] = first_failure(name, models, encoded, sampling, args, reference)
+    return grid
+
+
+def first_failure(name, models, encoded, sampling, args, reference):
+    """Run one method at one setting over every prompt and seed; the first error or greedy mismatch, or None."""
+    for i, ids in enumerate(encoded):
+        for seed in range(args.seeds):
+            try:
+                out, _ = METHODS[name](models, ids, args.max_new_tokens, seed=seed, **sampling)
+            except Exception as e:
+                return f"prompt {i}, seed {seed}: {bench.one_line(e)}"
+            if sampling["temperature"] == 0:
+                want = reference.setdefault((i, seed), out)  # ar runs first and sets it
+                if out != want:
+                    at = next((j for j, (a, b) in enumerate(zip(out, want)) if a != b), min(len(out), len(want)))
+                    return f"prompt {i}, seed {seed}: greedy output differs from ar's at token {at}"
+    return None
+
+
+def run_bench(args):
+    """The bench's --quick run on this device. Returns None when it completed with every method, else why not."""
+    out = os.path.join(tempfile.mkdtemp(prefix="gpu_check_"), "bench_results.md")
+    argv = ["--quick", "--device", args.device, "--ckpt", args.ckpt, "--dtype", args.dtype, "--prompts",
+            args.prompts, "--out", out]
+    log = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            got = bench.main(argv)
+    except SystemExit as e:
+        return f"stopped: {e.code}"
+    except Exception as e:
+        return f"crashed: {bench.one_line(e)}"
+    problems = [line[2:] for line in got["skipped"] if line.startswith("- skipped")]
+    problems += [f"FAILED {name}: {why}" for name, why in got["failed"].items()]
+    return "; ".join(problems) or None
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    why = no_gpu(args.device)
+    if why:
+        print(why)
+        return 0
+    if not all(os.path.exists(os.path.join(args.ckpt, f)) for f in ("tokenizer.tiktoken", "target.pt")):
+        print(f"gpu-check: no trained checkpoints in {args.ckpt}/: run `make train` first (or pass --ckpt FOLDER)")
+        return 1
+    models, broken = bench.load_parts(args.ckpt, args.device, PARTS, args.dtype)
+    grid = run_methods(models, args)
+    failures = [f"part {part}: {reason}" for part, reason in broken.items()]
+    failures += [f"{name} at {label}: {why}" for name, row in grid.items() for label, why in row.items() if why]
+    print(f"gpu-check on {bench.report.device_name(args.device)} ({args.dtype}, torch {torch.__version__}): every "
+          f"method x setting, {len(PROMPTS)} prompts x {args.seeds} seeds, {args.max_new_tokens} tokens")
+    print(bench.report.table(["method", *[label for label, _ in SETTINGS]],
+                             [[name, *["FAIL" if row[label] else "ok" for label, _ in SETTINGS]]
+                              for name, row in grid.items()]))
+    bench_problem = run_bench(args)
+    print(f"bench --quick: {'FAIL: ' + bench_problem if bench_problem else 'ok, every method ran'}")
+    failures += [f"bench --quick: {bench_problem}"] if bench_problem else []
+    for line in failures:
+        print(f"FAIL {line}")
+    checks = len(grid) * len(SETTINGS) + 1
+    print(f"gpu-check: {len(failures)} failure(s)" if failures else f"gpu-check: all {checks} checks passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
