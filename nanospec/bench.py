@@ -149,6 +149,17 @@ def one_line(e):
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
 
 
+def load_target(ckpt, device):
+    """The tokenizer and target alone; a file that is not what it should be is a one-line CheckpointError."""
+    try:
+        return load_models(ckpt, device, ())
+    except (CheckpointError, ValueError):
+        raise
+    except Exception as e:  # e.g. another part's file copied over target.pt: its weights do not fit a GPT
+        raise CheckpointError(f"{os.path.join(ckpt, 'target.pt')} does not load as a target ({one_line(e)}); "
+                              "delete it and run `make train`") from None
+
+
 def load_parts(ckpt, device, parts, dtype):
     """The models with the optional `parts` that load. Returns (models, {part: why it did not load}): a damaged
     optional part is left out, as a missing one is; an unreadable tokenizer or target.pt is an error."""
@@ -156,7 +167,7 @@ def load_parts(ckpt, device, parts, dtype):
     try:
         models = load_models(ckpt, device, parts)
     except Exception:  # which part? the target alone first (its errors are the bench's), then each part
-        load_models(ckpt, device, ())
+        load_target(ckpt, device)
         for part in parts:
             try:
                 load_models(ckpt, device, (part,))

@@ -25,6 +25,7 @@ import tempfile
 import torch
 
 from nanospec import bench
+from nanospec.checkpoint import CheckpointError
 from nanospec.decoding import MODULES, METHODS, check_method
 from nanospec.parts import PARTS
 
@@ -119,7 +120,11 @@ def main(argv=None):
     if not all(os.path.exists(os.path.join(args.ckpt, f)) for f in ("tokenizer.tiktoken", "target.pt")):
         print(f"gpu-check: no trained checkpoints in {args.ckpt}/: run `make train` first (or pass --ckpt FOLDER)")
         return 1
-    models, broken = bench.load_parts(args.ckpt, args.device, PARTS, args.dtype)
+    try:
+        models, broken = bench.load_parts(args.ckpt, args.device, PARTS, args.dtype)
+    except (CheckpointError, ValueError) as e:
+        print(f"gpu-check: {e}")
+        return 1
     grid = run_methods(models, args)
     failures = [f"part {part}: {reason}" for part, reason in broken.items()]
     failures += [f"{name} at {label}: {why}" for name, row in grid.items() for label, why in row.items() if why]

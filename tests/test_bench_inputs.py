@@ -43,6 +43,16 @@ def test_a_damaged_optional_part_is_a_skipped_row(toy_out, tmp_path):
     assert skipped[0] in got["report"]
 
 
+def test_another_part_copied_over_target_pt_is_a_one_line_error(toy_out, tmp_path):
+    ckpt = tmp_path / "out"
+    shutil.copytree(toy_out, ckpt)
+    shutil.copy(ckpt / "eagle.pt", ckpt / "target.pt")
+    with pytest.raises(SystemExit) as e:
+        quick(ckpt, tmp_path / "r.md")
+    message = str(e.value.code)
+    assert message.startswith(f"error: {ckpt / 'target.pt'} does not load as a target") and "\n" not in message
+
+
 def test_a_method_that_fails_in_its_warm_up_is_a_skipped_row(toy_out, tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("Expected all tensors to be on the same device\nsecond line")
