@@ -249,7 +249,7 @@ def header(m):
         draft += "; MTP heads " + ("retrained alone (heads.pt)" if models.tuned_heads else "as trained with the target")
     measured = ", ".join(f"{name} {c:.2f}" for name, c in m.c.items() if c is not None)
     unreported = [name for name, c in m.c.items() if c is None]
-    costs = (measured or "no trained drafter reports it") + (
+    costs = (measured or ("none reports it" if m.c else "no method with a trained drafter ran")) + (
         f"; not reported by {', '.join(unreported)} (no drafting time in their stats)" if unreported else "")
     return [f"# nanospec bench, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
             f"- machine: {machine()}; device: {device_name(m.device)}; torch {torch.__version__}; "
