@@ -107,6 +107,20 @@ def test_helpers_on_literal_examples():
     assert report.table(["a", "b"], [["x", 1]]) == "| a | b |\n|---|--:|\n| x | 1 |"
 
 
+def test_drafter_cost_comes_from_the_methods_own_drafting_time():
+    # parallelspec's stats: seconds inside run.drafting() and its passes; eagle's: a share of wall_time and
+    # passes per step (a step per target forward but the prefill): 0.5 * 2.0 s over 3 passes x 4 steps
+    assert bench.drafting({"draft_time": 0.2, "drafter_passes": 4}) == (0.2, 4)
+    eagle = {"draft_time_share": 0.5, "wall_time": 2.0, "drafter_passes_per_step": 3.0, "target_forwards": 5}
+    assert bench.drafting(eagle) == (1.0, 12.0)
+    assert bench.drafting({"new_tokens": 8}) is None  # a method that does not report it
+    results = {0.0: {"parallelspec": {"p1": {"stats": {"draft_time": 0.2, "drafter_passes": 4}},
+                                      "p2": {"stats": {"draft_time": 0.4, "drafter_passes": 8}}},
+                     "speculative": {"p1": {"stats": {"new_tokens": 8}}}}}
+    c = bench.drafter_costs(results, ["ar", "jacobi", "speculative", "parallelspec"], cost_1=0.1)
+    assert c == {"speculative": None, "parallelspec": pytest.approx(0.5)}  # 0.6 s / 12 passes / 0.1 s
+
+
 # ----------------------------------------------------------------------------- the whole bench, quick
 
 def train_toy(folder):
