@@ -48,7 +48,11 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=32, help="tokens per run (default 32)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per prompt and setting (default 3)")
     p.add_argument("--prompts", default="data/prompts.json", help="the bench's prompt file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--seeds", args.seeds)):
+        if value < 1:
+            p.error(f"{flag} must be at least 1, got {value}")
+    return args
 
 
 def no_gpu(device):
