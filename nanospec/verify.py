@@ -240,7 +240,7 @@ def _walk_tree(p_target, tokens, parents, proposal, generator):
     # child_table[u, j] = j-th child of node u, -1 if u has fewer children
     child_table = torch.full((N, width), -1, dtype=torch.long, device=device)  # (N, width)
     for u, ch in enumerate(children):
-        child_table[u, : len(ch)] = torch.tensor(ch, dtype=torch.long)
+        child_table[u, : len(ch)] = torch.tensor(ch, dtype=torch.long, device=device)
     rows = torch.arange(B, device=device)
     node = torch.zeros(B, dtype=torch.long, device=device)  # (B,) where each tree's walk stands
     alive = torch.ones(B, dtype=torch.bool, device=device)  # (B,) still descending
@@ -294,7 +294,7 @@ def verify_tree_point_mass(p_target, tokens, parents, generator=None):
     Example (greedy): tokens [0, 5, 8, 9, 7], parents [-1, 0, 0, 1, 1], target argmax after nodes
     0..4 = [8, 1, 7, 4, 2] -> node 1 (5) rejected, node 2 (8) accepted, it has no children -> ([2], 7).
     """
-    path, nxt = verify_tree_point_mass_batched(p_target[None], torch.as_tensor(tokens)[None], parents, generator)
+    path, nxt = verify_tree_point_mass_batched(p_target[None], torch.as_tensor(tokens, device=p_target.device)[None], parents, generator)
     return _path_list(path[0]), int(nxt[0])
 
 
@@ -366,7 +366,7 @@ def verify_tree_sampled(p_target, q_draft, tokens, parents, generator=None):
     Returns (path, next_token) as verify_tree_point_mass.
     """
     path, nxt = verify_tree_sampled_batched(
-        p_target[None], q_draft[None], torch.as_tensor(tokens)[None], parents, generator
+        p_target[None], q_draft[None], torch.as_tensor(tokens, device=p_target.device)[None], parents, generator
     )
     return _path_list(path[0]), int(nxt[0])
 
@@ -431,7 +431,7 @@ def verify_tree_without_replacement(p_target, q_draft, tokens, parents, generato
     Returns (path, next_token) as verify_tree_point_mass.
     """
     path, nxt = verify_tree_without_replacement_batched(
-        p_target[None], q_draft[None], torch.as_tensor(tokens)[None], parents, generator
+        p_target[None], q_draft[None], torch.as_tensor(tokens, device=p_target.device)[None], parents, generator
     )
     return _path_list(path[0]), int(nxt[0])
 
@@ -462,7 +462,7 @@ def typical_accept_batched(p_target, tokens, parents, posterior_threshold=0.09, 
     D = max(depth)
     ancestors = torch.full((N, D), -1, dtype=torch.long, device=device)  # (N, D)
     for n in range(1, N):
-        ancestors[n, :depth[n]] = torch.tensor(path_to(parents, n)[1:], dtype=torch.long)
+        ancestors[n, :depth[n]] = torch.tensor(path_to(parents, n)[1:], dtype=torch.long, device=device)
     rows = torch.arange(B, device=device)
     return ancestors[best], sample(p_target[rows, best], generator)
 
@@ -479,6 +479,6 @@ def typical_accept(p_target, tokens, parents, posterior_threshold=0.09, posterio
     tokens (N,), parents (N,), p_target (N, V) as in verify_tree_point_mass. Returns (path, next_token).
     """
     path, nxt = typical_accept_batched(
-        p_target[None], torch.as_tensor(tokens)[None], parents, posterior_threshold, posterior_alpha, generator
+        p_target[None], torch.as_tensor(tokens, device=p_target.device)[None], parents, posterior_threshold, posterior_alpha, generator
     )
     return _path_list(path[0]), int(nxt[0])

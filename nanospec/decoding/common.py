@@ -92,7 +92,10 @@ def start(models, prompt_ids, max_new_tokens, seed=None):
         raise ValueError(f"prompt token ids must be in [0, {vocab}): was it encoded with another tokenizer?")
     device = models.target.wte.weight.device
     generator = torch.Generator(device=device)
-    generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
+    if seed is None:
+        generator.seed()  # a fresh nondeterministic seed
+    else:
+        generator.manual_seed(seed)
     return Run(prompt, max_new_tokens, block_size, models.eot, generator)
 
 
@@ -148,7 +151,7 @@ def chain_verify(run, cache, n_before, logits, drafts, sampling, q_draft=None):
     runs only the upper layers): the chain rule on that forward's logits (k+1, V) over [last, d1..dk], then the
     cache rolled back to n_before (its length before last) + last + the accepted drafts.
     Returns (emitted tokens, n_accepted)."""
-    draft_ids = torch.tensor(list(drafts), dtype=torch.long)
+    draft_ids = torch.tensor(list(drafts), dtype=torch.long, device=logits.device)  # (k,)
     if sampling[0] == 0:  # greedy: both rules reduce to "accept while guess == argmax"; skip building p
         n, nxt = verify_chain_greedy(logits, draft_ids)
     elif q_draft is None:

@@ -56,12 +56,12 @@ def tree_step(run, target, cache, tokens, parents, sampling, rule="point-mass", 
     else:
         p_target = warp(out.logits[0], *sampling)  # (N, V): the target's law after each node's own path
         if q_draft is not None:  # drawn children: recursive rejection sampling against the q they came from
-            path, nxt = verify_tree_without_replacement(p_target, q_draft, torch.tensor(tokens), parents,
+            path, nxt = verify_tree_without_replacement(p_target, q_draft, torch.tensor(tokens, device=device), parents,
                                                         run.generator)
         elif rule == "point-mass":
             path, nxt = verify_tree_descend(p_target, tokens, parents, run.generator)
         else:
-            path, nxt = typical_accept(p_target, torch.tensor(tokens), parents, generator=run.generator)
+            path, nxt = typical_accept(p_target, torch.tensor(tokens, device=device), parents, generator=run.generator)
     # the forward wrote all N nodes after the prefix; keep the root and the accepted path, in order
     cache.compact(list(range(prefix)) + [prefix + n for n in [0] + path])
     return [tokens[n] for n in path] + [int(nxt)], path, out
