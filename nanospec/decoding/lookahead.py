@@ -40,27 +40,31 @@ at no extra cost (the paper checks the n-grams only). The accepted path's cache 
 (KVCache.compact), the rest of the forward's dropped. A step emits at most W+N-2 tokens (a path down the
 window), usually at most N (an n-gram: N-1 guesses + the target's own token).
 
-Defaults W=3, N=4, G=3 are for a tiny model on a CPU, where a forward's cost grows with its length (on the
-4x192 `tiny` preset, 30 new tokens cost about 2.5x one): a forward holds at most 1 + (W-1) + W(N-2) + G(N-1) = 18
-tokens. Against W=5, G=5 (30 tokens), measured greedy on 8 validation prompts: the same 3.0 tokens per
-forward, 1.6x instead of 1.35x the speed of `ar` (CPU time). (The paper's W=15, N=5, G=15 for 7B models on
-a GPU would feed ~130 tokens per forward.)
+A forward holds 1 + (W-1) + W(N-2) + G(N-1) tokens (18 with the defaults W=3, N=4, G=3, chosen for a tiny model
+on a CPU, where a forward's cost grows with its length: docs/measurements.md, lookahead). The options are bounded
+where they are declared, and the whole tree must fit in the model's context, so no setting makes the cache larger
+than twice the context.
 """
 import random
 
 import torch
 
-from nanospec.decoding.common import start, check_sampling, tensor
+from nanospec.decoding.run import Option, Sampling, prefill, read_options, start
 from nanospec.decoding.tree_step import tree_step
-from nanospec.verify import sample, warp
 
 NEEDS = ()  # model parts beyond the target
 USES = ()  # parts used when present
 OPTIONS = {
-    "window": (int, 3, "W: Jacobi window columns, each yielding one new n-gram per forward"),
-    "ngram": (int, 4, "N: n-gram size; the window has N-1 levels and a guess covers N-1 tokens (>= 3)"),
-    "guesses": (int, 3, "G: n-grams kept per key in the pool and verified per forward (0: none)"),
+    "window": Option(int, 3, "W: Jacobi window columns, each yielding one new n-gram per forward", low=1, high=64),
+    "ngram": Option(int, 4, "N: n-gram size; the window has N-1 levels and a guess covers N-1 tokens (>= 3)",
+                    low=3, high=16),
+    "guesses": Option(int, 3, "G: n-grams kept per key in the pool and verified per forward (0: none)", low=0, high=64),
 }
+
+
+def tree_size(W, N, G):
+    """Tokens in one forward: the root, the window's chain (W-1) and its other levels (W(N-2)), G n-grams of N-1."""
+    return 1 + (W - 1) + W * (N - 2) + G * (N - 1)
 
 
 def remember(pool, key, gram, guesses):
@@ -119,16 +123,17 @@ def build_tree(root, grams, levels):
 
 
 @torch.inference_mode()
-def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-             window=3, ngram=4, guesses=3):
-    check_sampling(temperature, top_k, top_p)
-    if window < 1 or ngram < 3 or guesses < 0:
-        raise ValueError(f"need window >= 1, ngram >= 3, guesses >= 0; got {window}, {ngram}, {guesses}")
-    W, N, G = window, ngram, guesses
-    run = start(models, prompt_ids, max_new_tokens, seed)
-    sampling, target = (temperature, top_k, top_p), models.target
+def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
+    o = read_options(OPTIONS, options)
+    W, N, G = o.window, o.ngram, o.guesses
+    target = models.target
+    size, context = tree_size(W, N, G), target.config.block_size
+    if size > context:
+        raise ValueError(f"lookahead's forward of {size} tokens (1 + (W-1) + W(N-2) + G(N-1) with --window {W} "
+                         f"--ngram {N} --guesses {G}) exceeds the model's context of {context}: lower them")
+    run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     # Room for the prefix plus a whole tree: a forward near the context end still writes every node first.
-    cache = target.new_cache(max_len=target.config.block_size + 1 + G * (N - 1) + W * (N - 1))
+    cache = target.new_cache(max_len=context + size)
     pool = {}  # key token -> list of (N-1)-tuples that followed it, newest last
     learn(pool, run.prompt, len(run.prompt), N, G)
     # The first window is random tokens of the prompt (any guess will do); a private RNG keeps the sampling
@@ -137,9 +142,8 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     levels = [[rng.choice(run.prompt) for _ in range(W - (l == 0))] for l in range(N - 1)]
     accepted = accepted_window = step = 0  # step: Jacobi steps of the window so far
 
-    # Prefill: the target reads the prompt and picks the first token itself, like `ar`.
-    logits = target(tensor(run.prompt, target.wte.weight.device), cache=cache).logits[0, -1]  # (V,)
-    done = run.emit([sample(warp(logits, *sampling), run.generator).item()])
+    last, _ = prefill(run, target, cache)
+    done = run.emit([last])
     while not done:
         root = run.seq[-1]
         depth = run.draft_room(N - 1)  # shorter guesses near the context end or the token budget
@@ -149,7 +153,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         use_window = W + N - 3 <= run.room()
         tokens, parents, where, chain = build_tree(root, grams, levels if use_window else [])
         # One forward over the whole tree, checked as a whole; the cache keeps the root + the accepted path.
-        emitted, path, out = tree_step(run, target, cache, tokens, parents, sampling)
+        emitted, path, out = tree_step(run, target, cache, tokens, parents)
         accepted += len(path)
         accepted_window += len(path) if path and path[0] >= len(tokens) - sum(map(len, where)) else 0
 
