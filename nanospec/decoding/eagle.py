@@ -43,11 +43,11 @@ NEEDS = ("eagle",)
 USES = ()  # parts used when present
 # Defaults and ACCEPT_GUESS: docs/measurements.md (eagle) says what they were measured on.
 OPTIONS = {
-    "depth": Option(int, 2, "deepest guess below the root; the head runs this many passes per step (1..16)",
+    "depth": Option(int, 2, "deepest guess below the root; the head runs this many passes per step",
                     low=1, high=16),
-    "width": Option(int, 4, "nodes expanded per level and children per node (EAGLE-2's top_k; 1..32); with "
+    "width": Option(int, 4, "nodes expanded per level and children per node (EAGLE-2's top_k); with "
                             "--draft-sampling sample the most children per node", low=1, high=32),
-    "total_tokens": Option(int, 8, "tree size verified per target forward, root included (2..256)", low=2, high=256),
+    "total_tokens": Option(int, 8, "tree size verified per target forward, root included", low=2, high=256),
     **DRAFT_SAMPLING_OPTION,
 }
 ACCEPT_GUESS = 0.75  # shapes the drawn tree: the chance a draw is accepted, about sum(min(p, q)) of a trained head
