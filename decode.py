@@ -15,7 +15,7 @@ import sys
 
 from nanospec.checkpoint import CheckpointError
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
-from nanospec.decoding.run import MIN_TEMPERATURE, Sampling, read_options
+from nanospec.decoding.options import MIN_TEMPERATURE, Sampling, read_options
 from nanospec.device import pick_device
 from nanospec.parts import load_models
 
@@ -92,7 +92,8 @@ def main(argv=None):
     p.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens only")
     p.add_argument("--top-p", type=float, default=None, help="sample from the smallest set with this much mass")
     p.add_argument("--seed", type=int, default=None, help="seed for sampling (same seed, same output)")
-    p.add_argument("--ckpt", default="out", help="folder with tokenizer.tiktoken and target.pt from `make train` (default out)")
+    p.add_argument("--ckpt", default="out",
+                   help="folder with tokenizer.tiktoken and target.pt from `make train` (default out)")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or mps")
     p.add_argument("--json", action="store_true", help="print one JSON object on one line instead")
     options = method_flags(p)
@@ -120,7 +121,8 @@ def main(argv=None):
         return
     colour = sys.stdout.isatty()
     print(prompt + grouped(models.tokenizer, ids, stats["accepted_per_step"], colour))
-    note = {"context": " (stopped: the model's context is full)", "eot": " (stopped at end-of-text)"}.get(stats["stop"], "")
+    notes = {"context": " (stopped: the model's context is full)", "eot": " (stopped at end-of-text)"}
+    note = notes.get(stats["stop"], "")
     print(f"\n--- {args.method}: {stats['new_tokens']} tokens, {stats['target_forwards']} target forwards, "
           f"{stats['tokens_per_forward']:.2f} tokens/forward, {stats['wall_time']:.2f}s "
           f"({stats['new_tokens'] / max(stats['wall_time'], 1e-9):.1f} tokens/s){note}")

@@ -177,7 +177,8 @@ def verify_chain(p_target, q_draft, draft_tokens, generator=None):
 
 
 def verify_chain_point_mass_batched(p_target, draft_tokens, generator=None):
-    """`verify_chain_point_mass` on B chains (what it runs, with B = 1): p_target (B, k+1, V), draft_tokens (B, k) -> (B,), (B,)."""
+    """`verify_chain_point_mass` on B chains (what it runs, with B = 1): p_target (B, k+1, V),
+    draft_tokens (B, k) -> (B,), (B,)."""
     q_draft = torch.nn.functional.one_hot(draft_tokens, p_target.size(-1)).to(p_target.dtype)  # (B, k, V)
     return verify_chain_batched(p_target, q_draft, draft_tokens, generator)
 
@@ -277,7 +278,8 @@ def _path_list(path_row):
 
 
 def verify_tree_point_mass_batched(p_target, tokens, parents, generator=None):
-    """Reference rule. `verify_tree_point_mass` on B trees of one shape: p_target (B, N, V), tokens (B, N), parents (N,).
+    """Reference rule. `verify_tree_point_mass` on B trees of one shape: p_target (B, N, V), tokens (B, N),
+    parents (N,).
     Returns path (B, D) padded with -1, next_token (B,)."""
     V = p_target.size(-1)
 
@@ -351,7 +353,8 @@ def _descend(tokens, parents, pick):
 
 
 def verify_tree_sampled_batched(p_target, q_draft, tokens, parents, generator=None):
-    """Reference rule. `verify_tree_sampled` on B trees of one shape: p_target, q_draft (B, N, V), tokens (B, N), parents (N,).
+    """Reference rule. `verify_tree_sampled` on B trees of one shape: p_target, q_draft (B, N, V), tokens (B, N),
+    parents (N,).
     Returns path (B, D) padded with -1, next_token (B,)."""
 
     def proposal(rows, node, child):  # children of u were drawn from q_draft[u]
@@ -479,6 +482,7 @@ def typical_accept(p_target, tokens, parents, posterior_threshold=0.09, posterio
     tokens (N,), parents (N,), p_target (N, V) as in verify_tree_point_mass. Returns (path, next_token).
     """
     path, nxt = typical_accept_batched(
-        p_target[None], torch.as_tensor(tokens, device=p_target.device)[None], parents, posterior_threshold, posterior_alpha, generator
+        p_target[None], torch.as_tensor(tokens, device=p_target.device)[None], parents, posterior_threshold,
+        posterior_alpha, generator
     )
     return _path_list(path[0]), int(nxt[0])

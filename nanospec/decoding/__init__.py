@@ -33,7 +33,8 @@ METHODS = {name: module.generate for name, module in MODULES.items()}
 
 def parts_for(names):
     """The model parts the methods `names` need or use: what load_models should read for them."""
-    return tuple(dict.fromkeys(p for name in names if name in MODULES for p in MODULES[name].NEEDS + MODULES[name].USES))
+    modules = [MODULES[name] for name in names if name in MODULES]
+    return tuple(dict.fromkeys(p for module in modules for p in module.NEEDS + module.USES))
 
 
 # The command that trains each optional part, for the error a method gives when its part is missing.

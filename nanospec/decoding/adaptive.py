@@ -28,7 +28,7 @@ all positions at once, so `confidence` cuts their chain at the first unconfident
 """
 import torch
 
-from nanospec.decoding.run import Option
+from nanospec.decoding.options import Option
 
 RULES = ("off", "history", "confidence")
 CONFIDENCE = 0.5  # the threshold of --adaptive confidence unless --confidence says otherwise

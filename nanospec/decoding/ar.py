@@ -10,7 +10,8 @@ It is kept as the oracle that the cached path (and through it every fast method)
 """
 import torch
 
-from nanospec.decoding.run import Sampling, read_options, start, tensor
+from nanospec.decoding.options import Sampling, read_options
+from nanospec.decoding.run import start, tensor
 
 NEEDS = ()  # model parts beyond the target
 USES = ()  # parts used when present

@@ -32,7 +32,8 @@ Papers: Li et al. 2024, EAGLE, arXiv 2401.15077; Li et al. 2024, EAGLE-2, arXiv 
 """
 import torch
 
-from nanospec.decoding.run import DRAFT_SAMPLING_OPTION, Option, Sampling, prefill, read_options, start, tensor
+from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options
+from nanospec.decoding.run import prefill, start, tensor
 from nanospec.decoding.tree_step import tree_step
 from nanospec.decoding.trees import draw_tree
 from nanospec.model import Output

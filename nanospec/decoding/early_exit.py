@@ -24,7 +24,8 @@ import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
 from nanospec.decoding.chain_step import chain_verify
-from nanospec.decoding.run import Option, Sampling, prefill, read_options, start, tensor
+from nanospec.decoding.options import Option, Sampling, read_options
+from nanospec.decoding.run import prefill, start, tensor
 from nanospec.drafters.early_exit import exit_logits
 from nanospec.verify import sample, warp
 

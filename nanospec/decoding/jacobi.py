@@ -32,7 +32,8 @@ n-gram guesses instead, which is what makes them pay more often.
 import torch
 
 from nanospec.decoding.chain_step import chain_step
-from nanospec.decoding.run import Option, Sampling, prefill, read_options, start
+from nanospec.decoding.options import Option, Sampling, read_options
+from nanospec.decoding.run import prefill, start
 
 NEEDS = ()  # model parts beyond the target
 USES = ()  # parts used when present

@@ -25,7 +25,8 @@ arXiv 1811.03115; Gloeckle et al. 2024, Multi-token Prediction, arXiv 2404.19737
 """
 import torch
 
-from nanospec.decoding.run import DRAFT_SAMPLING_OPTION, Option, Sampling, prefill, read_options, start
+from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options
+from nanospec.decoding.run import prefill, start
 from nanospec.decoding.tree_step import RULES, tree_step
 from nanospec.decoding.trees import TREES, fill_tree, parse_tree  # noqa: F401 (TREES: the presets, read by the course)
 from nanospec.tokenizer import render

@@ -32,7 +32,8 @@ import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
 from nanospec.decoding.chain_step import chain_step
-from nanospec.decoding.run import DRAFT_SAMPLING_OPTION, Option, Sampling, prefill, read_options, start
+from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options
+from nanospec.decoding.run import prefill, start
 from nanospec.verify import sample, warp
 
 NEEDS = ()  # the MTP heads are part of the target

@@ -27,7 +27,8 @@ import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
 from nanospec.decoding.chain_step import chain_step
-from nanospec.decoding.run import DRAFT_SAMPLING_OPTION, Option, Sampling, prefill, read_options, start
+from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options
+from nanospec.decoding.run import prefill, start
 from nanospec.decoding.tree_step import tree_step
 from nanospec.decoding.trees import fill_tree, parse_tree
 from nanospec.verify import sample, warp

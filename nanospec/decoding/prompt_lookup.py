@@ -26,7 +26,8 @@ import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
 from nanospec.decoding.chain_step import chain_step
-from nanospec.decoding.run import Option, Sampling, prefill, read_options, start
+from nanospec.decoding.options import Option, Sampling, read_options
+from nanospec.decoding.run import prefill, start
 
 NEEDS = ()  # model parts beyond the target
 USES = ()  # parts used when present

@@ -16,7 +16,8 @@ draft are warped with the same temperature / top-k / top-p, so the output follow
 
 Both models keep a KV cache. The target's holds the sequence minus its newest token, which opens the next
 verify forward. The draft's lags behind: it has not yet read the token the target just chose (correction or
-bonus), nor, after a fully accepted step, d_k (it guessed d_k but never fed it back). So each step first feeds the draft all it has not read, `seq[length:]`: the newest token; [d_k, bonus] after a fully
+bonus), nor, after a fully accepted step, d_k (it guessed d_k but never fed it back). So each step first feeds
+the draft all it has not read, `seq[length:]`: the newest token; [d_k, bonus] after a fully
 accepted step; the prompt and the first token at the start. One forward either way, no extra pass.
 
 Cost per step: k draft forwards + 1 target forward for 1..k+1 tokens. If each guess is accepted with
@@ -28,7 +29,8 @@ import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
 from nanospec.decoding.chain_step import chain_step
-from nanospec.decoding.run import Option, Sampling, prefill, read_options, start, tensor
+from nanospec.decoding.options import Option, Sampling, read_options
+from nanospec.decoding.run import prefill, start, tensor
 from nanospec.verify import sample, warp
 
 NEEDS = ("draft",)  # model parts beyond the target

@@ -24,7 +24,8 @@ import torch
 
 from nanospec.decoding.run import tensor
 from nanospec.tree import tree_mask, tree_positions
-from nanospec.verify import typical_accept, verify_tree_descend, verify_tree_greedy, verify_tree_without_replacement, warp
+from nanospec.verify import (typical_accept, verify_tree_descend, verify_tree_greedy, verify_tree_without_replacement,
+                             warp)
 
 RULES = ("point-mass", "typical")  # lossless (greedy = its one-hot case), and Medusa's LOSSY typical acceptance
 
