@@ -1,18 +1,15 @@
 """
 `eagle`: a one-layer head on the target's features grows a tree of guesses by confidence; one forward checks it.
+EAGLE-1's draft head with EAGLE-2's dynamic tree (Li et al. 2024, arXiv 2401.15077 and 2406.16858).
 
-EAGLE-1's draft head with EAGLE-2's dynamic tree: the head drafts the target's next *features*, and the target
-verifies the whole tree of guesses in one forward.
-
-The head (nanospec/drafters/eagle.py) guesses the target's next feature from [token ; feature] and reads its
+The head (nanospec/drafters/eagle.py) guesses the target's next *feature* from [token ; feature] and reads its
 guess through the target's own unembedding. Each step:
-  1. grow: the head's top `width` tokens after the root (the target's last token) are the depth-1 nodes, each
-     scored by log q. Then, depth-1 times, one head pass over the frontier (a tree mask: each node sees only its
-     ancestors) gives each frontier node its top `width` children, scored parent score + log q(child); the
-     `width` best of those width^2 are the next frontier. Confident branches grow deep, doubtful ones stop.
-  2. rerank: keep the `total_tokens - 1` best nodes of all, by score. A score only falls along a path, so a
-     kept node's parent is kept too, and sorting by creation order puts parents before children.
-  3. verify: one target forward over the tree (tree_step; greedy match or the point-mass rule: lossless).
+  1. grow: the head's top `width` tokens after the root are the depth-1 nodes, scored by log q. Then, depth-1
+     times, one head pass over the frontier (a tree mask) gives each frontier node its top `width` children,
+     scored parent score + log q(child); the best `width` of those are the next frontier.
+  2. rerank: keep the `total_tokens - 1` best nodes of all. A score only falls along a path, so a kept node's
+     parent is kept too, and creation order puts parents before children.
+  3. verify: one target forward over the tree (tree_step: lossless).
   4. refresh: the head's cache forgets the guessed nodes and reads the accepted tokens again with the target's
      TRUE features from the verify forward; its last output drafts the next tree.
 
@@ -21,14 +18,10 @@ guess through the target's own unembedding. Each step:
     best 3: x -0.51, ")"|x -0.62, self -1.20 -> tokens ["(", x, self, ")"], parents [-1, 0, 0, 1]
     target argmax after "(" = x, after x = ")", after ")" = ":"  ->  emit [x, ")", ":"] from one forward.
 
-When sampling, the point-mass rule accepts a top-k guess with probability p(guess), small when the target's law
-is flat. So by default (draft_sampling "sample") the head DRAWS its guesses from its warped q, verified by
-recursive rejection sampling against q (verify_tree_without_replacement). Keeping drawn nodes for their own q
-(the rerank) would bias that rule, so grow_sampled_tree fixes the shape first (tree.draw_rank_paths), then fills
-it level by level with draws given the DRAWN tokens above. Either way the head runs `depth` passes per step, and
-`draft_tree` hands tree_step both kinds as (tokens, parents, q_draft).
-
-Papers: Li et al. 2024, EAGLE, arXiv 2401.15077; Li et al. 2024, EAGLE-2, arXiv 2406.16858.
+When sampling, a top-k guess is accepted with probability p(guess), small when the target's law is flat, so by
+default (--draft-sampling sample) the head DRAWS its guesses from its warped q, verified against q
+(verify_tree_without_replacement). A rerank would bias that rule, so grow_sampled_tree fixes the shape first
+(tree.draw_rank_paths), then fills it level by level. `draft_tree` gives both trees as (tokens, parents, q_draft).
 """
 import torch
 
@@ -42,10 +35,8 @@ from nanospec.verify import warp
 
 NEEDS = ("eagle",)
 USES = ()  # parts used when present
-# Defaults and ACCEPT_GUESS: docs/measurements.md (eagle) says what they were measured on.
-OPTIONS = {
-    "depth": Option(int, 2, "deepest guess below the root; the head runs this many passes per step",
-                    low=1, high=16),
+OPTIONS = {  # the defaults, and ACCEPT_GUESS below: docs/measurements.md (eagle) says where they were measured
+    "depth": Option(int, 2, "deepest guess below the root; the head runs this many passes per step", low=1, high=16),
     "width": Option(int, 4, "nodes expanded per level and children per node (EAGLE-2's top_k); with "
                             "--draft-sampling sample the most children per node", low=1, high=32),
     "total_tokens": Option(int, 8, "tree size verified per target forward, root included", low=2, high=256),
@@ -168,5 +159,4 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
                 draft = refresh(eagle, target, dcache, [tokens[n] for n in path] + [last], out.hidden[0, [0] + path])
             passes += 1
     stats = run.stats(tree_nodes=nodes / max(1, steps), drafter_passes_per_step=(passes + 1) / max(1, steps))
-    stats["draft_time_share"] = run.draft_time / max(stats["wall_time"], 1e-9)
-    return run.out, stats
+    return run.out, {**stats, "draft_time_share": run.draft_time / max(stats["wall_time"], 1e-9)}
