@@ -41,8 +41,8 @@ class KVCache:
     Slots [0, length) hold real tokens. A forward writes its T new tokens at [length, length+T) in every
     layer, then `advance(T)` makes them part of the cache. Decoding methods then keep what was accepted:
     `rollback(n)` drops everything from slot n on (a chain), `compact(keep)` keeps the listed slots in order
-    (a tree path). Outside this class only the attention layers' `update` writes them; everyone else reads the
-    cache through `length`, `lengths`, `max_len` and `device`.
+    (a tree path). Nothing outside this class touches its tensors: attention writes through `update`, and
+    everyone else reads the cache through `length`, `lengths`, `max_len` and `device`.
 
     Each layer counts its own tokens (`lengths`). They are all equal, except while `early-exit` drafts: it
     runs only the lower layers over its guesses, so those layers run ahead of the upper ones until the
@@ -96,7 +96,7 @@ class KVCache:
         keep = [int(s) for s in keep]
         first = next((i for i, s in enumerate(keep) if s != i), len(keep))  # slots before it are in place
         if first < len(keep):
-            src = torch.tensor(keep[first:], dtype=torch.long, device=self.k.device)
+            src = torch.tensor(keep[first:], dtype=torch.long, device=self.device)
             self.k[:, :, :, first:len(keep)] = self.k[:, :, :, src]
             self.v[:, :, :, first:len(keep)] = self.v[:, :, :, src]
         self.lengths = [len(keep)] * len(self.lengths)

@@ -5,9 +5,13 @@ The registry: every `--method` name maps to a module with the same three things,
              **options) -> (ids, stats)
     NEEDS:   the model parts it cannot run without, beyond the target, e.g. ("draft",)
     USES:    the parts it uses when present, e.g. ("heads",) (nanospec/parts.py lists the parts)
-    OPTIONS: its own options, name -> (type, default, help); decode.py turns each into a --kebab-case flag
+    OPTIONS: its own options, name -> options.Option(type, default, help, bounds or choices); decode.py turns
+             each into a --kebab-case flag, and generate reads them with options.read_options (defaults and
+             bounds are written only there)
 
-`decode.py`, the benchmark and the tests all go through `METHODS`.
+`decode.py`, the benchmark and the tests all go through `METHODS`. Beside the methods: options.py (the sampling
+settings and option tables), run.py (the run record), chain_step.py and tree_step.py (the two verify steps),
+trees.py (the tree presets and builders), adaptive.py (the draft-length rules).
 """
 from nanospec.decoding import ar
 from nanospec.decoding import prompt_lookup, jacobi, lookahead
