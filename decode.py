@@ -43,10 +43,12 @@ def method_flags(parser):
 def read_prompt(args):
     """The prompt text, from --prompt or standard input; text that is not UTF-8 is a one-line ValueError (it
     would otherwise reach the tokenizer as U+FFFD or lone surrogates, silently)."""
-    if args.prompt is not None:
-        data = args.prompt.encode("utf-8", "surrogateescape")  # argv's undecodable bytes come back as they were
-    else:
-        data = sys.stdin.buffer.read()
+    if args.prompt is None and not hasattr(sys.stdin, "buffer"):  # a text stream handed in by a caller
+        return sys.stdin.read()
+    try:  # argv's undecodable bytes come back as they were typed
+        data = args.prompt.encode("utf-8", "surrogateescape") if args.prompt is not None else sys.stdin.buffer.read()
+    except UnicodeEncodeError:
+        raise ValueError("the prompt holds a lone surrogate, which is not text: pass UTF-8 text") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

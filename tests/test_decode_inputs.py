@@ -147,3 +147,7 @@ def test_show_tree_with_json_is_refused(ckpt):
 def test_unknown_option_of_a_method_is_a_clear_error(models):  # noqa: F811
     with pytest.raises(ValueError, match="unknown option"):
         METHODS["jacobi"](models, [1, 2, 3], 5, blocks=4)
+
+
+def test_lone_surrogate_prompt_is_a_clear_error(ckpt):
+    assert "lone surrogate" in decode_error(ckpt, "--prompt", "def f(\ud800):")
