@@ -151,3 +151,8 @@ def test_unknown_option_of_a_method_is_a_clear_error(models):  # noqa: F811
 
 def test_lone_surrogate_prompt_is_a_clear_error(ckpt):
     assert "lone surrogate" in decode_error(ckpt, "--prompt", "def f(\ud800):")
+
+
+def test_seed_beyond_64_bits_is_a_clear_error(ckpt):
+    """Before: "Overflow when unpacking long long", a traceback."""
+    assert "seed must fit in 64 bits" in decode_error(ckpt, "--prompt", "x", "--seed", str(2**64))
