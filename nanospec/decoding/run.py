@@ -16,12 +16,13 @@ import torch
 from nanospec.decoding.options import Sampling
 from nanospec.verify import sample, warp
 
+
 @dataclass
 class Run:
     prompt: list  # prompt token ids
     max_new_tokens: int  # budget of generated tokens
     block_size: int  # the target's context: prompt + output never exceed it
-    sampling: Sampling  # checked
+    sampling: Sampling  # checked: warp(logits, *sampling) is the law of every token
     generator: torch.Generator  # the one RNG of this generation, on the model's device: never re-seeded mid-run
     eot: int = None  # end-of-text id, or None to never stop early
     out: list = field(default_factory=list)  # generated ids so far
