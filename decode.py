@@ -15,8 +15,9 @@ import sys
 
 from nanospec.checkpoint import CheckpointError
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
-from nanospec.parts import load_models
+from nanospec.decoding.options import MIN_TEMPERATURE, Sampling, read_options
 from nanospec.device import pick_device
+from nanospec.parts import load_models
 
 COLOURS = ("\033[30;46m", "\033[30;43m")  # black on cyan, black on yellow
 RESET = "\033[0m"
@@ -30,12 +31,29 @@ def method_flags(parser):
         for name in module.OPTIONS:
             seen.setdefault(name, []).append(method)
     for name, methods in seen.items():
-        typ, _, help_text = MODULES[methods[0]].OPTIONS[name]
-        defaults = ", ".join(f"{m} {MODULES[m].OPTIONS[name][1]}" for m in methods)
-        kwargs = {"action": "store_true"} if typ is bool else {"type": typ}
+        opt = MODULES[methods[0]].OPTIONS[name]
+        defaults = ", ".join(f"{m} {MODULES[m].OPTIONS[name].default}" for m in methods)
+        bounds = f"; {opt.low}..{opt.high}" if opt.high is not None else ""
+        kwargs = {"action": "store_true"} if opt.type is bool else {"type": opt.type}
         parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
-                            help=f"[{', '.join(methods)}] {help_text} (default: {defaults})", **kwargs)
+                            help=f"[{', '.join(methods)}] {opt.help} (default: {defaults}{bounds})", **kwargs)
     return seen
+
+
+def read_prompt(args):
+    """The prompt text, from --prompt or standard input; text that is not UTF-8 is a one-line ValueError (it
+    would otherwise reach the tokenizer as U+FFFD or lone surrogates, silently)."""
+    if args.prompt is None and not hasattr(sys.stdin, "buffer"):  # a text stream handed in by a caller
+        return sys.stdin.read()
+    try:  # argv's undecodable bytes come back as they were typed
+        data = args.prompt.encode("utf-8", "surrogateescape") if args.prompt is not None else sys.stdin.buffer.read()
+    except UnicodeEncodeError:
+        raise ValueError("the prompt holds a lone surrogate, which is not text: pass UTF-8 text") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"the prompt is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}): "
+                         f"convert it first, e.g. with iconv") from None
 
 
 def grouped(tokenizer, ids, groups, colour):
@@ -50,16 +68,34 @@ def grouped(tokenizer, ids, groups, colour):
     return "".join(parts)
 
 
+def check_request(args, options):
+    """The method, its options (bounds and choices, as generate checks them) and the sampling settings, checked
+    before any model is loaded. Returns the method options that were set."""
+    if args.method not in METHODS:
+        raise ValueError(f"unknown method {args.method!r}; choose one of: {', '.join(METHODS)} (or --method list)")
+    for name, methods in options.items():
+        if getattr(args, name) is not None and args.method not in methods:
+            raise ValueError(f"--{name.replace('_', '-')} is an option of {', '.join(methods)}, not of {args.method}")
+    if args.json and getattr(args, "show_tree", None):
+        raise ValueError("--show-tree prints the tree as text, which --json's one JSON object cannot hold: drop one")
+    Sampling(args.temperature, args.top_k, args.top_p).check()
+    kwargs = {name: getattr(args, name) for name in MODULES[args.method].OPTIONS if getattr(args, name) is not None}
+    read_options(MODULES[args.method].OPTIONS, kwargs)
+    return kwargs
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("--method", default="ar", help="decoding method, or 'list' to list them (default ar)")
     p.add_argument("--prompt", default=None, help="prompt text (default: read standard input)")
     p.add_argument("--max-new-tokens", type=int, default=100, help="tokens to generate at most (default 100)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help=f"0 = greedy (default); >= {MIN_TEMPERATURE} samples (smaller ones overflow: refused)")
     p.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens only")
     p.add_argument("--top-p", type=float, default=None, help="sample from the smallest set with this much mass")
     p.add_argument("--seed", type=int, default=None, help="seed for sampling (same seed, same output)")
-    p.add_argument("--ckpt", default="out", help="folder with tokenizer.tiktoken and target.pt from `make train` (default out)")
+    p.add_argument("--ckpt", default="out",
+                   help="folder with tokenizer.tiktoken and target.pt from `make train` (default out)")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or mps")
     p.add_argument("--json", action="store_true", help="print one JSON object on one line instead")
     options = method_flags(p)
@@ -71,19 +107,13 @@ def main(argv=None):
             print(f"{name:14s} {doc[0] if doc else ''}")
         return
     try:
-        if args.method not in METHODS:
-            raise ValueError(f"unknown method {args.method!r}; choose one of: {', '.join(METHODS)} (or --method list)")
-        for name, methods in options.items():
-            if getattr(args, name) is not None and args.method not in methods:
-                raise ValueError(f"--{name.replace('_', '-')} is an option of {', '.join(methods)}, not of {args.method}")
-        device = pick_device(args.device)
-        models = load_models(args.ckpt, device, parts_for([args.method]))  # only what the method uses
+        kwargs = check_request(args, options)  # everything that needs no model, before loading one
+        models = load_models(args.ckpt, pick_device(args.device), parts_for([args.method]))  # only what it uses
         check_method(args.method, models)
-        prompt = args.prompt if args.prompt is not None else sys.stdin.read()
-        prompt_ids = models.tokenizer.encode(prompt)
-        kwargs = {name: getattr(args, name) for name in MODULES[args.method].OPTIONS if getattr(args, name) is not None}
-        ids, stats = METHODS[args.method](models, prompt_ids, args.max_new_tokens, temperature=args.temperature,
-                                          top_k=args.top_k, top_p=args.top_p, seed=args.seed, **kwargs)
+        prompt = read_prompt(args)
+        ids, stats = METHODS[args.method](models, models.tokenizer.encode(prompt), args.max_new_tokens,
+                                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                          seed=args.seed, **kwargs)
     except (ValueError, CheckpointError) as e:
         sys.exit(f"error: {e}")
 
@@ -93,7 +123,8 @@ def main(argv=None):
         return
     colour = sys.stdout.isatty()
     print(prompt + grouped(models.tokenizer, ids, stats["accepted_per_step"], colour))
-    note = {"context": " (stopped: the model's context is full)", "eot": " (stopped at end-of-text)"}.get(stats["stop"], "")
+    notes = {"context": " (stopped: the model's context is full)", "eot": " (stopped at end-of-text)"}
+    note = notes.get(stats["stop"], "")
     print(f"\n--- {args.method}: {stats['new_tokens']} tokens, {stats['target_forwards']} target forwards, "
           f"{stats['tokens_per_forward']:.2f} tokens/forward, {stats['wall_time']:.2f}s "
           f"({stats['new_tokens'] / max(stats['wall_time'], 1e-9):.1f} tokens/s){note}")

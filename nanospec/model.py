@@ -5,11 +5,7 @@ append, roll back and compact.
 
 Why position ids and a mask? To verify several guesses in one pass. A chain of guesses is ordinary causal
 attention. A *tree* of guesses needs each node to see only its ancestors, at the position it would have in
-its own sequence:
-
-    prefix "def f" (cached, positions 0..1), tree:  root "(" -> "x" -> ")"        node: 0 1 2 3
-                                                         \\-> "self"              pos:  2 3 4 3
-    node 3 ("self") attends to the prefix, node 0 and itself, never to "x" or ")".
+its own sequence (nanospec/tree.py draws the worked example: its mask and position ids).
 
 MTP heads (Gloeckle et al. 2024, arXiv 2404.19737; Stern et al. 2018, arXiv 1811.03115): head i (1-based)
 predicts token t+1+i from the trunk's hidden state at t, sharing the final norm and unembedding with the main
@@ -45,7 +41,8 @@ class KVCache:
     Slots [0, length) hold real tokens. A forward writes its T new tokens at [length, length+T) in every
     layer, then `advance(T)` makes them part of the cache. Decoding methods then keep what was accepted:
     `rollback(n)` drops everything from slot n on (a chain), `compact(keep)` keeps the listed slots in order
-    (a tree path). Nothing outside this class touches its tensors.
+    (a tree path). Nothing outside this class touches its tensors: attention writes through `update`, and
+    everyone else reads the cache through `length`, `lengths`, `max_len` and `device`.
 
     Each layer counts its own tokens (`lengths`). They are all equal, except while `early-exit` drafts: it
     runs only the lower layers over its guesses, so those layers run ahead of the upper ones until the
@@ -63,6 +60,11 @@ class KVCache:
     @property
     def length(self):
         return self.lengths[0]
+
+    @property
+    def device(self):
+        """Where the cache (and the model that fills it) lives: make the forward's inputs there."""
+        return self.k.device
 
     def update(self, layer, k_new, v_new):
         """Write the new tokens' keys/values (B, nh, T, hs) for one layer; return all of them so far."""
@@ -94,7 +96,7 @@ class KVCache:
         keep = [int(s) for s in keep]
         first = next((i for i, s in enumerate(keep) if s != i), len(keep))  # slots before it are in place
         if first < len(keep):
-            src = torch.tensor(keep[first:], dtype=torch.long, device=self.k.device)
+            src = torch.tensor(keep[first:], dtype=torch.long, device=self.device)
             self.k[:, :, :, first:len(keep)] = self.k[:, :, :, src]
             self.v[:, :, :, first:len(keep)] = self.v[:, :, :, src]
         self.lengths = [len(keep)] * len(self.lengths)

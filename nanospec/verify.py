@@ -10,24 +10,30 @@ Everything rests on one rule (Leviathan et al. 2022, arXiv 2211.17192; Chen et a
 a token x drawn from q is accepted with probability `accept_prob = min(1, p(x)/q(x))`; on rejection the
 emitted token is drawn from `residual = norm(max(0, p - q))`. The output then follows p exactly:
     P(out = y) = min(p(y), q(y)) + (1 - sum min(p, q)) * residual(y) = p(y).
-The other rules are the same two functions applied differently:
+The other rules are the same two functions applied differently. What the methods run (chain_step.py,
+tree_step.py), each held by the tests to the exact law:
   - verify_chain             the rule at each position of a drafted chain, bonus token from p at the end
   - verify_chain_point_mass  deterministic drafts: q is a point mass at the draft, so accept_prob = p(x) and
                              the residual is p with x removed (= "sample y ~ p, keep it while it matches")
-  - verify_tree_point_mass   a tree of deterministic drafts (Medusa / EAGLE-2 top-k trees, arXiv 2406.16858)
-  - verify_tree_sampled      a tree whose children are i.i.d. samples from q (SpecInfer, arXiv 2305.09781)
+  - verify_tree_descend      a tree of deterministic drafts (Medusa / EAGLE-2 top-k trees, n-grams): the tree
+                             point-mass rule as "draw y ~ p at the node, step into the child holding y"
   - verify_tree_without_replacement
                              a tree whose children at each node are draws from q WITHOUT replacement
                              (`sample_without_replacement`; Jeon et al. 2024, arXiv 2402.14160)
+  - verify_chain_greedy, verify_tree_greedy
+                             the greedy case of the rules above, with no distribution built
   - typical_accept           Medusa's typical acceptance (arXiv 2401.10774); LOSSY, kept as an option and
                              as a negative control for the tests.
+REFERENCE rules, which no method runs: the tests prove them exact on 1e5 rows at once and hold the rules above
+to them (marked "Reference rule" in their docstrings):
+  - verify_tree_point_mass   the tree point-mass rule written as rejections (what verify_tree_descend computes)
+  - verify_tree_sampled      a tree whose children are i.i.d. samples from q (SpecInfer, arXiv 2305.09781)
+  - the `_batched` twins     each rule over a leading batch dimension; a per-step rule that calls its twin
+                             with a batch of 1 (verify_chain, verify_chain_point_mass,
+                             verify_tree_without_replacement) is tested as the very code the methods run.
 
 Greedy decoding is the zero-temperature case: `warp` returns a one-hot distribution at the argmax, and every
-rule below then reduces to "accept while the guess equals the target's argmax, then emit the argmax".
-
-Each rule has a per-step function (one chain or one tree, Python ints out: what the decoding methods call)
-and a `_batched` twin over a leading batch dimension (what the statistical tests run on 1e5 rows at once).
-The per-step function is the batched one with a batch of 1, so the tests check the code the methods run.
+rule then reduces to "accept while the guess equals the target's argmax, then emit the argmax".
 All randomness comes from the `generator` passed in; nothing here seeds anything.
 """
 import torch
@@ -171,7 +177,8 @@ def verify_chain(p_target, q_draft, draft_tokens, generator=None):
 
 
 def verify_chain_point_mass_batched(p_target, draft_tokens, generator=None):
-    """`verify_chain_point_mass` on B chains: p_target (B, k+1, V), draft_tokens (B, k) -> (B,), (B,)."""
+    """`verify_chain_point_mass` on B chains (what it runs, with B = 1): p_target (B, k+1, V),
+    draft_tokens (B, k) -> (B,), (B,)."""
     q_draft = torch.nn.functional.one_hot(draft_tokens, p_target.size(-1)).to(p_target.dtype)  # (B, k, V)
     return verify_chain_batched(p_target, q_draft, draft_tokens, generator)
 
@@ -240,7 +247,7 @@ def _walk_tree(p_target, tokens, parents, proposal, generator):
     # child_table[u, j] = j-th child of node u, -1 if u has fewer children
     child_table = torch.full((N, width), -1, dtype=torch.long, device=device)  # (N, width)
     for u, ch in enumerate(children):
-        child_table[u, : len(ch)] = torch.tensor(ch, dtype=torch.long)
+        child_table[u, : len(ch)] = torch.tensor(ch, dtype=torch.long, device=device)
     rows = torch.arange(B, device=device)
     node = torch.zeros(B, dtype=torch.long, device=device)  # (B,) where each tree's walk stands
     alive = torch.ones(B, dtype=torch.bool, device=device)  # (B,) still descending
@@ -271,7 +278,8 @@ def _path_list(path_row):
 
 
 def verify_tree_point_mass_batched(p_target, tokens, parents, generator=None):
-    """`verify_tree_point_mass` on B trees of one shape: p_target (B, N, V), tokens (B, N), parents (N,).
+    """Reference rule. `verify_tree_point_mass` on B trees of one shape: p_target (B, N, V), tokens (B, N),
+    parents (N,).
     Returns path (B, D) padded with -1, next_token (B,)."""
     V = p_target.size(-1)
 
@@ -282,7 +290,8 @@ def verify_tree_point_mass_batched(p_target, tokens, parents, generator=None):
 
 
 def verify_tree_point_mass(p_target, tokens, parents, generator=None):
-    """Lossless verification of a tree of deterministic drafts (top-k trees: Medusa, EAGLE-2/3).
+    """Reference rule (the methods run its sample-and-match form, verify_tree_descend). Lossless verification
+    of a tree of deterministic drafts (top-k trees: Medusa, EAGLE-2/3).
 
     tokens (N,), parents (N,) with parents[0] == -1: node 0 is the root, an already fixed token.
     p_target (N, V): the target's distribution of the NEXT token after each node.
@@ -294,12 +303,14 @@ def verify_tree_point_mass(p_target, tokens, parents, generator=None):
     Example (greedy): tokens [0, 5, 8, 9, 7], parents [-1, 0, 0, 1, 1], target argmax after nodes
     0..4 = [8, 1, 7, 4, 2] -> node 1 (5) rejected, node 2 (8) accepted, it has no children -> ([2], 7).
     """
-    path, nxt = verify_tree_point_mass_batched(p_target[None], torch.as_tensor(tokens)[None], parents, generator)
+    tokens = torch.as_tensor(tokens, device=p_target.device)  # (N,)
+    path, nxt = verify_tree_point_mass_batched(p_target[None], tokens[None], parents, generator)
     return _path_list(path[0]), int(nxt[0])
 
 
 def verify_tree_descend(p_target, tokens, parents, generator=None):
-    """The tree point-mass rule as sample-and-match. p_target (N, V): the target's law after each node.
+    """The tree point-mass rule as sample-and-match, what tree_step runs. p_target (N, V): the target's law
+    after each node.
 
     At node u draw y ~ p_u; if a child of u holds y, step into it (the first such child: a duplicate sibling
     never wins) and repeat there; else stop and emit y. Child x is entered with probability p_u(x) and, when
@@ -342,7 +353,8 @@ def _descend(tokens, parents, pick):
 
 
 def verify_tree_sampled_batched(p_target, q_draft, tokens, parents, generator=None):
-    """`verify_tree_sampled` on B trees of one shape: p_target, q_draft (B, N, V), tokens (B, N), parents (N,).
+    """Reference rule. `verify_tree_sampled` on B trees of one shape: p_target, q_draft (B, N, V), tokens (B, N),
+    parents (N,).
     Returns path (B, D) padded with -1, next_token (B,)."""
 
     def proposal(rows, node, child):  # children of u were drawn from q_draft[u]
@@ -352,8 +364,9 @@ def verify_tree_sampled_batched(p_target, q_draft, tokens, parents, generator=No
 
 
 def verify_tree_sampled(p_target, q_draft, tokens, parents, generator=None):
-    """Lossless verification of a tree whose children were drawn i.i.d. from q at their parent (with
-    replacement): SpecInfer's multi-step speculative sampling, i.e. recursive rejection sampling.
+    """Reference rule (no method draws children with replacement). Lossless verification of a tree whose
+    children were drawn i.i.d. from q at their parent (with replacement): SpecInfer's multi-step speculative
+    sampling, i.e. recursive rejection sampling.
 
     p_target, q_draft (N, V): the target's next-token distribution after each node, and the draft
     distribution node u's children were drawn from. tokens (N,), parents (N,) as in verify_tree_point_mass.
@@ -366,7 +379,7 @@ def verify_tree_sampled(p_target, q_draft, tokens, parents, generator=None):
     Returns (path, next_token) as verify_tree_point_mass.
     """
     path, nxt = verify_tree_sampled_batched(
-        p_target[None], q_draft[None], torch.as_tensor(tokens)[None], parents, generator
+        p_target[None], q_draft[None], torch.as_tensor(tokens, device=p_target.device)[None], parents, generator
     )
     return _path_list(path[0]), int(nxt[0])
 
@@ -415,23 +428,13 @@ def verify_tree_without_replacement(p_target, q_draft, tokens, parents, generato
     accepted with prob min(1, 0.8/0.5) = 1. (Drawn with replacement, the second child could repeat token 2,
     which P no longer allows: distinct children waste no draft on a rejected token.)
 
-    Why the output follows p_u exactly: by induction over the children, the emitted token's law, given all that
-    happened before child j, is the current P. Child j's step is Leviathan's rule with proposal q_j, which emits
-    min(P, q_j) + (1 - sum min(P, q_j)) * norm(max(0, P - q_j)) = P, PROVIDED the law after a rejection is the
-    residual whatever x_j was. It is: the residual depends on q_j, which was fixed before x_j was drawn, not on
-    x_j itself; the next proposal q_{j+1} may depend on x_j (that is what drawing without replacement does).
-    The same argument holds at every node of the accepted path, which gives the whole tree's law.
-    So the rule is lossless when, at every node, the children are
-      - drawn in the order they are verified, each from exactly the q it is checked against (warped like P);
-      - as many as was fixed before drawing them, or decided by a stopping rule on earlier draws only (any
-        draft-side information is fine: which nodes get children may depend on tokens and scores drawn so far);
-      - never pruned or reordered after drawing because of their own values: keeping the most probable of the
-        drawn children (EAGLE-2's rerank) keeps a set that is no longer a draw from q, and biases the output;
-      - not counted on the draws below the node (which would make reaching a node say something about them).
+    Why the output follows p_u exactly, and the four conditions a drafter must meet for it to hold (children
+    drawn in verification order from the q they are checked against, a number fixed in advance, none pruned or
+    reordered for its own value): docs/verify.md.
     Returns (path, next_token) as verify_tree_point_mass.
     """
     path, nxt = verify_tree_without_replacement_batched(
-        p_target[None], q_draft[None], torch.as_tensor(tokens)[None], parents, generator
+        p_target[None], q_draft[None], torch.as_tensor(tokens, device=p_target.device)[None], parents, generator
     )
     return _path_list(path[0]), int(nxt[0])
 
@@ -462,7 +465,7 @@ def typical_accept_batched(p_target, tokens, parents, posterior_threshold=0.09, 
     D = max(depth)
     ancestors = torch.full((N, D), -1, dtype=torch.long, device=device)  # (N, D)
     for n in range(1, N):
-        ancestors[n, :depth[n]] = torch.tensor(path_to(parents, n)[1:], dtype=torch.long)
+        ancestors[n, :depth[n]] = torch.tensor(path_to(parents, n)[1:], dtype=torch.long, device=device)
     rows = torch.arange(B, device=device)
     return ancestors[best], sample(p_target[rows, best], generator)
 
@@ -479,6 +482,7 @@ def typical_accept(p_target, tokens, parents, posterior_threshold=0.09, posterio
     tokens (N,), parents (N,), p_target (N, V) as in verify_tree_point_mass. Returns (path, next_token).
     """
     path, nxt = typical_accept_batched(
-        p_target[None], torch.as_tensor(tokens)[None], parents, posterior_threshold, posterior_alpha, generator
+        p_target[None], torch.as_tensor(tokens, device=p_target.device)[None], parents, posterior_threshold,
+        posterior_alpha, generator
     )
     return _path_list(path[0]), int(nxt[0])

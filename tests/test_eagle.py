@@ -15,7 +15,7 @@ from nanospec.checkpoint import save_atomic
 from nanospec.parts import Models
 from nanospec.decoding import METHODS, check_method
 from nanospec.decoding import eagle as eagle_method
-from nanospec.decoding.common import tensor
+from nanospec.decoding.run import tensor
 from nanospec.model import GPTConfig, KVCache, Output
 from nanospec.drafters.eagle import Eagle, eagle_config, eagle_losses, load_eagle
 from nanospec.tree import draw_rank_paths, frontier_mask, tree_from_paths

@@ -14,12 +14,11 @@ import torch
 
 from nanospec.parts import Models
 from nanospec.decoding import METHODS
-from nanospec.decoding.common import start, tensor
-from nanospec.decoding.medusa import parse_tree
-from nanospec.decoding.tree_step import fill_tree, tree_step
-from nanospec.verify import verify_tree_descend, verify_tree_greedy
+from nanospec.decoding.run import start, tensor
+from nanospec.decoding.tree_step import tree_step
+from nanospec.decoding.trees import fill_tree, parse_tree
 from nanospec.tree import format_tree, leaf_paths, medusa_tree, path_to, tree_from_paths, tree_positions
-from nanospec.verify import sample, verify_tree_point_mass, verify_tree_point_mass_batched, warp
+from nanospec.verify import sample, warp
 from test_model import TOL, random_ids, random_tree, tiny_gpt
 from test_verify import empirical_law, tv, tv_bound
 from train_tiny import lm_losses
@@ -53,15 +52,15 @@ def test_medusa_tree_fills_each_node_with_its_heads_guess():
 
 
 def test_parse_tree_and_its_errors():
-    assert parse_tree("1;0;0,0", n_future=2, vocab_size=11) == [(0,), (1,), (0, 0)]
-    assert parse_tree("chain", n_future=2, vocab_size=11) == [(0,), (0, 0)]  # presets stop at the last head
+    assert parse_tree("1;0;0,0", max_depth=2, vocab_size=11) == [(0,), (1,), (0, 0)]
+    assert parse_tree("chain", max_depth=2, vocab_size=11) == [(0,), (0, 0)]  # presets stop at the last head
     for bad, message in [("0;0,0,0", "deeper"), ("0;1,0", "parent"), ("x", "preset"), ("0;20", "vocabulary")]:
         with pytest.raises(ValueError, match=message):
-            parse_tree(bad, n_future=2, vocab_size=11)
+            parse_tree(bad, max_depth=2, vocab_size=11)
     huge = ";".join([str(r) for r in range(8)] + [f"{r},{s}" for r in range(8) for s in range(40)])  # 328 paths
     for bad in ["0;64", huge]:  # a forward over such a tree costs more than it can accept: a clear error
         with pytest.raises(ValueError, match="at most 256 paths with ranks up to 63"):
-            parse_tree(bad, n_future=2, vocab_size=1000)
+            parse_tree(bad, max_depth=2, vocab_size=1000)
 
 
 def test_fill_tree_topk_and_drawn():
@@ -71,15 +70,15 @@ def test_fill_tree_topk_and_drawn():
     assert (tokens, parents, q) == ([7, 0, 1, 1, 2, 1], [-1, 0, 0, 1, 1, 2], None)
     g = torch.Generator().manual_seed(0)
     for _ in range(20):  # drawn: each depth's draws are distinct, shared by every node at that depth
-        tokens, parents, q = fill_tree(7, logits, paths, (1.0, None, None), sampled=True, generator=g)
+        tokens, parents, q = fill_tree(7, logits, paths, (1.0, None, None), drawn=True, generator=g)
         assert parents == [-1, 0, 0, 1, 1, 2] and tokens[1] != tokens[2] and tokens[3] != tokens[4]
         assert tokens[3] == tokens[5] and 3 not in tokens[1:]  # token 3 has probability 0
         assert torch.equal(q, torch.stack([q_row for q_row in warp(logits, 1.0)[[0, 1, 1]]] + [torch.zeros(4)] * 3))
     # top-k 1 leaves one token per depth: the ranks beyond it go, with everything below them
-    tokens, parents, q = fill_tree(7, logits, paths, (1.0, 1, None), sampled=True, generator=g)
+    tokens, parents, q = fill_tree(7, logits, paths, (1.0, 1, None), drawn=True, generator=g)
     assert (tokens, parents) == ([7, 0, 1], [-1, 0, 1])
     with pytest.raises(ValueError, match=r"\(0, 0\) too"):  # rank 1 alone: draw 2 checked as if it were draw 1
-        fill_tree(7, logits, [(0,), (0, 1)], (1.0, None, None), sampled=True)
+        fill_tree(7, logits, [(0,), (0, 1)], (1.0, None, None), drawn=True)
 
 
 def test_format_tree_literal():
@@ -97,63 +96,6 @@ def test_show_tree_prints_the_first_two_trees_with_the_kept_path_marked(capsys):
         lines = step.splitlines()
         assert len([l for l in lines if l.strip().startswith("* ")]) == emitted  # root + accepted guesses
         assert f"-> accepted {emitted - 1}," in step
-
-
-# ---------------------------------------------------------------------------------------------------------
-# verify_tree_descend, the cheap form of the tree point-mass rule that tree_step uses, against
-# verify_tree_point_mass
-
-
-@pytest.mark.parametrize("seed", range(30))
-def test_descend_equals_verify_tree_point_mass_under_greedy(seed):
-    rng = random.Random(seed)
-    tokens, parents = random_tree(rng.randrange(1, 15), 4, rng)  # vocab 4: many duplicate siblings
-    argmax = torch.randint(0, 4, (len(tokens),), generator=torch.Generator().manual_seed(seed))
-    p_target = torch.nn.functional.one_hot(argmax, 4).double()  # (N, V) greedy: one-hot
-    expect = verify_tree_point_mass(p_target, torch.tensor(tokens), parents)
-    assert verify_tree_descend(p_target, tokens, parents) == expect
-
-
-@pytest.mark.parametrize("seed", range(30))
-def test_greedy_fast_path_equals_both_tree_rules(seed):
-    """tree_step's greedy shortcut (one argmax, no one-hot rows) against the two rules on warp(logits, 0);
-    integer logits make ties common, which all three must break the same way (the first maximum)."""
-    rng = random.Random(seed)
-    tokens, parents = random_tree(rng.randrange(1, 15), 4, rng)
-    logits = torch.randint(0, 3, (len(tokens), 4), generator=torch.Generator().manual_seed(seed)).double()
-    p_target = warp(logits, 0.0)
-    expect = verify_tree_point_mass(p_target, torch.tensor(tokens), parents)
-    assert verify_tree_greedy(logits, tokens, parents) == expect == verify_tree_descend(p_target, tokens, parents)
-
-
-def test_descend_follows_the_point_mass_law():
-    """Law of (last accepted node, next token) on a tree with duplicate siblings, V = 4, against the exact law:
-    P(walk to m, then y) = product of p_parent(token) along m's path x p_m(y) if no child of m holds y
-    (a duplicate sibling is never entered). 7 nodes x 4 tokens = 28 outcomes; verify_tree_point_mass (batched)
-    is held to the same law, so both compute one rule."""
-    tokens, parents = [0, 1, 1, 2, 3, 0, 3], [-1, 0, 0, 0, 1, 1, 3]  # node 2 duplicates node 1
-    V, N, n = 4, 7, 10000
-    p_target = torch.softmax(torch.randn(N, V, generator=torch.Generator().manual_seed(0), dtype=torch.float64), -1)
-    exact = torch.zeros(N * V, dtype=torch.float64)
-    first = {}
-    for c in range(1, N):
-        first.setdefault((parents[c], tokens[c]), c)
-    for m in range(N):
-        if any(first.get((parents[c], tokens[c])) != c for c in path_to(parents, m)[1:]):
-            continue  # m lies under a duplicate: unreachable
-        reach = torch.prod(torch.tensor([p_target[parents[c], tokens[c]] for c in path_to(parents, m)[1:]] + [1.0]))
-        for y in range(V):
-            if (m, y) not in first:
-                exact[m * V + y] = reach * p_target[m, y]
-    g = torch.Generator().manual_seed(1)
-    walks = [verify_tree_descend(p_target, tokens, parents, g) for _ in range(n)]
-    got = empirical_law(torch.tensor([(path[-1] if path else 0) * V + y for path, y in walks]), N * V)
-    paths, nxt = verify_tree_point_mass_batched(p_target.expand(n, N, V), torch.tensor(tokens).expand(n, N), parents, g)
-    last = torch.where(paths >= 0, paths, 0).max(-1).values  # (n,) deepest accepted node (indices grow with depth)
-    reference = empirical_law(last * V + nxt, N * V)
-    assert abs(exact.sum().item() - 1) < 1e-12
-    assert tv(got, exact) < tv_bound(N * V, n)  # 0.041
-    assert tv(reference, exact) < tv_bound(N * V, n)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -245,7 +187,7 @@ def test_stops_at_eot_budget_and_context_like_ar(models, method):
 
 def tree_decode(target, prompt, n, make_tree, sampling=(0.0, None, None), seed=0, check_cache=False):
     """A bare tree method: each step verifies the tree make_tree(root, rng) with tree_step."""
-    run = start(Models(target=target), prompt, n, seed)
+    run = start(Models(target=target), prompt, n, sampling, seed)
     rng = random.Random(seed)
     cache = target.new_cache()
     logits = target(tensor(prompt, "cpu"), cache=cache).logits[0, -1]  # (V,)
@@ -253,7 +195,7 @@ def tree_decode(target, prompt, n, make_tree, sampling=(0.0, None, None), seed=0
     done = run.emit([last])
     while not done:
         tokens, parents = make_tree(last, rng)
-        emitted, path, out = tree_step(run, target, cache, tokens, parents, sampling)
+        emitted, path, out = tree_step(run, target, cache, tokens, parents)
         assert emitted[:-1] == [tokens[i] for i in path] and path == path_to(parents, path[-1] if path else 0)[1:]
         done = run.emit(emitted)
         last = emitted[-1]
@@ -296,7 +238,7 @@ def test_tree_step_accepts_long_paths_and_keeps_the_cache_exact(models):
     ids, stats = METHODS["medusa"](m, prompt, 30, tree="0;1;0,0;1,0;0,0,0")
     assert ids == expect and max(stats["accepted_per_step"]) >= 3
     # the same run stepped by hand, checking the cache after every step
-    run = start(m, prompt, 30, 0)
+    run = start(m, prompt, 30, seed=0)
     target, cache = m.target, m.target.new_cache()
     out = target(tensor(prompt, "cpu"), cache=cache)
     last, hidden = int(out.logits[0, -1].argmax()), out.hidden[:, -1:]
@@ -304,7 +246,7 @@ def test_tree_step_accepts_long_paths_and_keeps_the_cache_exact(models):
     while not done:
         candidates = target.head_logits(hidden)[0, :, 0].topk(2, dim=-1).indices  # (3 heads, top-2)
         tokens, parents = medusa_tree(last, candidates, tree)
-        emitted, path, out = tree_step(run, target, cache, tokens, parents, (0.0, None, None))
+        emitted, path, out = tree_step(run, target, cache, tokens, parents)
         done = run.emit(emitted)
         node = path[-1] if path else 0
         last, hidden = emitted[-1], out.hidden[:, node:node + 1]

@@ -238,13 +238,13 @@ def test_sampling_test_sees_a_biased_rule(monkeypatch):
     """Negative control: a rule that accepts every guess (and then samples the bonus) must fail the test
     above, even with few draws: the guesses are the drafter's top-1, not samples of the target. The bound
     for n = 300 is 0.41; this rule comes out near 0.96."""
-    import nanospec.decoding.common as common
+    import nanospec.decoding.chain_step as chain_step_module
 
     def accept_all(p_target, draft_tokens, generator):
         k = len(draft_tokens)
         return k, int(torch.multinomial(p_target[k], 1, generator=generator))
 
-    monkeypatch.setattr(common, "verify_chain_point_mass", accept_all)
+    monkeypatch.setattr(chain_step_module, "verify_chain_point_mass", accept_all)
     models, n, sampling = sampling_models(), 300, (1.0, None, None)
     law, _ = sampled_law(models, PROMPT, 3, n, sampling, tree="chain", draft_sampling="topk")
     assert tv(law, exact_law(models.target, PROMPT, 3, sampling)) > tv_bound(V ** 3, n)

@@ -321,7 +321,7 @@ def resample_after_mismatch(p_target, draft_tokens, generator=None):
 
 def test_broken_rule_fails_the_sampling_test(monkeypatch):
     """Negative control: the sampling test has the power to see the bias this classic bug causes."""
-    monkeypatch.setattr("nanospec.decoding.common.verify_chain_point_mass", resample_after_mismatch)
+    monkeypatch.setattr("nanospec.decoding.chain_step.verify_chain_point_mass", resample_after_mismatch)
     models, n, sampling = Models(target=tiny_gpt(3, **SAMPLING_MODEL)), 1500, (1.0, None, None)
     law = exact_law(models.target, SAMPLING_PROMPT, L, sampling)
     distance = tv(method_law(models, "prompt-lookup", n, sampling, max_ngram=2), law)

@@ -13,13 +13,14 @@ Everything runs in float64 on toy distributions over V = 2..6 tokens and bigram 
 """
 import itertools
 import math
+import random
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanospec.tree import depths
+from nanospec.tree import depths, path_to
 from nanospec.verify import (
     accept_prob,
     residual,
@@ -32,6 +33,8 @@ from nanospec.verify import (
     verify_chain_batched,
     verify_chain_point_mass,
     verify_chain_point_mass_batched,
+    verify_tree_descend,
+    verify_tree_greedy,
     verify_tree_point_mass,
     verify_tree_point_mass_batched,
     verify_tree_sampled,
@@ -41,6 +44,7 @@ from nanospec.verify import (
     warp,
     without_replacement_proposals,
 )
+from test_model import random_tree
 
 F64 = torch.float64
 DELTA = 1e-6  # allowed probability that a correct sampler fails one statistical test
@@ -978,3 +982,62 @@ def test_drawn_tree_with_warped_q_is_exact():
 
     distance, bound = tree_tv(verify, lambda root, g: build_distinct_tree(root, g, Q_WARPED), PARENTS_SAMPLED)
     assert distance < bound
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The rules tree_step runs (verify_tree_descend, verify_tree_greedy) against the reference rule they compute,
+# verify_tree_point_mass, and against the exact law
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_descend_equals_verify_tree_point_mass_under_greedy(seed):
+    rng = random.Random(seed)
+    tokens, parents = random_tree(rng.randrange(1, 15), 4, rng)  # vocab 4: many duplicate siblings
+    argmax = torch.randint(0, 4, (len(tokens),), generator=torch.Generator().manual_seed(seed))
+    p_target = torch.nn.functional.one_hot(argmax, 4).double()  # (N, V) greedy: one-hot
+    expect = verify_tree_point_mass(p_target, torch.tensor(tokens), parents)
+    assert verify_tree_descend(p_target, tokens, parents) == expect
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_greedy_fast_path_equals_both_tree_rules(seed):
+    """tree_step's greedy shortcut (one argmax, no one-hot rows) against the two rules on warp(logits, 0);
+    integer logits make ties common, which all three must break the same way (the first maximum)."""
+    rng = random.Random(seed)
+    tokens, parents = random_tree(rng.randrange(1, 15), 4, rng)
+    logits = torch.randint(0, 3, (len(tokens), 4), generator=torch.Generator().manual_seed(seed)).double()
+    p_target = warp(logits, 0.0)
+    expect = verify_tree_point_mass(p_target, torch.tensor(tokens), parents)
+    assert verify_tree_greedy(logits, tokens, parents) == expect == verify_tree_descend(p_target, tokens, parents)
+
+
+def test_descend_follows_the_point_mass_law():
+    """Law of (last accepted node, next token) on a tree with duplicate siblings, V = 4, against the exact law:
+    P(walk to m, then y) = product of p_parent(token) along m's path x p_m(y) if no child of m holds y
+    (a duplicate sibling is never entered). 7 nodes x 4 tokens = 28 outcomes; verify_tree_point_mass (batched)
+    is held to the same law, so both compute one rule."""
+    tokens, parents = [0, 1, 1, 2, 3, 0, 3], [-1, 0, 0, 0, 1, 1, 3]  # node 2 duplicates node 1
+    V, N, n = 4, 7, 10000
+    p_target = torch.softmax(torch.randn(N, V, generator=torch.Generator().manual_seed(0), dtype=torch.float64), -1)
+    exact = torch.zeros(N * V, dtype=torch.float64)
+    first = {}
+    for c in range(1, N):
+        first.setdefault((parents[c], tokens[c]), c)
+    for m in range(N):
+        if any(first.get((parents[c], tokens[c])) != c for c in path_to(parents, m)[1:]):
+            continue  # m lies under a duplicate: unreachable
+        reach = torch.prod(torch.tensor([p_target[parents[c], tokens[c]] for c in path_to(parents, m)[1:]] + [1.0]))
+        for y in range(V):
+            if (m, y) not in first:
+                exact[m * V + y] = reach * p_target[m, y]
+    g = torch.Generator().manual_seed(1)
+    walks = [verify_tree_descend(p_target, tokens, parents, g) for _ in range(n)]
+    got = empirical_law(torch.tensor([(path[-1] if path else 0) * V + y for path, y in walks]), N * V)
+    paths, nxt = verify_tree_point_mass_batched(p_target.expand(n, N, V), torch.tensor(tokens).expand(n, N), parents, g)
+    last = torch.where(paths >= 0, paths, 0).max(-1).values  # (n,) deepest accepted node (indices grow with depth)
+    reference = empirical_law(last * V + nxt, N * V)
+    assert abs(exact.sum().item() - 1) < 1e-12
+    assert tv(got, exact) < tv_bound(N * V, n)  # 0.041
+    assert tv(reference, exact) < tv_bound(N * V, n)
+
+

@@ -5,9 +5,13 @@ The registry: every `--method` name maps to a module with the same three things,
              **options) -> (ids, stats)
     NEEDS:   the model parts it cannot run without, beyond the target, e.g. ("draft",)
     USES:    the parts it uses when present, e.g. ("heads",) (nanospec/parts.py lists the parts)
-    OPTIONS: its own options, name -> (type, default, help); decode.py turns each into a --kebab-case flag
+    OPTIONS: its own options, name -> options.Option(type, default, help, bounds or choices); decode.py turns
+             each into a --kebab-case flag, and generate reads them with options.read_options (defaults and
+             bounds are written only there)
 
-`decode.py`, the benchmark and the tests all go through `METHODS`.
+`decode.py`, the benchmark and the tests all go through `METHODS`. Beside the methods: options.py (the sampling
+settings and option tables), run.py (the run record), chain_step.py and tree_step.py (the two verify steps),
+trees.py (the tree presets and builders), adaptive.py (the draft-length rules).
 """
 from nanospec.decoding import ar
 from nanospec.decoding import prompt_lookup, jacobi, lookahead
@@ -33,7 +37,8 @@ METHODS = {name: module.generate for name, module in MODULES.items()}
 
 def parts_for(names):
     """The model parts the methods `names` need or use: what load_models should read for them."""
-    return tuple(dict.fromkeys(p for name in names if name in MODULES for p in MODULES[name].NEEDS + MODULES[name].USES))
+    modules = [MODULES[name] for name in names if name in MODULES]
+    return tuple(dict.fromkeys(p for module in modules for p in module.NEEDS + module.USES))
 
 
 # The command that trains each optional part, for the error a method gives when its part is missing.

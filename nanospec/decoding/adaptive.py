@@ -28,20 +28,34 @@ all positions at once, so `confidence` cuts their chain at the first unconfident
 """
 import torch
 
+from nanospec.decoding.options import Option
+
 RULES = ("off", "history", "confidence")
+CONFIDENCE = 0.5  # the threshold of --adaptive confidence unless --confidence says otherwise
 ADAPTIVE_OPTIONS = {
-    "adaptive": (str, "off", "draft length rule: off (always draft_len), history (k += 2 after a fully accepted "
-                             "step, k - 1 after a rejection), confidence (stop after a guess the drafter gives "
-                             "probability < --confidence; draft_len is then the most)"),
-    "confidence": (float, 0.5, "threshold of --adaptive confidence on the drafter's probability for its guess"),
+    "adaptive": Option(str, "off", "draft length rule: off (always draft_len), history (k += 2 after a fully "
+                                   "accepted step, k - 1 after a rejection), confidence (stop after a guess the "
+                                   "drafter gives probability < --confidence; draft_len is then the most)",
+                       choices=RULES),
+    "confidence": Option(float, None, "threshold of --adaptive confidence on the drafter's probability for its "
+                                      f"guess (default {CONFIDENCE})", low=0.0, high=1.0),
 }
+
+
+def draft_length(o, draft_len, most=None):
+    """The DraftLength of a run from its options (o.adaptive, o.confidence): --confidence is only for
+    --adaptive confidence (a one-line ValueError otherwise)."""
+    confidence = getattr(o, "confidence", None)
+    if confidence is not None and o.adaptive != "confidence":
+        raise ValueError("--confidence is the threshold of --adaptive confidence: add --adaptive confidence or drop it")
+    return DraftLength(o.adaptive, draft_len, CONFIDENCE if confidence is None else confidence, most)
 
 
 class DraftLength:
     """The draft length of one generation: `k` guesses next step, `stop` after each guess, `update` after each
     verification. With rule "off" it is just draft_len, so a method's fixed-k path is the same code."""
 
-    def __init__(self, rule, draft_len, threshold=0.5, most=None):
+    def __init__(self, rule, draft_len, threshold=CONFIDENCE, most=None):
         if rule not in RULES:
             raise ValueError(f"adaptive must be one of {', '.join(RULES)}, got {rule!r}")
         if not 0.0 <= threshold <= 1.0:

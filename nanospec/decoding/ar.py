@@ -10,8 +10,8 @@ It is kept as the oracle that the cached path (and through it every fast method)
 """
 import torch
 
-from nanospec.decoding.common import start, check_sampling, tensor
-from nanospec.verify import warp, sample
+from nanospec.decoding.options import Sampling, read_options
+from nanospec.decoding.run import start, tensor
 
 NEEDS = ()  # model parts beyond the target
 USES = ()  # parts used when present
@@ -19,19 +19,17 @@ OPTIONS = {}  # method-specific options: name -> (type, default, help)
 
 
 @torch.inference_mode()
-def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None):
-    check_sampling(temperature, top_k, top_p)
-    run = start(models, prompt_ids, max_new_tokens, seed)
+def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
+    read_options(OPTIONS, options)
+    run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     target = models.target
-    device = target.wte.weight.device
     cache = target.new_cache()
-    x = tensor(run.prompt, device)  # (1, T) the prompt, then one token at a time
+    x = tensor(run.prompt, cache.device)  # (1, T) the prompt, then one token at a time
     while True:
-        logits = target(x, cache=cache).logits[0, -1]  # (V,) next-token logits
-        token = sample(warp(logits, temperature, top_k, top_p), run.generator).item()
+        token = run.sample(target(x, cache=cache).logits[0, -1])  # from the (V,) next-token logits
         if run.emit([token]):
             return run.out, run.stats()
-        x = tensor([token], device)
+        x = tensor([token], cache.device)
 
 
 @torch.inference_mode()

@@ -1,18 +1,15 @@
 """
 `eagle`: a one-layer head on the target's features grows a tree of guesses by confidence; one forward checks it.
+EAGLE-1's draft head with EAGLE-2's dynamic tree (Li et al. 2024, arXiv 2401.15077 and 2406.16858).
 
-EAGLE-1's draft head with EAGLE-2's dynamic tree: the head drafts the target's next *features*, and the target
-verifies the whole tree of guesses in one forward.
-
-The head (nanospec/drafters/eagle.py) guesses the target's next feature from [token ; feature] and reads its
+The head (nanospec/drafters/eagle.py) guesses the target's next *feature* from [token ; feature] and reads its
 guess through the target's own unembedding. Each step:
-  1. grow: the head's top `width` tokens after the root (the target's last token) are the depth-1 nodes, each
-     scored by log q. Then, depth-1 times, one head pass over the frontier (a tree mask: each node sees only its
-     ancestors) gives each frontier node its top `width` children, scored parent score + log q(child); the
-     `width` best of those width^2 are the next frontier. Confident branches grow deep, doubtful ones stop.
-  2. rerank: keep the `total_tokens - 1` best nodes of all, by score. A score only falls along a path, so a
-     kept node's parent is kept too, and sorting by creation order puts parents before children.
-  3. verify: one target forward over the tree (tree_step; greedy match or the point-mass rule: lossless).
+  1. grow: the head's top `width` tokens after the root are the depth-1 nodes, scored by log q. Then, depth-1
+     times, one head pass over the frontier (a tree mask) gives each frontier node its top `width` children,
+     scored parent score + log q(child); the best `width` of those are the next frontier.
+  2. rerank: keep the `total_tokens - 1` best nodes of all. A score only falls along a path, so a kept node's
+     parent is kept too, and creation order puts parents before children.
+  3. verify: one target forward over the tree (tree_step: lossless).
   4. refresh: the head's cache forgets the guessed nodes and reads the accepted tokens again with the target's
      TRUE features from the verify forward; its last output drafts the next tree.
 
@@ -21,43 +18,37 @@ guess through the target's own unembedding. Each step:
     best 3: x -0.51, ")"|x -0.62, self -1.20 -> tokens ["(", x, self, ")"], parents [-1, 0, 0, 1]
     target argmax after "(" = x, after x = ")", after ")" = ":"  ->  emit [x, ")", ":"] from one forward.
 
-When sampling, the point-mass rule accepts a top-k guess with probability p(guess), small when the target's law
-is flat. So by default (draft_sampling "sample") the head DRAWS its guesses from its warped q, verified by
-recursive rejection sampling against q (verify_tree_without_replacement). Keeping drawn nodes for their own q
-(the rerank) would bias that rule, so grow_sampled_tree fixes the shape first (tree.draw_rank_paths), then fills
-it level by level with draws given the DRAWN tokens above. Either way the head runs `depth` passes per step.
-
-Papers: Li et al. 2024, EAGLE, arXiv 2401.15077; Li et al. 2024, EAGLE-2, arXiv 2406.16858.
+When sampling, a top-k guess is accepted with probability p(guess), small when the target's law is flat, so by
+default (--draft-sampling sample) the head DRAWS its guesses from its warped q, verified against q
+(verify_tree_without_replacement). A rerank would bias that rule, so grow_sampled_tree fixes the shape first
+(tree.draw_rank_paths), then fills it level by level. `draft_tree` gives both trees as (tokens, parents, q_draft).
 """
 import torch
 
-from nanospec.decoding.common import DRAFT_SAMPLING_OPTIONS, check_sampling, samples_drafts, start, tensor
-from nanospec.decoding.tree_step import draw_tree, tree_step
+from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options
+from nanospec.decoding.run import prefill, start, tensor
+from nanospec.decoding.tree_step import tree_step
+from nanospec.decoding.trees import draw_tree
 from nanospec.model import Output
 from nanospec.tree import draw_rank_paths, frontier_mask
-from nanospec.verify import sample, warp
+from nanospec.verify import warp
 
 NEEDS = ("eagle",)
 USES = ()  # parts used when present
-# Defaults measured on the 4x192 tiny preset of before 2026-11-23, one CPU thread (greedy, 8 validation prompts):
-# 2/4/8 gave 2.6 tokens per forward and the best wall-clock; 6/6/32 gives 3.2 tokens per forward but is 1.7x
-# slower. EAGLE-2 uses depth 6-7, top-k 10, 60 tokens on a GPU, where a head pass is almost free; here one costs
-# about a quarter of a target forward (the bench's c).
-OPTIONS = {
-    "depth": (int, 2, "deepest guess below the root; the head runs this many passes per step (1..16)"),
-    "width": (int, 4, "nodes expanded per level and children per node (EAGLE-2's top_k; 1..32); with "
-                      "--draft-sampling sample the most children per node"),
-    "total_tokens": (int, 8, "tree size verified per target forward, root included (2..256)"),
-    **DRAFT_SAMPLING_OPTIONS,
+OPTIONS = {  # the defaults, and ACCEPT_GUESS below: docs/measurements.md (eagle) says where they were measured
+    "depth": Option(int, 2, "deepest guess below the root; the head runs this many passes per step", low=1, high=16),
+    "width": Option(int, 4, "nodes expanded per level and children per node (EAGLE-2's top_k); with "
+                            "--draft-sampling sample the most children per node", low=1, high=32),
+    "total_tokens": Option(int, 8, "tree size verified per target forward, root included", low=2, high=256),
+    **DRAFT_SAMPLING_OPTION,
 }
-LIMITS = {"depth": 16, "width": 32, "total_tokens": 256}  # beyond these a step costs far more than it can accept
-ACCEPT_GUESS = 0.75  # shapes the sampled tree: a draw's acceptance, mean sum(min(p, q)) = 0.78 on the 4x192 model
+ACCEPT_GUESS = 0.75  # shapes the drawn tree: the chance a draw is accepted, about sum(min(p, q)) of a trained head
 
 
 def refresh(eagle, target, dcache, tokens, features):
     """Feed accepted tokens (m,) with the target's true features before each (m, C) to the head, appended to
     its cache; returns its Output at the last one, which drafts the token after it (logits (1, 1, V))."""
-    hidden = eagle(target, tensor(tokens, dcache.k.device), features[None], cache=dcache, logits=False).hidden
+    hidden = eagle(target, tensor(tokens, dcache.device), features[None], cache=dcache, logits=False).hidden
     return Output(logits=eagle.unembed(target, hidden[:, -1:]), hidden=hidden[:, -1:])  # only the last is needed
 
 
@@ -66,7 +57,7 @@ def expand(eagle, target, dcache, L, d, frontier, cand_tok, cand_parent, fed, fe
     root), each seeing the L accepted slots, its ancestors fed at earlier passes (slots in `fed`) and itself;
     feats (1, K, C) = each one's parent's f̂. Returns the head's Output (1, K, ...)."""
     # BEGIN SOLUTION ex9
-    device = dcache.k.device
+    device = dcache.device
     mask = frontier_mask(L, fed, frontier, cand_parent, device)  # (K, L + fed + K)
     pos = torch.full((len(frontier),), L + d, device=device)  # a depth-d node sits d after the root
     return eagle(target, tensor([cand_tok[c] for c in frontier], device), feats, pos, dcache, mask)
@@ -107,8 +98,8 @@ def grow_tree(eagle, target, dcache, root, draft, depth, width, total_tokens):
 
 
 def grow_sampled_tree(eagle, target, dcache, root, draft, depth, width, total_tokens, sampling, generator):
-    """The tree of DRAWN guesses (draft_sampling "sample"): a fixed shape of total_tokens - 1 nodes by draw rank
-    (tree.draw_rank_paths), filled by tree_step.draw_tree: one head pass per level gives each node's warped q,
+    """The tree of DRAWN guesses (--draft-sampling sample): a fixed shape of total_tokens - 1 nodes by draw rank
+    (tree.draw_rank_paths), filled by trees.draw_tree: one head pass per level gives each node's warped q,
     given the tokens drawn above it. Returns (tokens, parents, q_draft (N, V)); the head's cache is unchanged."""
     if depth < 1 or total_tokens < 2:
         return [root], [-1], None
@@ -127,40 +118,39 @@ def grow_sampled_tree(eagle, target, dcache, root, draft, depth, width, total_to
     return tree
 
 
+def draft_tree(eagle, target, dcache, root, draft, depth, width, total_tokens, run, drawn):
+    """This step's tree, either kind, as (tokens, parents, q_draft): q_draft (N, V) the laws a drawn tree's
+    children came from, None for grow_tree's top-k tree (its guesses are point masses)."""
+    if drawn:
+        return grow_sampled_tree(eagle, target, dcache, root, draft, depth, width, total_tokens, run.sampling,
+                                 run.generator)
+    return *grow_tree(eagle, target, dcache, root, draft, depth, width, total_tokens), None
+
+
 @torch.inference_mode()
-def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-             depth=2, width=4, total_tokens=8, draft_sampling="sample"):
-    check_sampling(temperature, top_k, top_p)
-    sampled = samples_drafts(draft_sampling, temperature)
-    for name, value, low in (("depth", depth, 1), ("width", width, 1), ("total_tokens", total_tokens, 2)):
-        if not low <= value <= LIMITS[name]:
-            raise ValueError(f"eagle's {name} must be in {low}..{LIMITS[name]}, got {value}")
+def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
+    o = read_options(OPTIONS, options)
     target, eagle = models.target, models.eagle
     if eagle.config.n_embd != target.config.n_embd or eagle.config.vocab_size != target.config.vocab_size:
         raise ValueError("the eagle head was trained for another target: run `python train_tiny.py --stage eagle`")
-    width = min(width, target.config.vocab_size)  # a node has at most V distinct children
-    run = start(models, prompt_ids, max_new_tokens, seed)
-    sampling = (temperature, top_k, top_p)
+    width = min(o.width, target.config.vocab_size)  # a node has at most V distinct children
+    run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+    drawn = run.sampling.draws(o.draft_sampling)
     cache = target.new_cache()
-    dcache = eagle.new_cache(max_len=target.config.block_size + max(depth * width, total_tokens))  # + guessed nodes
+    dcache = eagle.new_cache(max_len=target.config.block_size + max(o.depth * width, o.total_tokens))  # + guesses
     passes, steps, nodes = 0, 0, 0
 
     # prefill: the target reads the prompt and picks the first root; the head reads x_1..x_P with f_0..f_{P-1}
-    out = target(tensor(run.prompt, cache.k.device), cache=cache)
-    last = int(sample(warp(out.logits[0, -1], *sampling), run.generator))
+    last, out = prefill(run, target, cache)
     with run.drafting():
         draft = refresh(eagle, target, dcache, run.prompt[1:] + [last], out.hidden[0])
     done = run.emit([last])
     while not done:
-        d = run.draft_room(depth)  # near the end of the budget or context, a shallower tree
-        size, q_draft = min(total_tokens, cache.max_len - cache.length), None
+        d = run.draft_room(o.depth)  # near the end of the budget or context, a shallower tree
+        size = min(o.total_tokens, cache.max_len - cache.length)
         with run.drafting():
-            if sampled:
-                tokens, parents, q_draft = grow_sampled_tree(eagle, target, dcache, last, draft, d, width, size,
-                                                             sampling, run.generator)
-            else:
-                tokens, parents = grow_tree(eagle, target, dcache, last, draft, d, width, size)
-        emitted, path, out = tree_step(run, target, cache, tokens, parents, sampling, q_draft=q_draft)
+            tokens, parents, q_draft = draft_tree(eagle, target, dcache, last, draft, d, width, size, run, drawn)
+        emitted, path, out = tree_step(run, target, cache, tokens, parents, q_draft=q_draft)
         steps, nodes, passes = steps + 1, nodes + len(tokens) - 1, passes + max(d - 1, 0)
         done = run.emit(emitted)
         last = emitted[-1]
@@ -169,5 +159,4 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
                 draft = refresh(eagle, target, dcache, [tokens[n] for n in path] + [last], out.hidden[0, [0] + path])
             passes += 1
     stats = run.stats(tree_nodes=nodes / max(1, steps), drafter_passes_per_step=(passes + 1) / max(1, steps))
-    stats["draft_time_share"] = run.draft_time / max(stats["wall_time"], 1e-9)
-    return run.out, stats
+    return run.out, {**stats, "draft_time_share": run.draft_time / max(stats["wall_time"], 1e-9)}

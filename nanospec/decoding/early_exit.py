@@ -22,51 +22,46 @@ Zhang et al. 2023, Draft & Verify, arXiv 2309.08168.
 """
 import torch
 
-from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, DraftLength
-from nanospec.decoding.common import chain_verify, check_sampling, start, tensor
+from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
+from nanospec.decoding.chain_step import chain_verify
+from nanospec.decoding.options import Option, Sampling, read_options
+from nanospec.decoding.run import prefill, start, tensor
 from nanospec.drafters.early_exit import exit_logits
 from nanospec.verify import sample, warp
 
 NEEDS = ()
 USES = ("early_exit",)  # the trained exit adapters when present, else the plain exit
 OPTIONS = {
-    "exit_layer": (int, None, "blocks the draft runs before exiting, 1..n_layer-1 (None = default_exit_layer)"),
-    "draft_len": (int, 4, "tokens the draft guesses per target forward (k)"),
+    "exit_layer": Option(int, None, "blocks the draft runs before exiting, 1..n_layer-1 (None = default_exit_layer)"),
+    "draft_len": Option(int, 4, "tokens the draft guesses per target forward (k)", low=1, high=64),
     **ADAPTIVE_OPTIONS,
 }
 
 
 def default_exit_layer(n_layer):
     """The exit used unless --exit-layer says otherwise: an eighth of the target's blocks, at least one. On a CPU
-    the draft's cost decides more than its agreement: on the 8-layer tiny target (adapters trained), exit 1 gave
-    2.71 tokens per forward and 1.10x greedy, exit 4 gave 2.94 and 0.84x (9 bench prompts, one thread)."""
+    the draft's cost decides more than its agreement (docs/measurements.md, early-exit)."""
     return max(1, n_layer // 8)
 
 
 @torch.inference_mode()
-def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-             exit_layer=None, draft_len=4, adaptive="off", confidence=0.5):
-    check_sampling(temperature, top_k, top_p)
+def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
+    o = read_options(OPTIONS, options)
     target, adapter = models.target, models.early_exit
     L = target.config.n_layer
-    E = default_exit_layer(L) if exit_layer is None else exit_layer
+    E = default_exit_layer(L) if o.exit_layer is None else o.exit_layer
     if not 1 <= E < L:
-        raise ValueError(f"exit_layer must be in 1..{L - 1} (the target has {L} layers), got {exit_layer}")
-    if draft_len < 1:
-        raise ValueError(f"draft_len must be at least 1, got {draft_len}")
-    length = DraftLength(adaptive, draft_len, confidence)
-    run = start(models, prompt_ids, max_new_tokens, seed)
-    sampling = (temperature, top_k, top_p)
-    device = target.wte.weight.device
+        raise ValueError(f"exit_layer must be in 1..{L - 1} (the target has {L} layers), got {o.exit_layer}")
+    length = draft_length(o, o.draft_len)
+    run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     cache = target.new_cache()
     drafted = accepted = judged = 0
 
     def lower(token):  # blocks 1..E read one token; their cache advances, the upper layers' waits
-        return target(tensor([token], device), cache=cache, layers=(0, E)).hidden  # (1, 1, C)
+        return target(tensor([token], cache.device), cache=cache, layers=(0, E)).hidden  # (1, 1, C)
 
-    # Prefill: the whole target reads the prompt and picks the first token itself, like `ar`.
-    logits = target(tensor(run.prompt, device), cache=cache).logits[0, -1]  # (V,)
-    done = run.emit([sample(warp(logits, *sampling), run.generator).item()])
+    last, _ = prefill(run, target, cache)  # the whole target reads the prompt
+    done = run.emit([last])
     while not done:
         n_before, k = cache.length, run.draft_room(length.k)  # fewer guesses near the context end or budget
         # Draft: the exit reads block E's output for the newest token and guesses the next, k times. Each
@@ -74,7 +69,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         hidden, drafts, q_rows = [lower(run.seq[-1])], [], []
         while len(drafts) < k:
             logits = exit_logits(target, adapter, E, hidden[-1])[0, -1]  # (V,)
-            q_rows.append(warp(logits, *sampling))  # (V,) Leviathan's rule needs the law each guess came from
+            q_rows.append(warp(logits, *run.sampling))  # (V,) Leviathan's rule needs the law each guess came from
             drafts.append(sample(q_rows[-1], run.generator).item())
             hidden.append(lower(drafts[-1]))
             if length.stop(logits, drafts[-1]):
@@ -83,7 +78,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         # every layer's cache rolls back to the newest token + the accepted guesses.
         out = target(None, cache=cache, layers=(E, L), hidden_in=torch.cat(hidden, dim=1))  # logits (1, k+1, V)
         q_draft = torch.stack(q_rows) if drafts else None  # (k, V); no guesses: the target just samples
-        emitted, n = chain_verify(run, cache, n_before, out.logits[0], drafts, sampling, q_draft)
+        emitted, n = chain_verify(run, cache, n_before, out.logits[0], drafts, q_draft)
         # judged: guesses the rule looked at (the accepted ones and the first rejected one), as in speculative
         drafted, accepted, judged = drafted + len(drafts), accepted + n, judged + min(n + 1, len(drafts))
         length.update(len(drafts), n)

@@ -31,36 +31,32 @@ n-gram guesses instead, which is what makes them pay more often.
 """
 import torch
 
-from nanospec.decoding.common import start, check_sampling, chain_step, tensor
-from nanospec.verify import warp, sample
+from nanospec.decoding.chain_step import chain_step
+from nanospec.decoding.options import Option, Sampling, read_options
+from nanospec.decoding.run import prefill, start
 
 NEEDS = ()  # model parts beyond the target
 USES = ()  # parts used when present
-OPTIONS = {"block": (int, 8, "future tokens guessed and refined in parallel per target forward")}
+OPTIONS = {"block": Option(int, 8, "future tokens guessed and refined in parallel per target forward", low=1, high=64)}
 
 
 @torch.inference_mode()
-def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-             block=8):
-    check_sampling(temperature, top_k, top_p)
-    if block < 1:
-        raise ValueError(f"block must be at least 1, got {block}")
-    run = start(models, prompt_ids, max_new_tokens, seed)
-    sampling = (temperature, top_k, top_p)
+def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
+    block = read_options(OPTIONS, options).block
+    run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     target = models.target
     cache = target.new_cache()
     accepted = 0
 
-    # Prefill: the target reads the prompt and picks the first token itself, like `ar`.
-    logits = target(tensor(run.prompt, target.wte.weight.device), cache=cache).logits[0, -1]  # (V,)
-    done = run.emit([sample(warp(logits, *sampling), run.generator).item()])
+    last, _ = prefill(run, target, cache)
+    done = run.emit([last])
     iterate = []  # current guesses for the tokens after the newest one; the first block is all padding
     while not done:
         last = run.seq[-1]
         k = run.draft_room(block)  # a shorter block near the context end or the token budget
         iterate = (iterate + [iterate[-1] if iterate else last] * k)[:k]  # pad by repeating the last guess
         # One target forward over [last, y1..yk] checks the iterate; the cache keeps last + accepted guesses.
-        emitted, n, out = chain_step(run, target, cache, last, iterate, sampling)
+        emitted, n, out = chain_step(run, target, cache, last, iterate)
         accepted += n
         # Row j of the logits predicts the token after y_j. Rows past the commit point (n + 1 tokens) are the
         # refined guesses for the tokens after the emitted ones.

@@ -1,20 +1,16 @@
 """
 `lookahead`: Jacobi iteration that keeps its trajectories as guesses. Each forward does two jobs at once:
-  - the lookahead branch, a 2D window of W columns and N-1 levels, takes one Jacobi step; every column's
-    trajectory ends in a fresh n-gram (a start token and the N-1 tokens Jacobi says follow it), which goes
-    into a pool of n-grams keyed by their first token;
+  - the lookahead branch, a window of W columns and N-1 levels, takes one Jacobi step; every column's trajectory
+    ends in a fresh n-gram (a start token and the N-1 tokens Jacobi says follow it), pooled under its first token;
   - the verification branch checks up to G pooled n-grams whose first token is the newest token.
-The pool starts with the prompt's n-grams and also learns those of the generated text as it grows (a
-nanospec addition: text repeats itself, the insight of `prompt-lookup`). Nothing is trained. Lossless,
-greedy and sampling.
-
+The pool also learns the n-grams of the prompt and of the generated text (a nanospec addition: text repeats
+itself, the insight of `prompt-lookup`). Nothing is trained. Lossless, greedy and sampling.
 Fu et al. 2024, "Break the Sequential Dependency of LLM Inference Using Lookahead Decoding", arXiv 2402.02057.
 
-The whole forward is one token tree (nanospec/tree.py), so its attention mask and positions are the tree's:
-every node sees the cached prefix and its ancestors, at position prefix + depth. Root = x, the newest token.
-The verification branch is a trie of the candidate n-grams. In the window, x and level 0 form a chain (the
-current Jacobi iterate) and level l of column i hangs under level l-1 of column i, level 1 under the chain's
-column i. Drawn for W = 3, N = 3 and one candidate n-gram [c1, c2] (x at position t):
+The whole forward is one token tree (nanospec/tree.py): every node sees the cached prefix and its ancestors, at
+position prefix + depth. Root = x, the newest token; then the trie of the candidate n-grams; then the window,
+where x and level 0 form a chain (the current Jacobi iterate) and level l of column i hangs under level l-1 of
+column i (level 1 under the chain's column i). For W = 3, N = 3, one candidate n-gram [c1, c2], x at position t:
 
     node    x  c1 c2 a0 a1 b0 b1 b2   position     window (columns 0 1 2):
     x       1  .  .  .  .  .  .  .      t           chain:   x  a0  a1        (x, then level 0)
@@ -25,42 +21,37 @@ column i. Drawn for W = 3, N = 3 and one candidate n-gram [c1, c2] (x at positio
     b0      1  .  .  .  .  1  .  .      t+1         (a1, b2, n2) goes into the pool under the key a1.
     b1      1  .  .  1  .  .  1  .      t+2
     b2      1  .  .  1  1  .  .  1      t+3
-    (every row also sees the whole cached prefix)
 
-After the forward the window moves one step: level 0 := level 1 without its first column, each level moves
-down one, and the top level := the argmaxes at the old top level (positions t+N-1+i). That is all Jacobi
-iteration needs. Any window is a valid guess, so the window is never "wrong", only more or less useful.
+After the forward the window moves one Jacobi step: level 0 := level 1 without its first column, each level moves
+down one, the top level := the argmaxes at the old top level. Any window is a valid guess, never "wrong".
 
-Verification. Every node is a guess fixed before the step draws anything (pooled n-grams, and the window's
-Jacobi iterates, which take the argmax even when sampling), so the whole tree is checked by `tree_step` with
-the tree point-mass rule (nanospec/verify.py: at each node accept child x with probability P(x), else drop x
-from P and try the next child; greedy: follow the argmax), which reproduces p exactly. The trie comes first
-in node order, so it wins over a window node holding the same token; the window's chains are extra guesses
-at no extra cost (the paper checks the n-grams only). The accepted path's cache entries are moved into place
-(KVCache.compact), the rest of the forward's dropped. A step emits at most W+N-2 tokens (a path down the
-window), usually at most N (an n-gram: N-1 guesses + the target's own token).
-
-Defaults W=3, N=4, G=3 are for a tiny model on a CPU, where a forward's cost grows with its length (on the
-4x192 `tiny` preset, 30 new tokens cost about 2.5x one): a forward holds at most 1 + (W-1) + W(N-2) + G(N-1) = 18
-tokens. Against W=5, G=5 (30 tokens), measured greedy on 8 validation prompts: the same 3.0 tokens per
-forward, 1.6x instead of 1.35x the speed of `ar` (CPU time). (The paper's W=15, N=5, G=15 for 7B models on
-a GPU would feed ~130 tokens per forward.)
+Every node is a guess fixed before the step draws anything (the Jacobi iterates take the argmax even when
+sampling), so `tree_step`'s point-mass rule checks the whole tree, losslessly. The trie comes first in node order,
+so it wins over a window node holding the same token; the window's chains are extra guesses at no extra cost.
+A forward holds `tree_size` tokens (18 with the defaults, chosen for a tiny model on a CPU: docs/measurements.md);
+the options are bounded where declared and the tree must fit in the context, so the cache stays under 2x it.
 """
 import random
 
 import torch
 
-from nanospec.decoding.common import start, check_sampling, tensor
+from nanospec.decoding.options import Option, Sampling, read_options
+from nanospec.decoding.run import prefill, start
 from nanospec.decoding.tree_step import tree_step
-from nanospec.verify import sample, warp
 
 NEEDS = ()  # model parts beyond the target
 USES = ()  # parts used when present
 OPTIONS = {
-    "window": (int, 3, "W: Jacobi window columns, each yielding one new n-gram per forward"),
-    "ngram": (int, 4, "N: n-gram size; the window has N-1 levels and a guess covers N-1 tokens (>= 3)"),
-    "guesses": (int, 3, "G: n-grams kept per key in the pool and verified per forward (0: none)"),
+    "window": Option(int, 3, "W: Jacobi window columns, each yielding one new n-gram per forward", low=1, high=64),
+    "ngram": Option(int, 4, "N: n-gram size; the window has N-1 levels and a guess covers N-1 tokens (>= 3)",
+                    low=3, high=16),
+    "guesses": Option(int, 3, "G: n-grams kept per key in the pool and verified per forward (0: none)", low=0, high=64),
 }
+
+
+def tree_size(W, N, G):
+    """Tokens in one forward: the root, the window's chain (W-1) and its other levels (W(N-2)), G n-grams of N-1."""
+    return 1 + (W - 1) + W * (N - 2) + G * (N - 1)
 
 
 def remember(pool, key, gram, guesses):
@@ -119,40 +110,33 @@ def build_tree(root, grams, levels):
 
 
 @torch.inference_mode()
-def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-             window=3, ngram=4, guesses=3):
-    check_sampling(temperature, top_k, top_p)
-    if window < 1 or ngram < 3 or guesses < 0:
-        raise ValueError(f"need window >= 1, ngram >= 3, guesses >= 0; got {window}, {ngram}, {guesses}")
-    W, N, G = window, ngram, guesses
-    run = start(models, prompt_ids, max_new_tokens, seed)
-    sampling, target = (temperature, top_k, top_p), models.target
-    # Room for the prefix plus a whole tree: a forward near the context end still writes every node first.
-    cache = target.new_cache(max_len=target.config.block_size + 1 + G * (N - 1) + W * (N - 1))
+def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
+    o = read_options(OPTIONS, options)
+    W, N, G, target = o.window, o.ngram, o.guesses, models.target
+    size, context = tree_size(W, N, G), target.config.block_size
+    if size > context:
+        raise ValueError(f"lookahead's forward of {size} tokens (1 + (W-1) + W(N-2) + G(N-1) with --window {W} "
+                         f"--ngram {N} --guesses {G}) exceeds the model's context of {context}: lower them")
+    run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+    cache = target.new_cache(max_len=context + size)  # a forward near the context end still writes every node
     pool = {}  # key token -> list of (N-1)-tuples that followed it, newest last
     learn(pool, run.prompt, len(run.prompt), N, G)
-    # The first window is random tokens of the prompt (any guess will do); a private RNG keeps the sampling
-    # stream untouched. The first N-2 steps only fill the levels with real Jacobi outputs: no pooling yet.
+    # The first window: random prompt tokens from a private RNG (the sampling stream stays untouched). The first
+    # N-2 steps only fill the levels with real Jacobi outputs: no pooling yet.
     rng = random.Random(0)
     levels = [[rng.choice(run.prompt) for _ in range(W - (l == 0))] for l in range(N - 1)]
     accepted = accepted_window = step = 0  # step: Jacobi steps of the window so far
 
-    # Prefill: the target reads the prompt and picks the first token itself, like `ar`.
-    logits = target(tensor(run.prompt, target.wte.weight.device), cache=cache).logits[0, -1]  # (V,)
-    done = run.emit([sample(warp(logits, *sampling), run.generator).item()])
+    last, _ = prefill(run, target, cache)
+    done = run.emit([last])
     while not done:
-        root = run.seq[-1]
-        depth = run.draft_room(N - 1)  # shorter guesses near the context end or the token budget
+        root, depth = run.seq[-1], run.draft_room(N - 1)  # shorter guesses near the context end or budget
         grams = [g[:depth] for g in reversed(pool.get(root, []))]  # newest first: tried first
-        # The window's deepest node sits W+N-3 after the root: its position must exist. The last few steps
-        # before the context end go without a window (and emit truncates a path past the budget).
-        use_window = W + N - 3 <= run.room()
+        use_window = W + N - 3 <= run.room()  # its deepest node's position must exist: none near the context end
         tokens, parents, where, chain = build_tree(root, grams, levels if use_window else [])
-        # One forward over the whole tree, checked as a whole; the cache keeps the root + the accepted path.
-        emitted, path, out = tree_step(run, target, cache, tokens, parents, sampling)
+        emitted, path, out = tree_step(run, target, cache, tokens, parents)  # the cache keeps root + accepted path
         accepted += len(path)
         accepted_window += len(path) if path and path[0] >= len(tokens) - sum(map(len, where)) else 0
-
         if use_window:  # one Jacobi step of the window, and its fresh n-grams into the pool
             new = out.logits[0, where[-1]].argmax(-1).tolist()  # (W,) top level's guesses for t+N-1+i
             if step >= N - 2:

@@ -23,24 +23,25 @@ guesses before its own, so q_i is the head's law for that token MARGINALISED ove
 p_i is conditioned on them. The rule stays lossless all the same: each guess is drawn from exactly the q it is
 verified against, given the guesses before it, because that q does not depend on them (they are independent
 draws). What the marginal costs is acceptance: the accept rate sum(min(p_i, q_i)) falls with the distance
-between the conditional p_i and the marginal q_i, which grows with i (measured on the 4x192 tiny model at
-temperature 1: about 0.39 for head 1, 0.33 for heads 2 and 3, against 0.70 for the draft GPT of `speculative`).
+between the conditional p_i and the marginal q_i, which grows with i (docs/measurements.md, mtp).
 
 Papers: Stern et al. 2018, Blockwise Parallel Decoding, arXiv 1811.03115; Gloeckle et al. 2024, Better &
 Faster Large Language Models via Multi-token Prediction, arXiv 2404.19737.
 """
 import torch
 
-from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, DraftLength
-from nanospec.decoding.common import DRAFT_SAMPLING_OPTIONS, chain_step, check_sampling, samples_drafts, start, tensor
+from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
+from nanospec.decoding.chain_step import chain_step
+from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options
+from nanospec.decoding.run import prefill, start
 from nanospec.verify import sample, warp
 
 NEEDS = ()  # the MTP heads are part of the target
 USES = ("heads",)  # heads.pt, the heads retrained alone, replaces the jointly trained ones when present
 OPTIONS = {
-    "draft_len": (int, None, "tokens to guess per forward: MTP heads to use, 1..n_future (None = all heads)"),
+    "draft_len": Option(int, None, "tokens to guess per forward: MTP heads to use, 1..n_future (None = all heads)"),
     **ADAPTIVE_OPTIONS,  # confidence: a head's softmax probability of its guess
-    **DRAFT_SAMPLING_OPTIONS,
+    **DRAFT_SAMPLING_OPTION,
 }
 
 
@@ -59,31 +60,27 @@ def head_guesses(target, hidden, k, length, sampling=None, generator=None):
 
 
 @torch.inference_mode()
-def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-             draft_len=None, adaptive="off", confidence=0.5, draft_sampling="sample"):
-    check_sampling(temperature, top_k, top_p)
-    sampled = samples_drafts(draft_sampling, temperature)
+def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
+    o = read_options(OPTIONS, options)
     target = models.target
     n_future = target.config.n_future
-    draft_len = n_future if draft_len is None else draft_len
-    if not 1 <= draft_len <= n_future:
-        raise ValueError(f"draft_len must be in 1..{n_future} (the model's MTP heads), got {draft_len}")
-    run = start(models, prompt_ids, max_new_tokens, seed)
-    sampling = (temperature, top_k, top_p)
-    length = DraftLength(adaptive, draft_len, confidence, most=n_future)  # k per step: fixed or adaptive
+    k = n_future if o.draft_len is None else o.draft_len
+    if not 1 <= k <= n_future:
+        raise ValueError(f"draft_len must be in 1..{n_future} (the model's MTP heads), got {o.draft_len}")
+    length = draft_length(o, k, most=n_future)  # k per step: fixed or adaptive
+    run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+    draw = (run.sampling, run.generator) if run.sampling.draws(o.draft_sampling) else ()  # else the top-1
     cache = target.new_cache()
 
     # prefill: the main head gives the first token, the heads at the last prompt position the first guesses
-    out = target(tensor(run.prompt, cache.k.device), cache=cache)
-    last = int(sample(warp(out.logits[0, -1], *sampling), run.generator))
-    draw = (sampling, run.generator) if sampled else ()  # head_guesses draws from q, or takes the top-1
+    last, out = prefill(run, target, cache)
     drafts, q_draft = head_guesses(target, out.hidden[:, -1:], length.k, length, *draw)
     done = run.emit([last])
     drafted, accepted = [0] * n_future, [0] * n_future  # per head: guesses verified, guesses accepted
     while not done:
         drafts = drafts[:run.draft_room(len(drafts))]  # near the end of the budget or context, guess fewer
         q_draft = q_draft[:len(drafts)] if q_draft is not None and drafts else None
-        emitted, n, out = chain_step(run, target, cache, last, drafts, sampling, q_draft)
+        emitted, n, out = chain_step(run, target, cache, last, drafts, q_draft)
         for i in range(len(drafts)):
             drafted[i] += 1
             accepted[i] += i < n

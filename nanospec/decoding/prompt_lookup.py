@@ -24,15 +24,17 @@ The guesses are deterministic (no draft distribution q), so they are checked wit
 """
 import torch
 
-from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, DraftLength
-from nanospec.decoding.common import start, check_sampling, chain_step, tensor
-from nanospec.verify import warp, sample
+from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
+from nanospec.decoding.chain_step import chain_step
+from nanospec.decoding.options import Option, Sampling, read_options
+from nanospec.decoding.run import prefill, start
 
 NEEDS = ()  # model parts beyond the target
 USES = ()  # parts used when present
 OPTIONS = {
-    "max_ngram": (int, 3, "longest tail of the context looked up in the earlier context (n-gram size)"),
-    "draft_len": (int, 10, "tokens copied after a match and checked per target forward (k)"),
+    "max_ngram": Option(int, 3, "longest tail of the context looked up in the earlier context (n-gram size)",
+                        low=1, high=64),
+    "draft_len": Option(int, 10, "tokens copied after a match and checked per target forward (k)", low=1, high=64),
     "adaptive": ADAPTIVE_OPTIONS["adaptive"],  # only `history` applies: a copy has no probabilities to be sure of
 }
 
@@ -58,28 +60,23 @@ def lookup(seq, max_ngram, draft_len):
 
 
 @torch.inference_mode()
-def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-             max_ngram=3, draft_len=10, adaptive="off"):
-    check_sampling(temperature, top_k, top_p)
-    if max_ngram < 1 or draft_len < 1:
-        raise ValueError(f"max_ngram and draft_len must be at least 1, got {max_ngram} and {draft_len}")
-    run = start(models, prompt_ids, max_new_tokens, seed)
-    sampling = (temperature, top_k, top_p)
-    if adaptive == "confidence":
+def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
+    o = read_options(OPTIONS, options)
+    if o.adaptive == "confidence":
         raise ValueError("prompt-lookup's guesses are copies with no probabilities: use --adaptive history")
-    length = DraftLength(adaptive, draft_len)  # k per step: draft_len, or adapted to the acceptance history
+    length = draft_length(o, o.draft_len)  # k per step: draft_len, or adapted to the acceptance history
+    run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     target = models.target
     cache = target.new_cache()
     drafted = accepted = 0
 
-    # Prefill: the target reads the prompt and picks the first token itself, like `ar`.
-    logits = target(tensor(run.prompt, target.wte.weight.device), cache=cache).logits[0, -1]  # (V,)
-    done = run.emit([sample(warp(logits, *sampling), run.generator).item()])
+    last, _ = prefill(run, target, cache)
+    done = run.emit([last])
     while not done:
         seq = run.seq
-        drafts = lookup(seq, max_ngram, run.draft_room(length.k))  # fewer near the context end or budget
+        drafts = lookup(seq, o.max_ngram, run.draft_room(length.k))  # fewer near the context end or budget
         # One target forward over [last, d1..dk]; the cache keeps last + the accepted drafts.
-        emitted, n, _ = chain_step(run, target, cache, seq[-1], drafts, sampling)
+        emitted, n, _ = chain_step(run, target, cache, seq[-1], drafts)
         drafted, accepted = drafted + len(drafts), accepted + n
         length.update(len(drafts), n)
         done = run.emit(emitted)

@@ -16,7 +16,8 @@ draft are warped with the same temperature / top-k / top-p, so the output follow
 
 Both models keep a KV cache. The target's holds the sequence minus its newest token, which opens the next
 verify forward. The draft's lags behind: it has not yet read the token the target just chose (correction or
-bonus), nor, after a fully accepted step, d_k (it guessed d_k but never fed it back). So each step first feeds the draft all it has not read, `seq[length:]`: the newest token; [d_k, bonus] after a fully
+bonus), nor, after a fully accepted step, d_k (it guessed d_k but never fed it back). So each step first feeds
+the draft all it has not read, `seq[length:]`: the newest token; [d_k, bonus] after a fully
 accepted step; the prompt and the first token at the start. One forward either way, no extra pass.
 
 Cost per step: k draft forwards + 1 target forward for 1..k+1 tokens. If each guess is accepted with
@@ -26,46 +27,48 @@ accepted (guesses after a rejection are never looked at, so they say nothing abo
 """
 import torch
 
-from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, DraftLength
-from nanospec.decoding.common import start, check_sampling, chain_step, tensor
-from nanospec.verify import warp, sample
+from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
+from nanospec.decoding.chain_step import chain_step
+from nanospec.decoding.options import Option, Sampling, read_options
+from nanospec.decoding.run import prefill, start, tensor
+from nanospec.verify import sample, warp
 
 NEEDS = ("draft",)  # model parts beyond the target
 USES = ()  # parts used when present
-OPTIONS = {"draft_len": (int, 4, "tokens the draft guesses per target forward (k)"), **ADAPTIVE_OPTIONS}
+OPTIONS = {"draft_len": Option(int, 4, "tokens the draft guesses per target forward (k)", low=1, high=64),
+           **ADAPTIVE_OPTIONS}
 
 
-@torch.inference_mode()
-def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-             draft_len=4, adaptive="off", confidence=0.5):
-    check_sampling(temperature, top_k, top_p)
-    target, draft = models.target, models.draft
-    if draft_len < 1:
-        raise ValueError(f"draft_len must be at least 1, got {draft_len}")
+def check_draft(target, draft):
+    """A one-line ValueError unless the draft GPT fits the target: same tokenizer, a context at least as long."""
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"draft and target use different tokenizers (vocab {draft.config.vocab_size} vs "
                          f"{target.config.vocab_size}): retrain the draft")
     if draft.config.block_size < target.config.block_size:
         raise ValueError(f"the draft's context ({draft.config.block_size}) is shorter than the target's "
                          f"({target.config.block_size}): retrain the draft with the target's block_size")
-    run = start(models, prompt_ids, max_new_tokens, seed)
-    sampling = (temperature, top_k, top_p)
-    length = DraftLength(adaptive, draft_len, confidence)  # k per step: draft_len, or adaptive
-    device = target.wte.weight.device
+
+
+@torch.inference_mode()
+def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
+    o = read_options(OPTIONS, options)
+    target, draft = models.target, models.draft
+    check_draft(target, draft)
+    length = draft_length(o, o.draft_len)  # k per step: draft_len, or adaptive
+    run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     target_cache, draft_cache = target.new_cache(), draft.new_cache()
     drafted = accepted = judged = draft_forwards = 0
 
-    # Prefill: the target reads the prompt and picks the first token itself, like `ar`.
-    logits = target(tensor(run.prompt, device), cache=target_cache).logits[0, -1]  # (V,)
-    done = run.emit([sample(warp(logits, *sampling), run.generator).item()])
+    last, _ = prefill(run, target, target_cache)
+    done = run.emit([last])
     while not done:
         seq = run.seq
         k = run.draft_room(length.k)  # fewer guesses near the context end or the token budget
         # Draft k tokens autoregressively, keeping each q row: Leviathan's rule needs the law each came from.
         x, drafts, q_rows = seq[draft_cache.length:], [], []  # x: what the draft has not read yet
         for _ in range(k):
-            logits = draft(tensor(x, device), cache=draft_cache).logits[0, -1]  # (V,)
-            q_rows.append(warp(logits, *sampling))  # (V,)
+            logits = draft(tensor(x, draft_cache.device), cache=draft_cache).logits[0, -1]  # (V,)
+            q_rows.append(warp(logits, *run.sampling))  # (V,)
             drafts.append(sample(q_rows[-1], run.generator).item())
             x = [drafts[-1]]
             if length.stop(logits, drafts[-1]):  # the draft is unsure: check what we have
@@ -75,7 +78,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         q_draft = torch.stack(q_rows) if k else None  # (k, V); k == 0: no guesses, the target just samples
 
         # One target forward over [last, d1..dk]; the target cache rolls back to last + accepted drafts.
-        emitted, n, _ = chain_step(run, target, target_cache, seq[-1], drafts, sampling, q_draft=q_draft)
+        emitted, n, _ = chain_step(run, target, target_cache, seq[-1], drafts, q_draft=q_draft)
         drafted, accepted, judged = drafted + k, accepted + n, judged + min(n + 1, k)
         length.update(k, n)
         # The draft cache read seq and d1..d(k-1). Keep seq + the accepted drafts, as far as it read them:

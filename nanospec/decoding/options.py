@@ -1,0 +1,80 @@
+"""
+What a caller asks of a decoding method, checked: the sampling settings (`Sampling`: temperature, top-k, top-p)
+and the method's own options (`Option`, one table per method, read by decode.py for its flags and by
+`read_options` for the method's values). Every default and every bound is written once, in that table.
+"""
+import math
+from types import SimpleNamespace
+from typing import NamedTuple
+
+MIN_TEMPERATURE = 1e-4  # below it (and above 0) logits / temperature can overflow to inf: use 0 for greedy
+
+
+class Sampling(NamedTuple):
+    """How the output is drawn: warp(logits, *sampling) is the law every token follows. Temperature 0 = greedy."""
+    temperature: float = 0.0
+    top_k: int = None  # keep the k most likely tokens (None: all)
+    top_p: float = None  # keep the smallest set of most likely tokens with this much mass (None: all)
+
+    @property
+    def greedy(self):
+        return self.temperature == 0
+
+    def check(self):
+        """Self, or a one-line ValueError naming the bad setting."""
+        t = self.temperature
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t}")
+        if 0 < t < MIN_TEMPERATURE:
+            raise ValueError(f"temperature {t} is too small to sample with (below {MIN_TEMPERATURE} the scaled "
+                             f"logits overflow): use 0 for greedy decoding")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        return self
+
+    def draws(self, draft_sampling):
+        """Does the drafter DRAW its guesses from its warped q_draft this run? With --draft-sampling sample and
+        temperature > 0; otherwise it takes its top-k (greedy: q is one-hot and both modes are the same)."""
+        return draft_sampling == "sample" and not self.greedy
+
+
+class Option(NamedTuple):
+    """One method option: decode.py makes it a --kebab-case flag, `read_options` fills in and checks it."""
+    type: type
+    default: object  # None: the method picks a value from the model (e.g. "all its heads")
+    help: str
+    low: float = None  # bounds, checked when the value is not None
+    high: float = None
+    choices: tuple = None
+
+
+# How a drafter with a distribution picks its guesses when sampling: draw them from q_draft, or take its top-k.
+DRAFT_SAMPLING = ("topk", "sample")
+DRAFT_SAMPLING_OPTION = {
+    "draft_sampling": Option(str, "sample", "how the drafter guesses when sampling (temperature > 0): sample = "
+                                            "draw each guess from the drafter's own warped q (a tree's siblings "
+                                            "without replacement) and verify with rejection sampling against that "
+                                            "q; topk = its most likely tokens, verified as point masses. Greedy "
+                                            "always uses topk", choices=DRAFT_SAMPLING),
+}
+
+
+def read_options(options, given):
+    """A method's options table + the values given -> a namespace with every option, defaults filled in. Any
+    unknown name, value out of bounds or not among the choices is a one-line ValueError (decode.py calls this
+    before loading the models; generate calls it again for everyone else)."""
+    unknown = sorted(set(given) - set(options))
+    if unknown:
+        raise ValueError(f"unknown option(s) {', '.join(unknown)}; this method takes: {', '.join(options) or 'none'}")
+    values = {name: given.get(name, opt.default) for name, opt in options.items()}
+    for name, opt in options.items():
+        v = values[name]
+        if v is None:
+            continue
+        if opt.choices is not None and v not in opt.choices:
+            raise ValueError(f"{name} must be one of {', '.join(opt.choices)}, got {v!r}")
+        if (opt.low is not None and v < opt.low) or (opt.high is not None and v > opt.high):
+            raise ValueError(f"{name} must be in {opt.low}..{opt.high}, got {v}")
+    return SimpleNamespace(**values)

@@ -1,0 +1,120 @@
+"""
+What every decoding method does around its idea, the run record (`Run`, set up by `start`): the prompt and the
+sampling settings checked, one random generator on the model's device, target forwards counted, stopping at
+end-of-text, the token budget or the context limit, and the stats dict that `decode.py --json`, the benchmark
+and the tests read. The settings and the methods' options themselves are options.py.
+
+A method calls `run.emit(tokens)` once per target forward with the tokens that forward produced (the accepted
+guesses plus the target's own next token); `emit` keeps what fits and says when to stop.
+"""
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from nanospec.decoding.options import Sampling
+from nanospec.verify import sample, warp
+
+
+@dataclass
+class Run:
+    prompt: list  # prompt token ids
+    max_new_tokens: int  # budget of generated tokens
+    block_size: int  # the target's context: prompt + output never exceed it
+    sampling: Sampling  # checked: warp(logits, *sampling) is the law of every token
+    generator: torch.Generator  # the one RNG of this generation, on the model's device: never re-seeded mid-run
+    eot: int = None  # end-of-text id, or None to never stop early
+    out: list = field(default_factory=list)  # generated ids so far
+    accepted_per_step: list = field(default_factory=list)  # tokens produced by each target forward
+    target_forwards: int = 0
+    stop: str = None  # why generation ended: "eot", "max_new_tokens" or "context"
+    t0: float = field(default_factory=time.perf_counter)
+    draft_time: float = 0.0  # seconds inside `with run.drafting():`, for methods that report their drafter's share
+
+    @property
+    def seq(self):
+        return self.prompt + self.out
+
+    def room(self):
+        """How many more tokens the sequence can take before it fills the context."""
+        return self.block_size - len(self.prompt) - len(self.out)
+
+    def draft_room(self, k):
+        """Clamp a draft length so the verify forward (last token + k guesses) stays inside the context."""
+        return max(0, min(k, self.room() - 1, self.max_new_tokens - len(self.out) - 1))
+
+    def sample(self, logits):
+        """One token (an int) from the target's warped law: logits (V,)."""
+        return int(sample(warp(logits, *self.sampling), self.generator))
+
+    def emit(self, tokens):
+        """Record one target forward that produced `tokens`; keep those that fit. Returns True when done."""
+        self.target_forwards += 1
+        kept = 0
+        for t in tokens:
+            if self.eot is not None and t == self.eot:
+                self.stop = "eot"
+                break
+            self.out.append(int(t))
+            kept += 1
+            if len(self.out) >= self.max_new_tokens:
+                self.stop = "max_new_tokens"
+            elif self.room() <= 0:
+                self.stop = "context"
+            if self.stop:
+                break
+        self.accepted_per_step.append(kept)
+        return self.stop is not None
+
+    @contextmanager
+    def drafting(self):
+        """`with run.drafting():` around a drafter's work adds its wall time to draft_time."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.draft_time += time.perf_counter() - t
+
+    def stats(self, **extra):
+        n = len(self.out)
+        return {"new_tokens": n, "target_forwards": self.target_forwards,
+                "tokens_per_forward": n / max(1, self.target_forwards),
+                "accepted_per_step": self.accepted_per_step, "wall_time": time.perf_counter() - self.t0,
+                "stop": self.stop, **extra}
+
+
+def start(models, prompt_ids, max_new_tokens, sampling=Sampling(), seed=None):
+    """Check the request and set up the run; one clear ValueError per bad input."""
+    sampling = Sampling(*sampling).check()
+    block_size = models.target.config.block_size
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise ValueError("the prompt is empty: give at least one token of text")
+    if len(prompt) >= block_size:
+        raise ValueError(f"the prompt is {len(prompt)} tokens but the model's context is {block_size}: shorten it")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    vocab = models.target.config.vocab_size
+    if max(prompt) >= vocab or min(prompt) < 0:
+        raise ValueError(f"prompt token ids must be in [0, {vocab}): was it encoded with another tokenizer?")
+    if seed is not None and not -2**63 <= seed < 2**64:
+        raise ValueError(f"seed must fit in 64 bits, got {seed}")
+    generator = torch.Generator(device=models.target.wte.weight.device)
+    if seed is None:
+        generator.seed()  # a fresh nondeterministic seed
+    else:
+        generator.manual_seed(seed)
+    return Run(prompt, max_new_tokens, block_size, sampling, generator, models.eot)
+
+
+def tensor(ids, device):
+    """Token ids -> a (1, T) LongTensor on `device` (the model's: cache.device or model.wte.weight.device)."""
+    return torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
+
+
+def prefill(run, target, cache):
+    """The target reads the prompt and picks the first token itself, like `ar`. Returns (that token, the
+    forward's Output: logits (1, P, V), hidden (1, P, C)). The token is not emitted yet, nor in the cache."""
+    out = target(tensor(run.prompt, cache.device), cache=cache)
+    return run.sample(out.logits[0, -1]), out

@@ -1,0 +1,111 @@
+"""
+Trees of guesses from a drafter, for the tree methods (medusa, parallelspec's tree, eagle's drawn tree): the
+preset tree shapes, the parser of --tree, and the two ways to fill a shape with tokens. Verifying a tree is
+`tree_step.py`; the tree itself (tokens + parents, the mask, the positions) is nanospec/tree.py.
+
+A shape is a list of paths of ranks (tree.tree_from_paths): (1, 0) = the second candidate for the token after
+the root, then the first candidate below it.
+  fill_tree  for drafters whose guess at depth d does not depend on the guesses above it (MTP heads, ParallelSpec's
+             masks): the candidates of each depth are its top-k, or draws without replacement from its q.
+  draw_tree  for drafters whose law at a node depends on the tokens above it (EAGLE's head): one drafter pass
+             per level, each node's children drawn from its own q.
+"""
+import torch
+
+from nanospec.tree import children, depths, medusa_tree, tree_from_paths
+from nanospec.verify import sample_without_replacement, warp
+
+# medusa's default: 4 paths chosen by scripts/medusa_tree.py on the trained model (docs/measurements.md has the
+# figures); "large" is the best 16 paths of the same measurement.
+DEFAULT_TREE = [(0,), (1,), (0, 0), (0, 0, 0)]
+TREES = {
+    "default": DEFAULT_TREE,
+    "large": [(0,), (1,), (2,), (3,), (4,), (5,), (0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1),
+              (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0)],
+    "chain": [(0,) * d for d in range(1, 9)],  # the top-1 chain: what `mtp` verifies, as a tree
+    "wide": [(r,) for r in range(10)],  # head 1's top-10 only: ten guesses for one token
+}
+MAX_PATHS, MAX_RANK = 256, 63  # a tree is verified in one forward: more nodes cost more than they can accept
+
+
+def parse_tree(tree, max_depth, vocab_size):
+    """A preset name or "0;0,0;1" -> paths sorted by depth (so any prefix of the list is still a tree), no deeper
+    than max_depth (the drafter's heads or masks)."""
+    if tree in TREES:  # presets reach as deep as the drafter allows
+        paths = [p for p in TREES[tree] if len(p) <= max_depth]
+    else:
+        try:
+            paths = [tuple(int(r) for r in p.split(",")) for p in tree.split(";") if p.strip()]
+        except ValueError:
+            raise ValueError(f"tree {tree!r} is neither a preset ({', '.join(TREES)}) nor paths like '0;0,0;1'")
+    if not paths:
+        raise ValueError("the tree needs at least one path, e.g. '0' (head 1's top-1)")
+    if max(map(len, paths)) > max_depth:
+        raise ValueError(f"tree {tree!r} is deeper than the drafter's {max_depth} guesses per step")
+    if max(max(p) for p in paths) >= vocab_size:
+        raise ValueError(f"tree {tree!r} asks for a rank beyond the vocabulary ({vocab_size} tokens)")
+    if len(paths) > MAX_PATHS or max(max(p) for p in paths) > MAX_RANK:
+        raise ValueError(f"tree {tree!r} is too large: at most {MAX_PATHS} paths with ranks up to {MAX_RANK}")
+    return tree_from_paths(paths)[1][1:]
+
+
+def fill_tree(root, logits, paths, sampling, drawn=False, generator=None):
+    """A Medusa-style tree from a drafter whose guess for the token d after the root does not depend on the guesses
+    before it (MTP heads, ParallelSpec's masks): logits (D, V), row d-1 for depth d; paths of ranks as in
+    tree.medusa_tree ((1, 0) = depth 1's candidate 1, then depth 2's candidate 0).
+      top-k (drawn False): candidate r at depth d is the (r+1)-th most likely token of row d-1; the guesses
+              are point masses (q_draft None).
+      drawn (drawn True): candidate r at depth d is the (r+1)-th of draws WITHOUT replacement from
+              warp(row d-1), one set of draws per depth, shared by every node at that depth. Each node's
+              children are then draws 0..m-1 from the law q_draft (N, V) gives for it, in draw order. Sharing
+              is fine: row d's draws do not depend on the tokens above them, and whichever parent is accepted
+              finds a fresh draw below it. A path of rank r needs ranks 0..r-1 beside it (a skipped draw would
+              leave its sibling verified against the wrong q), and ranks beyond q's support are dropped.
+    Example: root 7, paths [(0,), (1,), (0, 0)], top-2 of row 0 = [5, 3], top-1 of row 1 = [9]
+             -> tokens [7, 5, 3, 9], parents [-1, 0, 0, 1], q_draft None.
+    Returns (tokens, parents, q_draft)."""
+    if not paths:
+        return [int(root)], [-1], None
+    D, width = max(map(len, paths)), max(max(p) for p in paths) + 1
+    if not drawn:
+        tokens, parents = medusa_tree(root, logits[:D].topk(width, dim=-1).indices, paths)
+        return tokens, parents, None
+    have = set(paths)
+    for p in paths:
+        if p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in have:
+            raise ValueError(f"with drawn guesses tree path {p} needs {p[:-1] + (p[-1] - 1,)} too: rank r is the "
+                             f"(r+1)-th draw, and each node's children must be draws 1..m in order")
+    q = warp(logits[:D], *sampling)  # (D, V) the law each depth's candidates are drawn from
+    support = (q > 0).sum(-1).tolist()  # top-k / top-p may leave fewer tokens than the tree has ranks
+    paths = [p for p in paths if all(r < support[d] for d, r in enumerate(p))]
+    draws = [sample_without_replacement(q[d], min(width, support[d]), generator).tolist() for d in range(D)]
+    tokens, parents = medusa_tree(root, draws, paths)
+    q_rows = torch.cat([q, torch.zeros_like(q[:1])])  # (D+1, V): a node at depth d draws from row d; D: none
+    return tokens, parents, q_rows[depths(parents)]
+
+
+def draw_tree(root, paths, q_root, next_q, generator=None):
+    """A tree of DRAWN guesses with a shape fixed in advance, for a drafter whose law at a node depends on the
+    tokens above it (EAGLE's head): paths = the shape in draw ranks, as tree_from_paths takes them
+    (tree.draw_rank_paths); q_root (V,) the drafter's warped law below the root; next_q(d, level, tokens,
+    parents) -> (K, V) its warped laws at the nodes `level` (indices into the shape, all at depth d, every
+    token above them drawn): one drafter pass per level. Each node's children are draws without replacement
+    from its q, in rank order; where q allows fewer tokens than the shape has children, the rest are left out.
+    The shape is fixed before any draw and no drawn node is pruned, as verify_tree_without_replacement needs.
+    Returns (tokens, parents, q_draft (N, V): the law each node's children were drawn from)."""
+    parents, nodes = tree_from_paths(paths)
+    N, kids = len(nodes), children(parents)  # kids[u] in rank order = draw order
+    tokens = [int(root)] + [-1] * (N - 1)  # -1: not drawn
+    q_draft = q_root.new_zeros(N, q_root.numel())  # (N, V)
+    q_draft[0] = q_root
+    for d in range(max(map(len, nodes))):
+        level = [u for u in range(N) if len(nodes[u]) == d and tokens[u] >= 0 and kids[u]]
+        if d > 0 and level:
+            q_draft[level] = next_q(d, level, tokens, parents)
+        for u in level:
+            m = min(len(kids[u]), int((q_draft[u] > 0).sum()))
+            for c, x in zip(kids[u], sample_without_replacement(q_draft[u], m, generator).tolist()):
+                tokens[c] = x
+    keep = [u for u in range(N) if tokens[u] >= 0]
+    index = {u: i for i, u in enumerate(keep)}
+    return [tokens[u] for u in keep], [index.get(parents[u], -1) for u in keep], q_draft[keep]

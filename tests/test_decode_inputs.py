@@ -1,0 +1,158 @@
+"""Bad input to decode.py and the methods: a one-line error that says what to do, never a traceback, a hang, a huge
+allocation or silent garbage. Each test here failed before its fix (issue 21).
+
+The run folder is built in the test: a byte-level tokenizer (the 256 single bytes, no merges) and a random tiny
+target, so decode.py runs end to end in well under a second."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import decode
+from nanospec.checkpoint import gpt_checkpoint, save_atomic
+from nanospec.decoding import METHODS
+from nanospec.model import GPT, GPTConfig
+from nanospec.tokenizer import Tokenizer, save_tokenizer
+from test_device import models  # noqa: F401 (a fixture: every part, tiny and random)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """A run folder decode.py can read: tokenizer.tiktoken and a random target.pt with MTP heads, context 64."""
+    out = tmp_path_factory.mktemp("run")
+    ranks = {bytes([b]): b for b in range(256)}
+    save_tokenizer(ranks, out / "tokenizer")
+    torch.manual_seed(0)
+    target = GPT(GPTConfig(vocab_size=257, block_size=64, n_layer=2, n_head=2, n_embd=16, n_future=2))
+    save_atomic(gpt_checkpoint(target, Tokenizer(ranks).identity), str(out / "target.pt"))
+    return str(out)
+
+
+def decode_error(ckpt, *args):
+    """Run decode.main and return its one-line error (it must exit with one)."""
+    with pytest.raises(SystemExit) as exit_info:
+        decode.main(["--ckpt", ckpt, "--device", "cpu", "--max-new-tokens", "4", *args])
+    message = exit_info.value.code
+    assert isinstance(message, str) and message.startswith("error: ") and "\n" not in message, message
+    return message
+
+
+def test_the_run_folder_decodes(ckpt, capsys):
+    decode.main(["--ckpt", ckpt, "--device", "cpu", "--max-new-tokens", "4", "--prompt", "def f(", "--json"])
+    assert len(json.loads(capsys.readouterr().out)["ids"]) == 4
+
+
+# ---------------------------------------------------------------------------------------------------------
+# lookahead: bounded options, and a tree that must fit in the context (the cache is context + one tree)
+
+
+@pytest.mark.parametrize("flag, value", [("--ngram", "40"), ("--window", "100"), ("--guesses", "100")])
+def test_lookahead_flags_are_bounded(ckpt, flag, value):
+    """Before: --ngram 1000000 asked for gigabytes. Each bound is declared once, with the option."""
+    assert "must be in" in decode_error(ckpt, "--method", "lookahead", "--prompt", "def f(", flag, value)
+
+
+def test_lookahead_tree_must_fit_the_context(ckpt):
+    """Within every bound, a tree larger than the context is still refused: no setting allocates more than
+    twice the model's context (prefix + one tree)."""
+    message = decode_error(ckpt, "--method", "lookahead", "--prompt", "def f(", "--window", "30", "--ngram", "4",
+                           "--guesses", "0")  # 1 + 29 + 60 = 90 tokens per forward, context 64
+    assert "exceeds the model's context of 64" in message
+
+
+def test_lookahead_tree_larger_than_the_context_is_refused(models):  # noqa: F811
+    """The same check in generate, which every caller goes through; a tree of exactly the context is fine."""
+    METHODS["lookahead"](models, [1, 2, 3], 5, window=10, ngram=5, guesses=2)  # 1 + 9 + 30 + 8 = 48
+    block = models.target.config.block_size  # 48
+    with pytest.raises(ValueError, match="exceeds the model's context of 48"):
+        METHODS["lookahead"](models, [1, 2, 3], 5, window=10, ngram=5, guesses=3)  # 1 + 9 + 30 + 12 = 52
+    from nanospec.decoding.lookahead import OPTIONS, tree_size
+    largest = tree_size(*(OPTIONS[name].high for name in ("window", "ngram", "guesses")))
+    assert largest > block  # the bounds alone would not keep the cache small: the context check does
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sampling settings: every method, and decode.py before it loads anything
+
+
+@pytest.mark.parametrize("temperature", [float("nan"), float("inf"), 1e-40, -1.0])
+@pytest.mark.parametrize("method", METHODS)
+def test_bad_temperature_is_a_clear_error_in_every_method(models, method, temperature):  # noqa: F811
+    """Before: nan and 1e-40 gave tracebacks, inf sampled uniform noise."""
+    with pytest.raises(ValueError, match="temperature"):
+        METHODS[method](models, [1, 2, 3], 5, temperature=temperature, seed=0)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e-40"])
+def test_bad_temperature_in_decode(ckpt, value):
+    assert "temperature" in decode_error(ckpt, "--prompt", "x", "--temperature", value)
+
+
+def test_smallest_temperature_samples(models):  # noqa: F811
+    """The documented floor, 1e-4, still samples (and is all but greedy)."""
+    ids, _ = METHODS["ar"](models, [1, 2, 3], 5, temperature=1e-4, seed=0)
+    assert ids == METHODS["ar"](models, [1, 2, 3], 5)[0]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Device, prompt bytes, options that only make sense together
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+@pytest.mark.parametrize("device", ["cuda:0", "cuda", "cuda:1"])
+def test_missing_cuda_device_is_one_line(ckpt, device):
+    with pytest.raises(SystemExit) as exit_info:
+        decode.main(["--ckpt", ckpt, "--device", device, "--prompt", "x"])
+    assert "no CUDA GPU" in exit_info.value.code and "\n" not in exit_info.value.code
+
+
+def run_decode(ckpt, *args, stdin=None):
+    return subprocess.run([sys.executable, "decode.py", "--ckpt", ckpt, "--device", "cpu", "--max-new-tokens", "3",
+                           *args], cwd=ROOT, capture_output=True, input=stdin, timeout=120)
+
+
+@pytest.mark.parametrize("where", ["stdin", "argv"])
+def test_non_utf8_prompt_is_a_clear_error(ckpt, where):
+    """Before: the bad byte became U+FFFD (or a lone surrogate) without a word."""
+    prompt = b"def f(\xff):"
+    res = run_decode(ckpt, stdin=prompt) if where == "stdin" else run_decode(ckpt, b"--prompt", prompt)
+    err = res.stderr.decode()
+    assert res.returncode != 0 and "not UTF-8" in err and "0xff" in err and "Traceback" not in err, err
+
+
+def test_utf8_prompt_from_stdin_still_works(ckpt):
+    res = run_decode(ckpt, "--json", stdin="def f(ü):".encode())
+    assert res.returncode == 0 and json.loads(res.stdout)["prompt"] == "def f(ü):"
+
+
+def test_confidence_needs_adaptive_confidence(ckpt, models):  # noqa: F811
+    """Before: --confidence without --adaptive confidence was silently ignored."""
+    assert "--adaptive confidence" in decode_error(ckpt, "--method", "early-exit", "--prompt", "x", "--confidence", "0.3")
+    for method in ("speculative", "early-exit", "mtp", "parallelspec"):
+        with pytest.raises(ValueError, match="--adaptive confidence"):
+            METHODS[method](models, [1, 2, 3], 5, confidence=0.3, adaptive="history")
+    METHODS["early-exit"](models, [1, 2, 3], 5, confidence=0.3, adaptive="confidence")  # together: fine
+
+
+def test_show_tree_with_json_is_refused(ckpt):
+    """Before: the tree went to stdout ahead of the JSON object, so stdout was not JSON."""
+    assert "--show-tree" in decode_error(ckpt, "--method", "medusa", "--prompt", "x", "--show-tree", "--json")
+
+
+def test_unknown_option_of_a_method_is_a_clear_error(models):  # noqa: F811
+    with pytest.raises(ValueError, match="unknown option"):
+        METHODS["jacobi"](models, [1, 2, 3], 5, blocks=4)
+
+
+def test_lone_surrogate_prompt_is_a_clear_error(ckpt):
+    assert "lone surrogate" in decode_error(ckpt, "--prompt", "def f(\ud800):")
+
+
+def test_seed_beyond_64_bits_is_a_clear_error(ckpt):
+    """Before: "Overflow when unpacking long long", a traceback."""
+    assert "seed must fit in 64 bits" in decode_error(ckpt, "--prompt", "x", "--seed", str(2**64))
