@@ -43,7 +43,7 @@ import torch
 from nanospec import report
 from nanospec.checkpoint import CheckpointError
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
-from nanospec.decoding.common import DRAFT_SAMPLING
+from nanospec.decoding.options import DRAFT_SAMPLING
 from nanospec.device import pick_device
 from nanospec.parts import load_models
 from nanospec.verify import sample, warp
@@ -373,26 +373,20 @@ def forward_costs(models, names, temperatures, quick):
 
 
 def drafting(stats):
-    """(seconds inside the method's `run.drafting()` timer, drafter passes) of one run, from its stats, or None
-    when the method does not report them. parallelspec reports draft_time and drafter_passes; eagle reports
-    draft_time_share (of wall_time) and drafter_passes_per_step (its steps: every target forward but the prefill)."""
-    if "draft_time" in stats and "drafter_passes" in stats:
-        return stats["draft_time"], stats["drafter_passes"]
-    if "draft_time_share" in stats and "drafter_passes_per_step" in stats:
-        steps = max(1, stats["target_forwards"] - 1)
-        return stats["draft_time_share"] * stats["wall_time"], stats["drafter_passes_per_step"] * steps
-    return None
+    """(seconds inside the method's `run.drafting(passes)` timer, drafter passes) of one run, from its stats
+    (decoding/run.py reports both once a method has drafted; a run that never drafted gives (0, 0))."""
+    return stats.get("draft_time", 0.0), stats.get("drafter_passes", 0)
 
 
 def drafter_costs(results, names, cost_1):
     """{method: c} for every method that drafts with a trained part: its own drafting seconds per drafter pass,
     summed over its timed runs at every temperature, over one target forward over 1 token (cost_1 seconds);
-    None for a method whose stats do not report its drafting time."""
+    None for a method that made no drafter pass."""
     c = {}
     for name in (n for n in names if parts_for([n])):
         runs = [drafting(r["stats"]) for by_prompt in results.values() for r in by_prompt.get(name, {}).values()]
-        seconds, passes = sum(r[0] for r in runs if r), sum(r[1] for r in runs if r)
-        c[name] = seconds / passes / cost_1 if runs and all(runs) and passes else None
+        seconds, passes = sum(r[0] for r in runs), sum(r[1] for r in runs)
+        c[name] = seconds / passes / cost_1 if passes else None
     return c
 
 

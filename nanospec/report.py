@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from nanospec.decoding import MODULES
-from nanospec.decoding.common import tensor
+from nanospec.decoding.run import tensor
 from nanospec.presets import PRESETS
 
 
@@ -40,7 +40,7 @@ class Measured:
     prefix: int  # that prefix's length
     reps: int  # the cost runs (fastest of)
     step: dict  # (is the draft, temperature or None) -> seconds of one forward (None) or decoding step
-    c: dict  # method with a trained drafter -> c from its own drafting time, or None where its stats lack it
+    c: dict  # method with a trained drafter -> c from its own drafting time, or None if it never drafted
     seconds: float  # of measurements
     loads: tuple  # load average before and after
 
@@ -248,9 +248,9 @@ def header(m):
     if models.target.config.n_future:
         draft += "; MTP heads " + ("retrained alone (heads.pt)" if models.tuned_heads else "as trained with the target")
     measured = ", ".join(f"{name} {c:.2f}" for name, c in m.c.items() if c is not None)
-    unreported = [name for name, c in m.c.items() if c is None]
-    costs = (measured or ("none reports it" if m.c else "no method with a trained drafter ran")) + (
-        f"; not reported by {', '.join(unreported)} (no drafting time in their stats)" if unreported else "")
+    idle = [name for name, c in m.c.items() if c is None]
+    costs = (measured or ("none drafted" if m.c else "no method with a trained drafter ran")) + (
+        f"; {', '.join(idle)} made no drafter pass" if idle else "")
     return [f"# nanospec bench, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
             f"- machine: {machine()}; device: {device_name(m.device)}; torch {torch.__version__}; "
             f"Python {platform.python_version()}; commit {git_commit()}",

@@ -13,7 +13,7 @@ import torch
 from nanospec.decoding.eagle import grow_tree
 from nanospec.drafters.eagle import eagle_config
 from nanospec.model import KVCache, Output
-from nanospec.decoding.common import tensor
+from nanospec.decoding.run import tensor
 from test_eagle import random_head, slow_tree
 from test_model import random_ids, tiny_gpt
 

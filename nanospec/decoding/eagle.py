@@ -138,7 +138,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     drawn = run.sampling.draws(o.draft_sampling)
     cache = target.new_cache()
     dcache = eagle.new_cache(max_len=target.config.block_size + max(o.depth * width, o.total_tokens))  # + guesses
-    passes, steps, nodes = 0, 0, 0
+    steps, nodes = 0, 0
 
     # prefill: the target reads the prompt and picks the first root; the head reads x_1..x_P with f_0..f_{P-1}
     last, out = prefill(run, target, cache)
@@ -148,15 +148,13 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     while not done:
         d = run.draft_room(o.depth)  # near the end of the budget or context, a shallower tree
         size = min(o.total_tokens, cache.max_len - cache.length)
-        with run.drafting():
+        with run.drafting(passes=max(d - 1, 0)):  # the tree's deeper levels, one head pass each
             tokens, parents, q_draft = draft_tree(eagle, target, dcache, last, draft, d, width, size, run, drawn)
         emitted, path, out = tree_step(run, target, cache, tokens, parents, q_draft=q_draft)
-        steps, nodes, passes = steps + 1, nodes + len(tokens) - 1, passes + max(d - 1, 0)
+        steps, nodes = steps + 1, nodes + len(tokens) - 1
         done = run.emit(emitted)
         last = emitted[-1]
         if not done:  # the accepted nodes again, now with the target's features at the node before each
             with run.drafting():
                 draft = refresh(eagle, target, dcache, [tokens[n] for n in path] + [last], out.hidden[0, [0] + path])
-            passes += 1
-    stats = run.stats(tree_nodes=nodes / max(1, steps), drafter_passes_per_step=(passes + 1) / max(1, steps))
-    return run.out, {**stats, "draft_time_share": run.draft_time / max(stats["wall_time"], 1e-9)}
+    return run.out, run.stats(tree_nodes=nodes / max(1, steps))

@@ -68,10 +68,11 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         # guess goes through blocks 1..E too: the next guess and the verify pass both need its block-E output.
         hidden, drafts, q_rows = [lower(run.seq[-1])], [], []
         while len(drafts) < k:
-            logits = exit_logits(target, adapter, E, hidden[-1])[0, -1]  # (V,)
-            q_rows.append(warp(logits, *run.sampling))  # (V,) Leviathan's rule needs the law each guess came from
-            drafts.append(sample(q_rows[-1], run.generator).item())
-            hidden.append(lower(drafts[-1]))
+            with run.drafting():  # one drafter pass: the exit, then blocks 1..E over the guess
+                logits = exit_logits(target, adapter, E, hidden[-1])[0, -1]  # (V,)
+                q_rows.append(warp(logits, *run.sampling))  # (V,) Leviathan's rule needs the law each came from
+                drafts.append(sample(q_rows[-1], run.generator).item())
+                hidden.append(lower(drafts[-1]))
             if length.stop(logits, drafts[-1]):
                 break
         # Verify: blocks E+1..L read the k+1 block-E outputs in one forward; the chain rule on its logits, then

@@ -85,8 +85,9 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         d = run.draft_room(depth)  # near the end of the budget or context, a shallower tree
         slots = cache.max_len - cache.length - 1  # cache slots left for guesses in this forward
         step_paths = [p for p in paths if len(p) <= d][:slots]
-        logits = target.head_logits(hidden, d)[0, :, 0] if d else None  # (d, V) head i's logits for depth i
-        tokens, parents, q_draft = fill_tree(last, logits, step_paths, run.sampling, drawn, run.generator)
+        with run.drafting():  # one drafter pass: the heads over one trunk state, then the tree from their laws
+            logits = target.head_logits(hidden, d)[0, :, 0] if d else None  # (d, V) head i's logits at depth i
+            tokens, parents, q_draft = fill_tree(last, logits, step_paths, run.sampling, drawn, run.generator)
         emitted, path, out = tree_step(run, target, cache, tokens, parents, o.verify, q_draft=q_draft)
         steps, guesses, accepted = steps + 1, guesses + len(tokens) - 1, accepted + len(path)
         if o.show_tree and steps <= 2:

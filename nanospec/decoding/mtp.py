@@ -74,7 +74,8 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
 
     # prefill: the main head gives the first token, the heads at the last prompt position the first guesses
     last, out = prefill(run, target, cache)
-    drafts, q_draft = head_guesses(target, out.hidden[:, -1:], length.k, length, *draw)
+    with run.drafting():  # one drafter pass: the heads over one trunk state
+        drafts, q_draft = head_guesses(target, out.hidden[:, -1:], length.k, length, *draw)
     done = run.emit([last])
     drafted, accepted = [0] * n_future, [0] * n_future  # per head: guesses verified, guesses accepted
     while not done:
@@ -89,7 +90,8 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         last = emitted[-1]
         # out.hidden[:, n] is the position of the last accepted token, whose main head chose `last`:
         # its heads guess the tokens after `last`
-        drafts, q_draft = head_guesses(target, out.hidden[:, n:n + 1], length.k, length, *draw)
+        with run.drafting():
+            drafts, q_draft = head_guesses(target, out.hidden[:, n:n + 1], length.k, length, *draw)
     return run.out, run.stats(drafted=sum(drafted), accepted=sum(accepted),
                               acceptance_rate=sum(accepted) / max(1, sum(drafted)),
                               head_acceptance=[a / d for a, d in zip(accepted, drafted) if d])  # heads used

@@ -111,7 +111,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     last, _ = prefill(run, target, cache)
     new_tokens = run.prompt + [last]  # what the drafter has not read yet, ending with the root
     done = run.emit([last])
-    passes, drafted, accepted = 0, 0, 0
+    drafted, accepted = 0, 0
     while not done:
         d = run.draft_room(length.k)  # near the end of the budget or context, guess fewer
         if d == 0:  # one token left to emit: nothing to guess (and this is the last step)
@@ -119,7 +119,6 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
             break
         with run.drafting():
             guesses = drafter.draft(target, draft_cache, new_tokens, d)  # (d, V): one pass, d guesses
-        passes += 1
         if paths is None:
             emitted, m, n = chain_step_guesses(run, target, cache, last, guesses, length, drawn)
         else:
@@ -127,5 +126,4 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         drafted, accepted = drafted + m, accepted + n
         done = run.emit(emitted)
         last, new_tokens = emitted[-1], emitted  # the accepted guesses and the new root: the drafter's next read
-    return run.out, run.stats(drafter_passes=passes, drafted=drafted, accepted=accepted,
-                              acceptance_rate=accepted / max(1, drafted), draft_time=run.draft_time)
+    return run.out, run.stats(drafted=drafted, accepted=accepted, acceptance_rate=accepted / max(1, drafted))

@@ -30,7 +30,8 @@ class Run:
     target_forwards: int = 0
     stop: str = None  # why generation ended: "eot", "max_new_tokens" or "context"
     t0: float = field(default_factory=time.perf_counter)
-    draft_time: float = 0.0  # seconds inside `with run.drafting():`, for methods that report their drafter's share
+    draft_time: float = 0.0  # seconds inside `with run.drafting():`: the drafter's share of the wall time
+    drafter_passes: int = 0  # drafter passes counted by `run.drafting(passes)`: draft_time / passes is its cost
 
     @property
     def seq(self):
@@ -68,20 +69,23 @@ class Run:
         return self.stop is not None
 
     @contextmanager
-    def drafting(self):
-        """`with run.drafting():` around a drafter's work adds its wall time to draft_time."""
+    def drafting(self, passes=1):
+        """`with run.drafting(passes):` around a drafter's work adds its wall time to draft_time and `passes`
+        (the drafter forwards inside) to drafter_passes; the benchmark's drafter cost c is read from the two."""
         t = time.perf_counter()
         try:
             yield
         finally:
             self.draft_time += time.perf_counter() - t
+            self.drafter_passes += passes
 
     def stats(self, **extra):
         n = len(self.out)
         return {"new_tokens": n, "target_forwards": self.target_forwards,
                 "tokens_per_forward": n / max(1, self.target_forwards),
                 "accepted_per_step": self.accepted_per_step, "wall_time": time.perf_counter() - self.t0,
-                "stop": self.stop, **extra}
+                "stop": self.stop, **({"draft_time": self.draft_time, "drafter_passes": self.drafter_passes}
+                                       if self.drafter_passes else {}), **extra}
 
 
 def start(models, prompt_ids, max_new_tokens, sampling=Sampling(), seed=None):

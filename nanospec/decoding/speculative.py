@@ -67,9 +67,10 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         # Draft k tokens autoregressively, keeping each q row: Leviathan's rule needs the law each came from.
         x, drafts, q_rows = seq[draft_cache.length:], [], []  # x: what the draft has not read yet
         for _ in range(k):
-            logits = draft(tensor(x, draft_cache.device), cache=draft_cache).logits[0, -1]  # (V,)
-            q_rows.append(warp(logits, *run.sampling))  # (V,)
-            drafts.append(sample(q_rows[-1], run.generator).item())
+            with run.drafting():
+                logits = draft(tensor(x, draft_cache.device), cache=draft_cache).logits[0, -1]  # (V,)
+                q_rows.append(warp(logits, *run.sampling))  # (V,)
+                drafts.append(sample(q_rows[-1], run.generator).item())
             x = [drafts[-1]]
             if length.stop(logits, drafts[-1]):  # the draft is unsure: check what we have
                 break
