@@ -218,6 +218,9 @@ def load_ranks(path):
     that one caches by path, so a tokenizer retrained to the same path would silently not be re-read.
     """
     path = Path(path)
+    if path.is_dir():
+        raise FileNotFoundError(f"{path} is a folder, not a tokenizer file: pass the .tiktoken file that "
+                                "`make train` wrote (or delete the folder and run `make train`)")
     if not path.is_file():
         raise FileNotFoundError(f"no tokenizer at {path}: run `make train` to build one (or pass the right path)")
     ranks = {}

@@ -94,6 +94,19 @@ def batch_rng(cfg, step):
     return np.random.default_rng([cfg.seed, step])
 
 
+def windows(tokens, rng, batch_size, length, device="cpu"):
+    """Random contiguous windows (batch_size, length) of a token array, on `device`. Every trained part draws
+    its batches here, from the step's generator (`batch_rng`)."""
+    starts = rng.integers(0, len(tokens) - length, size=batch_size)
+    return torch.from_numpy(np.stack([tokens[s:s + length] for s in starts]).astype(np.int64)).to(device)
+
+
+def fixed_windows(tokens, n, length, device="cpu"):
+    """n evenly spaced windows (n, length): the same validation batches at every evaluation."""
+    starts = np.linspace(0, len(tokens) - length - 1, n).astype(np.int64)
+    return torch.from_numpy(np.stack([tokens[s:s + length] for s in starts]).astype(np.int64)).to(device)
+
+
 def stop_on_sigterm(signum, frame):
     raise KeyboardInterrupt
 
