@@ -111,6 +111,8 @@ def tie_run_to_corpus(ctx, stats):
 
 def stage_tokenizer(ctx):
     path = os.path.join(ctx.out_dir, "tokenizer.tiktoken")
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a folder, not a tokenizer file: remove it (the tokenizer stage writes the file)")
     if os.path.isfile(path):
         print(f"tokenizer: {path} exists, skipping")
     else:

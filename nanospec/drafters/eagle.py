@@ -23,11 +23,8 @@ up across steps. Training is teacher-forced on true features (the frozen target 
 
     loss = FEATURE_WEIGHT * SmoothL1(f̂_{t+1}, f_{t+1}) + DIST_WEIGHT * CE(p_target(. | x_<=t+1), q_draft)
 
-the second term with the target's full distribution as a soft label (EAGLE used weights 1.0 and 0.1). On the
-4x192 tiny preset (250 steps of 16 x 255 tokens) DIST_WEIGHT 0.1, 0.3 and 1.0 trained equally well, and neither
-EAGLE's noise on the input features nor a second unrolled step on the head's own features (EAGLE-3's
-"training-time test") helped: the head's top-1 guess matched the target's 88% of the time on validation text,
-from true features and after one step on its own features alike.
+the second term with the target's full distribution as a soft label (EAGLE used weights 1.0 and 0.1; what
+other weights, input noise and a second unrolled step did: docs/training-notes.md).
 """
 from dataclasses import replace
 
