@@ -302,7 +302,8 @@ def run(args):
 def run_stages(args):
     ctx = Context(args)
     writable_folder(args.out_dir, "--out-dir")
-    writable_folder(args.data_dir, "--data-dir")
+    if not os.path.exists(os.path.join(args.data_dir, "corpus.json")):  # a built corpus is only read
+        writable_folder(args.data_dir, "--data-dir")
     for tmp in clean_orphans(args.out_dir):
         print(f"removed {tmp}, left by a save that was killed midway")
     torch.set_float32_matmul_precision("high")
