@@ -193,3 +193,34 @@ def test_the_corpus_can_include_test_folders(tmp_path):
     with_tests = corpus.build_corpus(str(tmp_path / "d2"), str(src), 10 ** 6, include_tests=True)
     assert sum(without["files"].values()) == 3 and sum(with_tests["files"].values()) == 5
     assert with_tests["tests"] and not without["tests"]
+
+
+def test_training_makes_every_tensor_on_the_model_s_device():
+    """Models on the CPU, then every loss under torch.device("meta"): a tensor made without naming the device
+    lands on meta, and the first operation mixing it with the model's tensors fails (issue 19's check)."""
+    import numpy as np
+
+    from nanospec.drafters import training
+    from nanospec.model import GPTConfig
+    from nanospec.trainer import TrainConfig, batch_rng, windows
+
+    torch.manual_seed(0)
+    target = GPT(GPTConfig(vocab_size=50, block_size=24, n_layer=2, n_head=2, n_embd=16, n_future=2))
+    tokens = np.random.default_rng(0).integers(0, 50, size=500).astype(np.uint16)
+    ctx = SimpleNamespace(cfg={}, device="cpu", train_tokens=tokens, val_tokens=tokens,
+                          train_cfg=lambda key: TrainConfig(batch_size=2))
+    recipes = [training.eagle_recipe, training.early_exit_recipe, training.parallelspec_recipe, training.heads_recipe]
+    for recipe_of in recipes:
+        recipe = recipe_of(ctx, target)
+        module = recipe.make()
+        rng = batch_rng(TrainConfig(), 3)
+        with torch.device("meta"):
+            w, step_rng = recipe.sample(0) if recipe.sample else (windows(tokens, rng, 2, recipe.window), rng)
+            recipe.losses(module, w, step_rng)["loss"].backward()
+            recipe.losses(module, w, None)
+            if recipe.validation:
+                recipe.validation(1)
+    with torch.device("meta"):
+        w = windows(tokens, rng, 2, 24 + 1 + 2)
+        assert set(stages.lm_losses(target, w)) == {"main", "head1", "head2"}
+        stages.lm_losses(target, w, torch.arange(3, device="cpu"))
