@@ -52,7 +52,7 @@ def mean_losses(losses, module, val, batch_size):
 def train_drafter(ctx, name, recipe_of):
     """The stage `name` of train_tiny.py: train out/<name>.pt on out/target.pt, frozen, or skip it if it is
     complete and was trained on this very target (a file for another target or size is trained anew).
-    recipe(ctx, target) -> the Recipe, or None when there is nothing to train."""
+    recipe_of(ctx, target) -> the Recipe, or None when there is nothing to train."""
     t0, path = time.time(), os.path.join(ctx.out_dir, f"{name}.pt")
     target, target_id = frozen_target(name, ctx.out_dir, ctx.tokenizer.identity, ctx.device)
     recipe = recipe_of(ctx, target)
