@@ -2,6 +2,7 @@
 PYTHON ?= python
 OUT ?= ../nanospec-handout
 PRECISION ?= auto  # `make train PRECISION=fp32`: the reference every README figure names
+PRESET ?= tiny  # `make train PRESET=gpu`: the deep GPU preset (one H100, ~5 min), into out-gpu/
 
 .PHONY: install deps train test bench bench-quick gpu-check handout grade
 
@@ -15,7 +16,7 @@ deps:
 	('torch', 'numpy', 'tiktoken', 'pytest', 'hypothesis')))" || $(PYTHON) -m pip install -r requirements.txt
 
 train: deps
-	$(PYTHON) train_tiny.py --precision $(strip $(PRECISION))
+	$(PYTHON) train_tiny.py --preset $(strip $(PRESET)) --precision $(strip $(PRECISION))
 
 test: deps
 	$(PYTHON) -m pytest

@@ -12,6 +12,7 @@ Worked example: a folder with the files a.txt, b.txt, ..., j.txt and val_every=1
     data/corpus.json: {"files": {"train": 9, "val": 1}, "val_files": ["j.txt"], ...}
 
     python -m nanospec.corpus                              # stdlib, 3 MB, into data/
+    python -m nanospec.corpus --include-tests --budget-bytes 32000000   # stdlib with its tests, ~31 MB
     python -m nanospec.corpus --source book.txt --budget-bytes 1000000
 """
 
@@ -25,7 +26,8 @@ from collections import Counter
 from pathlib import Path
 
 EOT = "<|endoftext|>"  # separates documents in train.txt / val.txt; the tokenizer makes it one special id
-SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}  # not library code
+TEST_DIRS = {"test", "tests", "idle_test"}  # the stdlib's own tests: ~19 MB more Python, in by --include-tests
+SKIP_DIRS = TEST_DIRS | {"site-packages", "dist-packages", "__pycache__"}  # not library code
 STDLIB_DATA_DIRS = {"encodings"}  # stdlib only: ~100 generated codec tables ("LATIN CAPITAL LETTER A"), not code
 MAX_FILE_BYTES = 200_000  # stdlib only: its bigger files are mostly generated (pydoc topics, unicode data)
 CHUNK_BYTES = 20_000  # a single-file source is cut at blank lines into documents of about this size
@@ -90,10 +92,11 @@ def why_unusable(text, max_bytes=None):
     return None
 
 
-def iter_documents(source, skipped):
+def iter_documents(source, skipped, include_tests=False, source_flag="--source"):
     """
     Yield (name, text) for every document of the source, in a deterministic order; count what is left
     out in `skipped` (a Counter of reasons). Lazy: the stdlib holds ~12 MB and we usually want 3.
+    include_tests: walk the test folders too (the stdlib's hold ~19 MB more).
     """
     if source is None:  # the default: the running interpreter's standard library, *.py only
         root, only_py = Path(sysconfig.get_paths()["stdlib"]), True
@@ -102,7 +105,7 @@ def iter_documents(source, skipped):
     if root.is_file():
         text = read_text(root)
         if text is None:
-            raise ValueError(f"{root} is not UTF-8 text: pass a UTF-8 text file or a folder of them as --source")
+            raise ValueError(f"{root} is not UTF-8 text: pass a UTF-8 text file or a folder of them as {source_flag}")
         # ~10 pieces at least, so that even a small file can give one to validation
         chunk_bytes = min(CHUNK_BYTES, max(len(text.encode("utf-8")) // 10, 1))
         documents = ((f"{root.name}#{i}", piece) for i, piece in enumerate(split_at_blank_lines(text, chunk_bytes)))
@@ -110,7 +113,8 @@ def iter_documents(source, skipped):
         # os.walk gives no order guarantee: collect relative posix paths, then sort them
         names = []
         for dirpath, dirnames, filenames in os.walk(root):
-            skip = SKIP_DIRS | (STDLIB_DATA_DIRS if only_py and Path(dirpath) == root else set())
+            skip = (SKIP_DIRS - TEST_DIRS if include_tests else SKIP_DIRS) | (
+                STDLIB_DATA_DIRS if only_py and Path(dirpath) == root else set())
             dirnames[:] = [d for d in dirnames if d not in skip and not d.startswith(".")]
             for fn in filenames:
                 if not fn.startswith(".") and (fn.endswith(".py") or not only_py):
@@ -124,20 +128,24 @@ def iter_documents(source, skipped):
             skipped[reason] += 1
 
 
-def build_corpus(out_dir="data", source=None, budget_bytes=3_000_000, val_every=10):
+def build_corpus(out_dir="data", source=None, budget_bytes=3_000_000, val_every=10, include_tests=False,
+                 source_flag="--source", budget_flag="--budget-bytes"):
     """
     Write out_dir/train.txt, out_dir/val.txt (documents joined by EOT) and out_dir/corpus.json; return the
     stats dict that corpus.json holds. source=None: the stdlib; else a UTF-8 text file or a folder of them.
     Documents are taken in order while train.txt + val.txt stay within budget_bytes; document i (from 0)
     goes to validation when i % val_every == val_every - 1 (and the last one when that picks none).
+    include_tests: test folders too. source_flag, budget_flag: the flags the error messages name (the
+    caller's: train_tiny.py has --corpus and no budget flag).
     """
     if source is not None and not Path(source).exists():
-        raise FileNotFoundError(f"corpus source {source} does not exist: pass an existing file or folder as --source")
+        raise FileNotFoundError(f"corpus source {source} does not exist: pass an existing file or folder as "
+                                f"{source_flag}")
     if val_every < 2:
         raise ValueError(f"val_every must be >= 2 (got {val_every}): every val_every-th document is held out")
     skipped = Counter()
     docs, total, seen = [], 0, 0
-    for name, text in iter_documents(source, skipped):
+    for name, text in iter_documents(source, skipped, include_tests, source_flag):
         seen += 1
         # a separator counted per document keeps train.txt + val.txt together within the budget
         cost = len(text.encode("utf-8")) + len(EOT)
@@ -147,10 +155,10 @@ def build_corpus(out_dir="data", source=None, budget_bytes=3_000_000, val_every=
         total += cost
     where = "the standard library" if source is None else str(source)
     if seen == 0:
-        raise ValueError(f"no usable text in {where}: --source needs UTF-8 text files")
+        raise ValueError(f"no usable text in {where}: {source_flag} needs UTF-8 text files")
     if len(docs) < 2:
         raise ValueError(f"got {len(docs)} document(s) from {where} within {budget_bytes:,} bytes, need >= 2 to hold "
-                         f"one out for validation: raise --budget-bytes or give more text")
+                         f"one out for validation: {f'raise {budget_flag} or ' if budget_flag else ''}give more text")
 
     is_val = [i % val_every == val_every - 1 for i in range(len(docs))]
     if not any(is_val):
@@ -163,6 +171,7 @@ def build_corpus(out_dir="data", source=None, budget_bytes=3_000_000, val_every=
         "source": sysconfig.get_paths()["stdlib"] if source is None else os.path.abspath(source),
         "python": sys.version.split()[0],  # the stdlib corpus differs between Python versions
         "budget_bytes": budget_bytes,
+        "tests": include_tests,  # test folders walked too
         "val_every": val_every,
         "files": {"train": len(train), "val": len(val)},
         "bytes": {"train": len(train_text.encode("utf-8")), "val": len(val_text.encode("utf-8"))},
@@ -196,9 +205,11 @@ def main():
     parser.add_argument("--out-dir", default="data", help="where train.txt, val.txt and corpus.json go")
     parser.add_argument("--budget-bytes", type=int, default=3_000_000, help="at most this many bytes in train.txt + val.txt")
     parser.add_argument("--val-every", type=int, default=10, help="every n-th document goes to validation")
+    parser.add_argument("--include-tests", action="store_true",
+                        help="walk test folders too (the stdlib's tests: ~19 MB more Python, for a GPU preset)")
     args = parser.parse_args()
     try:
-        stats = build_corpus(args.out_dir, args.source, args.budget_bytes, args.val_every)
+        stats = build_corpus(args.out_dir, args.source, args.budget_bytes, args.val_every, args.include_tests)
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
     print_stats(stats)

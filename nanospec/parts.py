@@ -10,7 +10,9 @@ written by `make train`:
     out/parallelspec.pt      "parallelspec": the mask-token drafter (parallelspec)
     out/early_exit.pt        "early_exit": the exit adapters (early-exit)
 
-Only the parts asked for are read, so a broken eagle.pt cannot stop `decode.py --method ar`. Each decoding
+Only the parts asked for are read, so a broken eagle.pt cannot stop `decode.py --method ar`. Every drafter
+must have been trained on this very target.pt (its fingerprint is in the file), else a one-line error says
+which stage to rerun. Each decoding
 module says which parts it needs (NEEDS) and which it uses when present (USES); `decoding.parts_for` turns a
 list of methods into the parts to load. nanospec/checkpoint.py reads single files and knows no drafter; this
 module is the one place that knows them all.
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nanospec.checkpoint import CheckpointError, load_gpt
+from nanospec.checkpoint import CheckpointError, load_gpt, target_fingerprint
 from nanospec.drafters.eagle import load_eagle
 from nanospec.drafters.early_exit import load_early_exit
 from nanospec.drafters.heads import load_heads
@@ -42,14 +44,13 @@ class Models:
     tuned_heads: bool = False  # True when heads.pt (the heads-only phase) replaced the jointly trained MTP heads
 
 
-# optional part -> how to read its file, `<part>.pt` beside target.pt
+# optional drafter -> how to read its file, `<part>.pt` beside target.pt: (path, tokenizer, device, target_id)
 LOADERS = {
-    "draft": load_gpt,
     "eagle": load_eagle,
     "parallelspec": load_parallelspec,
     "early_exit": load_early_exit,
 }
-PARTS = ("heads", *LOADERS)  # every optional part, in the order `make train` trains them
+PARTS = ("heads", "draft", *LOADERS)  # every optional part, in the order `make train` trains them
 
 
 def load_models(ckpt_dir, device="cpu", parts=None):
@@ -61,17 +62,25 @@ def load_models(ckpt_dir, device="cpu", parts=None):
     if unknown:
         raise ValueError(f"unknown model part(s) {', '.join(unknown)}; the parts are {', '.join(PARTS)}")
     tok_path = os.path.join(ckpt_dir, "tokenizer.tiktoken")
-    if not os.path.exists(tok_path):
-        raise CheckpointError(f"no tokenizer at {tok_path}: run `make train` (or pass --ckpt FOLDER)")
-    tokenizer = Tokenizer.load(tok_path)
-    target = load_gpt(os.path.join(ckpt_dir, "target.pt"), tokenizer.identity, device)
+    if not os.path.isfile(tok_path):
+        what = "a folder, not a tokenizer file" if os.path.isdir(tok_path) else "missing"
+        raise CheckpointError(f"{tok_path} is {what}: run `make train` (or pass --ckpt FOLDER)")
+    try:
+        tokenizer = Tokenizer.load(tok_path)
+    except ValueError as e:  # a corrupt file: the message says so and what to do
+        raise CheckpointError(str(e)) from None
+    target = load_gpt(os.path.join(ckpt_dir, "target.pt"), tokenizer.identity, device, part="target")
+    target_id = target_fingerprint(target) if set(parts) - {"draft"} else None  # before heads.pt changes it
     models = Models(target=target, tokenizer=tokenizer, eot=tokenizer.eot)
-    heads_path = os.path.join(ckpt_dir, "heads.pt")
-    if "heads" in parts and os.path.exists(heads_path):  # the retrained MTP heads replace the joint ones
-        load_heads(heads_path, target, tokenizer.identity)
+    path = os.path.join(ckpt_dir, "heads.pt")
+    if "heads" in parts and os.path.exists(path):  # the retrained MTP heads replace the joint ones
+        load_heads(path, target, tokenizer.identity, target_id)
         models.tuned_heads = True
+    path = os.path.join(ckpt_dir, "draft.pt")
+    if "draft" in parts and os.path.exists(path):  # a GPT of its own: it never reads the target
+        models.draft = load_gpt(path, tokenizer.identity, device, part="draft")
     for part, load in LOADERS.items():
         path = os.path.join(ckpt_dir, f"{part}.pt")
         if part in parts and os.path.exists(path):
-            setattr(models, part, load(path, tokenizer.identity, device))
+            setattr(models, part, load(path, tokenizer.identity, device, target_id))
     return models

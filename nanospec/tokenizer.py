@@ -71,20 +71,7 @@ def train_bpe(text, vocab_size, pattern=PATTERN, verbose=False):
     """
     if vocab_size < 256:
         raise ValueError(f"vocab_size must be >= 256 (the single bytes), got {vocab_size}")
-    # 1) cut into chunks once and count them: Python source repeats a lot ("self", "    ", " return")
-    regex = re.compile(pattern)
-    chunk_counts = Counter()
-    for doc in text.split(EOT):
-        chunk_counts.update(regex.findall(doc))
-    words = [list(chunk.encode("utf-8")) for chunk in chunk_counts]  # each distinct chunk as a list of ids
-    counts = list(chunk_counts.values())  # how often it occurs
-
-    # 2) pair -> total count, and pair -> which words contain it (may hold stale entries, see below)
-    pair_counts, where = Counter(), {}
-    for i, (w, c) in enumerate(zip(words, counts)):
-        for pair in zip(w, w[1:]):
-            pair_counts[pair] += c
-            where.setdefault(pair, set()).add(i)
+    words, counts, pair_counts, where = count_pairs(text, pattern)
     # heap of (-count, pair): heapq is a min-heap, so -count puts the most frequent pair on top, and the
     # tuple order breaks ties by the smallest pair. Counts change after every merge; instead of finding and
     # updating old entries we push new ones and drop stale ones when they surface ("lazy deletion").
@@ -110,25 +97,49 @@ def train_bpe(text, vocab_size, pattern=PATTERN, verbose=False):
             ranks[token] = idx
             if verbose and (idx + 1) % 256 == 0:
                 print(f"merge {idx + 1 - 256}/{vocab_size - 256}: {token!r} occurs {count:,} times")
-        # 3) update only the words that contain the pair: take out all their old pairs, put in the new ones
-        touched = set()
-        for i in where.pop(pair):
-            w, c = words[i], counts[i]
-            new = merge(w, pair, idx)
-            if len(new) == len(w):
-                continue  # stale entry: an earlier merge already broke this pair up in word i
-            for p in zip(w, w[1:]):
-                pair_counts[p] -= c
-            for p in zip(new, new[1:]):
-                pair_counts[p] += c
-                where.setdefault(p, set()).add(i)
-                if idx in p:
-                    touched.add(p)
-            words[i] = new
         # only pairs with the new token can have gained occurrences: they need (fresh) heap entries
-        for p in touched:
+        for p in merge_everywhere(words, counts, pair_counts, where, pair, idx):
             heapq.heappush(heap, (-pair_counts[p], p))
     return ranks
+
+
+def count_pairs(text, pattern=PATTERN):
+    """Cut text into chunks once and count them (Python source repeats a lot: "self", "    ", " return"), then
+    count the adjacent pairs. Returns words (each distinct chunk as a list of byte ids), counts (how often each
+    occurs), pair_counts (pair -> total count) and where (pair -> the words that contain it; may hold stale
+    entries, see merge_everywhere)."""
+    regex = re.compile(pattern)
+    chunk_counts = Counter()
+    for doc in text.split(EOT):
+        chunk_counts.update(regex.findall(doc))
+    words = [list(chunk.encode("utf-8")) for chunk in chunk_counts]
+    counts = list(chunk_counts.values())
+    pair_counts, where = Counter(), {}
+    for i, (w, c) in enumerate(zip(words, counts)):
+        for pair in zip(w, w[1:]):
+            pair_counts[pair] += c
+            where.setdefault(pair, set()).add(i)
+    return words, counts, pair_counts, where
+
+
+def merge_everywhere(words, counts, pair_counts, where, pair, idx):
+    """Merge pair into idx in every word that contains it, updating the counts in place: take out all the old
+    pairs of those words, put in the new ones. Returns the pairs with the new token (they gained occurrences)."""
+    touched = set()
+    for i in where.pop(pair):
+        w, c = words[i], counts[i]
+        new = merge(w, pair, idx)
+        if len(new) == len(w):
+            continue  # stale entry: an earlier merge already broke this pair up in word i
+        for p in zip(w, w[1:]):
+            pair_counts[p] -= c
+        for p in zip(new, new[1:]):
+            pair_counts[p] += c
+            where.setdefault(p, set()).add(i)
+            if idx in p:
+                touched.add(p)
+        words[i] = new
+    return touched
 
 
 # -----------------------------------------------------------------------------
@@ -218,6 +229,9 @@ def load_ranks(path):
     that one caches by path, so a tokenizer retrained to the same path would silently not be re-read.
     """
     path = Path(path)
+    if path.is_dir():
+        raise FileNotFoundError(f"{path} is a folder, not a tokenizer file: pass the .tiktoken file that "
+                                "`make train` wrote (or delete the folder and run `make train`)")
     if not path.is_file():
         raise FileNotFoundError(f"no tokenizer at {path}: run `make train` to build one (or pass the right path)")
     ranks = {}

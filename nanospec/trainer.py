@@ -19,7 +19,7 @@ from dataclasses import dataclass, asdict
 import numpy as np
 import torch
 
-from nanospec.checkpoint import save_atomic
+from nanospec.checkpoint import load_checkpoint, load_weights, save_atomic
 from nanospec.muon import Muon, hidden_matrices
 
 
@@ -94,29 +94,61 @@ def batch_rng(cfg, step):
     return np.random.default_rng([cfg.seed, step])
 
 
+def windows(tokens, rng, batch_size, length, device="cpu"):
+    """Random contiguous windows (batch_size, length) of a token array, on `device`. Every trained part draws
+    its batches here, from the step's generator (`batch_rng`)."""
+    starts = rng.integers(0, len(tokens) - length, size=batch_size)
+    return torch.from_numpy(np.stack([tokens[s:s + length] for s in starts]).astype(np.int64)).to(device)
+
+
+def fixed_windows(tokens, n, length, device="cpu"):
+    """n evenly spaced windows (n, length): the same validation batches at every evaluation."""
+    starts = np.linspace(0, len(tokens) - length - 1, n).astype(np.int64)
+    return torch.from_numpy(np.stack([tokens[s:s + length] for s in starts]).astype(np.int64)).to(device)
+
+
 def stop_on_sigterm(signum, frame):
     raise KeyboardInterrupt
+
+
+def resume(name, model, opts, cfg, ckpt_path):
+    """Load an unfinished run of this part from ckpt_path into model and opts; return (step, seconds) trained
+    so far, (0, 0.0) when there is none."""
+    if not os.path.exists(ckpt_path):
+        return 0, 0.0
+    ckpt = load_checkpoint(ckpt_path)
+    if "optimizer" not in ckpt:
+        return 0, 0.0
+    load_weights(ckpt_path, model, ckpt["model"])
+    states = ckpt["optimizer"] if isinstance(ckpt["optimizer"], list) else [ckpt["optimizer"]]
+    if len(states) != len(opts):
+        raise ValueError(f"{ckpt_path} was trained with another optimizer than {cfg.optimizer!r}: "
+                         "delete it to retrain, or use another --out-dir")
+    for opt, state in zip(opts, states):
+        opt.load_state_dict(state)
+    print(f"{name}: resuming from {ckpt_path} at step {ckpt['step']} ({ckpt['seconds']:.0f}s trained)")
+    return ckpt["step"], ckpt["seconds"]
+
+
+def optimizer_step(model, opts, loss, lr, cfg):
+    """Backward, clip, and one step of every optimizer at learning rate lr (each group at its own scale)."""
+    for opt in opts:
+        for g in opt.param_groups:
+            g["lr"] = lr * g["lr_scale"]
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    for opt in opts:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
 
 
 def train(name, model, loss_fn, eval_fn, cfg, ckpt_path, ckpt_fields, device, tokens_per_step):
     """Train `model` in place; resume from `ckpt_path` if it holds an unfinished run of the same part.
     `ckpt_fields()` returns what the checkpoint stores besides the training state (config, weights, tokenizer)."""
     opts = make_optimizers(model, cfg)
-    step, seconds = 0, 0.0
-    if os.path.exists(ckpt_path):
-        from nanospec.checkpoint import load_checkpoint
-        ckpt = load_checkpoint(ckpt_path)
-        if "optimizer" in ckpt:
-            model.load_state_dict(ckpt["model"])
-            states = ckpt["optimizer"] if isinstance(ckpt["optimizer"], list) else [ckpt["optimizer"]]
-            if len(states) != len(opts):
-                raise ValueError(f"{ckpt_path} was trained with another optimizer than {cfg.optimizer!r}: "
-                                 "delete it to retrain, or use another --out-dir")
-            for opt, state in zip(opts, states):
-                opt.load_state_dict(state)
-            step, seconds = ckpt["step"], ckpt["seconds"]
-            print(f"{name}: resuming from {ckpt_path} at step {step} ({seconds:.0f}s trained)")
+    step, seconds = resume(name, model, opts, cfg, ckpt_path)
     amp = autocast_dtype(device, cfg.precision)
+    autocast = lambda: torch.autocast(device.split(":")[0], dtype=amp or torch.float32, enabled=amp is not None)
 
     def save(done):
         save_atomic({**ckpt_fields(), "optimizer": [opt.state_dict() for opt in opts], "step": step,
@@ -124,7 +156,7 @@ def train(name, model, loss_fn, eval_fn, cfg, ckpt_path, ckpt_fields, device, to
 
     def evaluate():
         model.eval()
-        with torch.no_grad(), torch.autocast(device.split(":")[0], dtype=amp or torch.float32, enabled=amp is not None):
+        with torch.no_grad(), autocast():
             losses = eval_fn(model)
         model.train()
         print(f"{name}: step {step} | val " + " | ".join(f"{k} {v:.3f}" for k, v in losses.items()), flush=True)
@@ -134,7 +166,7 @@ def train(name, model, loss_fn, eval_fn, cfg, ckpt_path, ckpt_fields, device, to
         return cfg.max_seconds - seconds - reserve if cfg.max_seconds else float("inf")
 
     model.train()
-    losses, t_last, tok_rate = {}, time.perf_counter(), 0.0
+    t_last, tok_rate = time.perf_counter(), 0.0
     reserve = 0.0  # how long the last evaluation + save took: the final one must fit in the budget too
     signal.signal(signal.SIGTERM, stop_on_sigterm)  # `kill` and job schedulers: stop as cleanly as on Ctrl-C
     try:
@@ -142,16 +174,9 @@ def train(name, model, loss_fn, eval_fn, cfg, ckpt_path, ckpt_fields, device, to
             t0 = time.perf_counter()
             progress = max(step / cfg.max_iters, seconds / (seconds + time_left()) if cfg.max_seconds else 0.0)
             lr = lr_at(cfg, step, progress)
-            for opt in opts:
-                for g in opt.param_groups:
-                    g["lr"] = lr * g["lr_scale"]
-            with torch.autocast(device.split(":")[0], dtype=amp or torch.float32, enabled=amp is not None):
+            with autocast():
                 loss, parts = loss_fn(model, step)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            for opt in opts:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+            optimizer_step(model, opts, loss, lr, cfg)
             step += 1
             dt = time.perf_counter() - t0
             seconds += dt
@@ -161,11 +186,10 @@ def train(name, model, loss_fn, eval_fn, cfg, ckpt_path, ckpt_fields, device, to
                 left = min((cfg.max_iters - step) * dt, time_left())
                 shown = " | ".join(f"{k} {v:.3f}" for k, v in parts.items())
                 print(f"{name}: step {step}/{cfg.max_iters} | loss {loss.item():.3f} | {shown} | "
-                      f"{tok_rate / 1e3:.1f}k tok/s | lr {lr:.1e} | "
-                      f"{seconds:.0f}s, ~{max(0, left):.0f}s left", flush=True)
+                      f"{tok_rate / 1e3:.1f}k tok/s | lr {lr:.1e} | {seconds:.0f}s, ~{max(0, left):.0f}s left", flush=True)
             if step % cfg.eval_interval == 0 and step < cfg.max_iters:
                 t_eval = time.perf_counter()
-                losses = evaluate()
+                evaluate()
                 save(done=False)
                 reserve = time.perf_counter() - t_eval
                 seconds += reserve

@@ -10,6 +10,7 @@ import torch
 
 import decode
 import train_tiny
+from nanospec import checkpoint
 from nanospec.checkpoint import CheckpointError, load_checkpoint
 from nanospec.parts import load_models
 from nanospec.decoding.ar import generate_nocache
@@ -50,7 +51,7 @@ def test_train_resumes_from_an_unfinished_checkpoint(toy, capsys):
     path = base / "out" / "draft.pt"
     ckpt = torch.load(path, weights_only=True)
     ckpt["done"], ckpt["step"] = False, 3  # as if stopped at step 3
-    torch.save(ckpt, path)
+    checkpoint.save_atomic(ckpt, path)  # (with a new checksum: a file edited without one is refused as damaged)
     train_tiny.main(args + ["--stage", "draft"])
     out = capsys.readouterr().out
     assert "resuming from" in out and "at step 3" in out

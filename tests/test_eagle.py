@@ -330,7 +330,7 @@ def test_train_stage_trains_skips_and_retrains_for_a_new_target(tmp_path, capsys
     import numpy as np
 
     from nanospec.checkpoint import gpt_checkpoint, load_checkpoint
-    from nanospec.drafters.eagle import train_stage
+    from nanospec.drafters.training import train_eagle as train_stage
     from nanospec.trainer import TrainConfig
 
     def save_target(seed):

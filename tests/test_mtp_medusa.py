@@ -21,7 +21,7 @@ from nanospec.tree import format_tree, leaf_paths, medusa_tree, path_to, tree_fr
 from nanospec.verify import sample, warp
 from test_model import TOL, random_ids, random_tree, tiny_gpt
 from test_verify import empirical_law, tv, tv_bound
-from train_tiny import lm_losses
+from nanospec.stages import lm_losses
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import medusa_tree as tree_script  # noqa: E402  (a script, not a package module)

@@ -23,24 +23,17 @@ up across steps. Training is teacher-forced on true features (the frozen target 
 
     loss = FEATURE_WEIGHT * SmoothL1(f̂_{t+1}, f_{t+1}) + DIST_WEIGHT * CE(p_target(. | x_<=t+1), q_draft)
 
-the second term with the target's full distribution as a soft label (EAGLE used weights 1.0 and 0.1). On the
-4x192 tiny preset (250 steps of 16 x 255 tokens) DIST_WEIGHT 0.1, 0.3 and 1.0 trained equally well, and neither
-EAGLE's noise on the input features nor a second unrolled step on the head's own features (EAGLE-3's
-"training-time test") helped: the head's top-1 guess matched the target's 88% of the time on validation text,
-from true features and after one step on its own features alike.
+the second term with the target's full distribution as a soft label (EAGLE used weights 1.0 and 0.1; what
+other weights, input noise and a second unrolled step did: docs/training-notes.md).
 """
-import os
-import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 
-import numpy as np
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from nanospec.checkpoint import drafter_is_complete, frozen_target, load_module
+from nanospec.checkpoint import load_module
 from nanospec.model import Block, GPTConfig, KVCache, Output, causal_mask
-from nanospec.trainer import batch_rng, train
 
 FEATURE_WEIGHT = 1.0  # SmoothL1 on features: what keeps the head's own features usable for deeper drafts
 DIST_WEIGHT = 0.3  # soft cross-entropy to the target's next-token law: what acceptance needs (0.1-1.0 all fine)
@@ -94,7 +87,7 @@ def eagle_config(target_config):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Training on the frozen target's features.
+# What training minimises, on the frozen target's features (the stage itself: nanospec/drafters/training.py).
 
 
 def eagle_losses(eagle, target, w):
@@ -114,44 +107,7 @@ def eagle_losses(eagle, target, w):
     return losses
 
 
-def train_stage(ctx):
-    """train_tiny.py's stage "eagle": train the head on out/target.pt's features over the training corpus,
-    or skip it if out/eagle.pt is complete and was trained on this very target (else it is trained anew)."""
-    t0, path = time.time(), os.path.join(ctx.out_dir, "eagle.pt")
-    target, target_id = frozen_target("eagle", ctx.out_dir, ctx.tokenizer.identity, ctx.device)
-    cfg = eagle_config(target.config)
-    if drafter_is_complete("eagle", path, ctx.tokenizer.identity, asdict(cfg), target_id):
-        return
-    train_cfg = ctx.train_cfg("eagle_train")
-    torch.manual_seed(train_cfg.seed)
-    eagle = Eagle(cfg).to(ctx.device)
-    n_params = sum(p.numel() for p in eagle.parameters())
-    T, B = cfg.block_size - 1, train_cfg.batch_size  # windows of T+1 tokens fill the target's context
-    print(f"eagle: {n_params / 1e6:.2f}M parameters (+ the target's frozen embedding and head), "
-          f"windows of {T} tokens, loss {FEATURE_WEIGHT} * feature + {DIST_WEIGHT} * dist")
-
-    def windows(tokens, starts):
-        return torch.from_numpy(np.stack([tokens[s:s + T + 1] for s in starts]).astype(np.int64)).to(ctx.device)
-
-    val = windows(ctx.val_tokens, np.linspace(0, len(ctx.val_tokens) - T - 2, 2 * B).astype(np.int64))  # (2B, T+1)
-
-    def loss_fn(model, step):
-        rng = batch_rng(train_cfg, step)
-        w = windows(ctx.train_tokens, rng.integers(0, len(ctx.train_tokens) - T - 1, size=B))  # (B, T+1)
-        losses = eagle_losses(model, target, w)
-        return losses["total"], {k: v.item() for k, v in losses.items() if k != "total"}
-
-    def eval_fn(model):
-        parts = [eagle_losses(model, target, val[i:i + B]) for i in range(0, len(val), B)]
-        return {k: sum(p[k].item() for p in parts) / len(parts) for k in ("feature", "dist", "acc")}
-
-    train("eagle", eagle, loss_fn, eval_fn, train_cfg, path,
-          lambda: {"config": asdict(cfg), "model": eagle.state_dict(), "tokenizer": ctx.tokenizer.identity,
-                   "target": target_id},
-          ctx.device, B * T)
-    print(f"eagle: stage took {time.time() - t0:.0f}s (loading the target and evaluations included)")
-
-
-def load_eagle(path, tokenizer_identity=None, device="cpu"):
-    """The bare head from eagle.pt; every call then takes the target it was trained on."""
-    return load_module(path, tokenizer_identity, device, lambda cfg: Eagle(GPTConfig(**cfg)))
+def load_eagle(path, tokenizer_identity=None, device="cpu", target_id=None):
+    """The bare head from eagle.pt; every call then takes the target it was trained on (target_id: that
+    target's fingerprint, checked when given)."""
+    return load_module(path, tokenizer_identity, device, lambda cfg: Eagle(GPTConfig(**cfg)), "eagle", target_id)

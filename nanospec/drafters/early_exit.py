@@ -15,18 +15,12 @@ projection starts at zero, so an untrained adapter is the plain exit. Training d
 target's next-token law, minimising KL(p_target || q_draft) (0 when the exit says what the target says):
 acceptance is about agreeing with the target, not about predicting the data.
 """
-import os
-import time
-from dataclasses import asdict
-
-import numpy as np
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from nanospec.checkpoint import drafter_is_complete, frozen_target, load_module
+from nanospec.checkpoint import load_module
 from nanospec.model import GPTConfig, MTPHead
-from nanospec.trainer import batch_rng, train
 
 
 class ExitAdapter(nn.Module):
@@ -77,50 +71,8 @@ def distill_losses(adapter, target, w, positions=None):
     return losses
 
 
-def train_stage(ctx):
-    """train_tiny.py's stage "early_exit": train the adapter on the frozen out/target.pt, or skip it if
-    out/early_exit.pt is complete and was trained on this target."""
-    path = os.path.join(ctx.out_dir, "early_exit.pt")
-    # adapters fit one training of the target: a retrained one needs new ones (target_id)
-    target, target_id = frozen_target("early_exit", ctx.out_dir, ctx.tokenizer.identity, ctx.device)
-    if drafter_is_complete("early_exit", path, ctx.tokenizer.identity, asdict(target.config), target_id):
-        return
-    train_cfg = ctx.train_cfg("early_exit_train")
-    torch.manual_seed(train_cfg.seed)
-    adapter = ExitAdapter(target.config).to(ctx.device)
-    T, B = min(128, target.config.block_size), train_cfg.batch_size  # short windows: exits need little context
-
-    def windows(tokens, starts):
-        return torch.from_numpy(np.stack([tokens[s:s + T] for s in starts]).astype(np.int64)).to(ctx.device)
-
-    val = windows(ctx.val_tokens, np.linspace(0, len(ctx.val_tokens) - T - 1, 2 * B).astype(np.int64))  # (2B, T)
-
-    def loss_fn(model, step):
-        rng = batch_rng(train_cfg, step)
-        w = windows(ctx.train_tokens, rng.integers(0, len(ctx.train_tokens) - T, size=B))  # (B, T)
-        # a random half of the positions: the unembedding (V wide) dominates the cost, the gradient stays unbiased
-        pos = torch.from_numpy(rng.choice(T, T // 2, replace=False)).to(ctx.device)
-        losses = distill_losses(model, target, w, pos)
-        loss = sum(v for k, v in losses.items() if k.startswith("exit"))
-        return loss, {k: v.item() for k, v in losses.items()}
-
-    def eval_fn(model):
-        parts = [distill_losses(model, target, val[i:i + B]) for i in range(0, len(val), B)]
-        return {k: sum(p[k].item() for p in parts) / len(parts) for k in parts[0]}
-
-    with torch.no_grad():
-        plain = eval_fn(None)  # the untrained baseline: the plain exit, no adapter
-    print("early_exit: plain exit (no adapter) val | " + " | ".join(f"{k} {v:.3f}" for k, v in plain.items()))
-    n_params = sum(p.numel() for p in adapter.parameters())
-    print(f"early_exit: {n_params / 1e6:.2f}M parameters ({len(adapter.exits)} adapters), windows of {T} tokens")
-    t0 = time.time()
-    train("early_exit", adapter, loss_fn, eval_fn, train_cfg, path,
-          lambda: {"config": asdict(target.config), "model": adapter.state_dict(),
-                   "tokenizer": ctx.tokenizer.identity, "target": target_id},
-          ctx.device, B * T)
-    print(f"early_exit: stage took {time.time() - t0:.0f}s")
-
-
-def load_early_exit(path, tokenizer_identity=None, device="cpu"):
-    """The adapters from early_exit.pt; `exit_logits` applies them on the target they were trained on."""
-    return load_module(path, tokenizer_identity, device, lambda cfg: ExitAdapter(GPTConfig(**cfg)))
+def load_early_exit(path, tokenizer_identity=None, device="cpu", target_id=None):
+    """The adapters from early_exit.pt; `exit_logits` applies them on the target they were trained on (target_id:
+    that target's fingerprint, checked when given)."""
+    return load_module(path, tokenizer_identity, device, lambda cfg: ExitAdapter(GPTConfig(**cfg)), "early_exit",
+                       target_id)

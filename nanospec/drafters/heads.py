@@ -2,7 +2,7 @@
 The heads-only phase (Medusa-1, Cai et al. 2024, arXiv 2401.10774): retrain the MTP heads on the frozen
 target, from text the target wrote itself.
 
-Trained jointly with the trunk (train_tiny.py's `target` stage), the heads learn to guess the CORPUS's token
+Trained jointly with the trunk (the `target` stage of train_tiny.py), the heads learn to guess the CORPUS's token
 t+1+i, as a side task weighted 0.3 x 0.8^(i-1). But verification accepts a guess only when it is what the
 TARGET would emit, and a 3M-parameter model often emits something else than the corpus. So this phase:
 
@@ -15,20 +15,14 @@ TARGET would emit, and a 3M-parameter model often emits something else than the 
     rollout  [prompt from the corpus] def f ( x ) : return x     (from "def" on: the target's own greedy text)
     at the position of "(": the main head said "x"; head 1 learns ")", head 2 ":", head 3 "return"
 
-Only the heads change; out/heads.pt holds them and `models.load_models` puts them on the target in place
+Only the heads change; out/heads.pt holds them and `parts.load_models` puts them on the target in place
 of the jointly trained ones (delete heads.pt to decode with those). The target's own output is untouched, so
 every method stays exact with respect to target.pt. The figures (agreement before and after) are in README.md.
 """
-import os
-import time
-from dataclasses import asdict
-
-import numpy as np
 import torch
 from torch.nn import functional as F
 
-from nanospec.checkpoint import CheckpointError, drafter_is_complete, frozen_target, load_checkpoint, target_fingerprint
-from nanospec.trainer import train
+from nanospec.checkpoint import check_target, load_checkpoint, load_weights, target_fingerprint
 
 PROMPT_LEN = 32  # tokens of training text each rollout starts from; the target writes the rest of the window
 POOL = 128  # rollouts generated at once: one batched generation, read by EPOCHS * POOL / batch_size steps
@@ -66,60 +60,10 @@ def head_losses(heads, target, seq):
     return losses
 
 
-def train_stage(ctx):
-    """train_tiny.py's stage "heads": retrain out/target.pt's MTP heads into out/heads.pt, or skip it if
-    heads.pt is complete and was trained for this very target."""
-    t0, path = time.time(), os.path.join(ctx.out_dir, "heads.pt")
-    target, target_id = frozen_target("heads", ctx.out_dir, ctx.tokenizer.identity, ctx.device)
-    if not target.config.n_future:
-        print("heads: the target has no MTP heads (n_future = 0), skipping")
-        return
-    heads = target.heads.requires_grad_(True)  # the only trained part; the rest of the target stays frozen
-    if drafter_is_complete("heads", path, ctx.tokenizer.identity, asdict(target.config), target_id):
-        return
-    train_cfg = ctx.train_cfg("heads_train")
-    T, B = target.config.block_size, train_cfg.batch_size
-    P = min(PROMPT_LEN, T // 2)
-    per_pool = max(1, POOL // B)  # batches in one pool of rollouts
-    pool = {}  # the current batch of rollouts: {index: (per_pool * B, T) tokens}
-
-    def generate(tokens, starts):
-        prompts = torch.from_numpy(np.stack([tokens[s:s + P] for s in starts]).astype(np.int64)).to(ctx.device)
-        return rollouts(target, prompts, T - P)
-
-    def loss_fn(model, step):
-        k = step // (EPOCHS * per_pool)  # rollouts depend only on (seed, k): a resumed run sees the same data
-        if k not in pool:
-            rng = np.random.default_rng([train_cfg.seed, k])
-            pool.clear()
-            pool[k] = generate(ctx.train_tokens, rng.integers(0, len(ctx.train_tokens) - P, size=per_pool * B))
-        j = step % per_pool
-        losses = head_losses(model, target, pool[k][j * B:(j + 1) * B])
-        return losses.pop("total"), {name: v.item() for name, v in losses.items()}
-
-    t_val = time.time()
-    val = generate(ctx.val_tokens, np.linspace(0, len(ctx.val_tokens) - P - 1, 2 * B).astype(np.int64))  # (2B, T)
-
-    def eval_fn(model):
-        parts = [head_losses(model, target, val[i:i + B]) for i in range(0, len(val), B)]
-        return {k: sum(p[k].item() for p in parts) / len(parts) for k in parts[0] if k != "total"}
-
-    with torch.no_grad():
-        joint = eval_fn(heads)
-    print(f"heads: {2 * B} greedy rollouts of validation prompts in {time.time() - t_val:.0f}s; jointly trained "
-          "heads on them | " + " | ".join(f"{k} {v:.3f}" for k, v in joint.items()))
-    train("heads", heads, loss_fn, eval_fn, train_cfg, path,
-          lambda: {"config": asdict(target.config), "model": heads.state_dict(), "tokenizer": ctx.tokenizer.identity,
-                   "target": target_id},
-          ctx.device, B * T)
-    print(f"heads: stage took {time.time() - t0:.0f}s (rollouts, loading the target and evaluations included)")
-
-
-def load_heads(path, target, tokenizer_identity=None):
-    """Put the heads from heads.pt on `target` (in place), after checking they were trained for it."""
-    ckpt = load_checkpoint(path, tokenizer_identity)
-    if ckpt.get("target") != target_fingerprint(target):
-        raise CheckpointError(f"{path} was trained for another target.pt: run `make train` to retrain it, "
-                              "or delete it to decode with the jointly trained heads")
-    target.heads.load_state_dict(ckpt["model"])
+def load_heads(path, target, tokenizer_identity=None, target_id=None):
+    """Put the heads from heads.pt on `target` (in place), after checking they were trained for it (target_id:
+    its fingerprint, computed here when not given)."""
+    ckpt = load_checkpoint(path, tokenizer_identity, part="heads")
+    check_target(path, ckpt, target_id or target_fingerprint(target), "heads")
+    load_weights(path, target.heads, ckpt["model"])
     return target

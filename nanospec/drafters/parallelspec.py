@@ -12,7 +12,7 @@ frozen embeddings (wte, wpe) and unembeds through the target's frozen final norm
 target's vocabulary from the first step. Each mask token starts as its own learned embedding plus the
 embedding of its anchor (the root): one block with absolute positions learns only slowly to find "the token
 just before me" by attention, and that token matters most. (Reading the target's trunk features as well, as
-EAGLE does, made the drafter worse within the training budget: see `train_stage`.)
+EAGLE does, made the drafter worse within the training budget: see docs/training-notes.md.)
 
 Training packs many prefixes into one sequence (group-wise parallel training). The real text comes first,
 then one group of k masks per anchor position a; `group_layout` builds the mask and the position ids:
@@ -32,16 +32,13 @@ the earlier guesses were right.
 
 Paper: Xiao et al. 2024, ParallelSpec: Parallel Drafter for Efficient Speculative Decoding, arXiv 2410.05589.
 """
-import os
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from nanospec.checkpoint import drafter_is_complete, frozen_target, load_module
+from nanospec.checkpoint import load_module
 from nanospec.model import Block, KVCache
 
 
@@ -135,12 +132,15 @@ class ParallelSpec(nn.Module):
         return KVCache(self.config, 1, w.device, w.dtype, max_len=self.config.block_size + self.config.n_masks)
 
 
-def load_parallelspec(path, tokenizer_identity=None, device="cpu"):
-    return load_module(path, tokenizer_identity, device, lambda cfg: ParallelSpec(ParallelSpecConfig(**cfg)))
+def load_parallelspec(path, tokenizer_identity=None, device="cpu", target_id=None):
+    """The drafter from parallelspec.pt (target_id: the fingerprint of the target it must have learnt from)."""
+    return load_module(path, tokenizer_identity, device, lambda cfg: ParallelSpec(ParallelSpecConfig(**cfg)),
+                       "parallelspec", target_id)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Training: distil the frozen target into the drafter, many groups per sequence.
+# What training minimises: the frozen target distilled into the drafter, many groups per sequence (the stage
+# itself: nanospec/drafters/training.py; the design choices behind it: docs/training-notes.md).
 
 
 def distill_losses(drafter, target, w, anchors):
@@ -157,62 +157,3 @@ def distill_losses(drafter, target, w, anchors):
     loss = F.cross_entropy(logits.flatten(0, 2), labels.flatten())
     agree = (logits.argmax(-1) == labels).float().mean((0, 1))  # (k,)
     return {"loss": loss, **{f"agree{j + 1}": agree[j] for j in range(k)}}
-
-
-def train_stage(ctx):
-    """The `parallelspec` stage of train_tiny.py: out/parallelspec.pt, distilled from out/target.pt.
-
-    Design choices, measured on the 4x192 tiny preset with 150 steps each (the stage runs up to 600): agreement of the
-    drafter's top-1 with the target's greedy token along validation text, masks 1..4, then greedy tokens per
-    target forward with a chain of 4 guesses on 8 validation prompts:
-      labels = the target's greedy token (cross-entropy)      0.68 0.38 0.31 0.27   1.96
-      labels = the target's distribution (soft)               0.63 0.35 0.31 0.24   1.90
-      labels = the real next tokens                           0.59 0.33 0.29 0.23
-      soft labels, masks without their anchor's embedding     0.24 0.19 0.22 0.19   1.54
-      + the target's features fused into every token (5 ways) 0.21-0.43 on mask 1    1.24-1.49
-    (Probably because Adam moves the fusing weights far past the tiny scale of the embeddings they mix with.)
-    5 or 6 masks: no better in 150 steps. After the full 600 steps: 0.83 0.43 0.36 0.31, 2.25 tokens/forward.
-    """
-    from nanospec.trainer import batch_rng, train
-
-    path = os.path.join(ctx.out_dir, "parallelspec.pt")
-    target, fingerprint = frozen_target("parallelspec", ctx.out_dir, ctx.tokenizer.identity, ctx.device)
-    tc = target.config
-    cfg = ParallelSpecConfig(vocab_size=tc.vocab_size, block_size=tc.block_size, n_embd=tc.n_embd, n_head=tc.n_head,
-                             **ctx.cfg.get("parallelspec", {}))  # a preset may change the drafter's size
-    if drafter_is_complete("parallelspec", path, ctx.tokenizer.identity, asdict(cfg), fingerprint):
-        return
-    train_cfg = ctx.train_cfg("parallelspec_train")
-    torch.manual_seed(train_cfg.seed)
-    drafter = ParallelSpec(cfg).to(ctx.device)
-    n_params = sum(p.numel() for p in drafter.parameters())
-    print(f"parallelspec: {n_params / 1e6:.2f}M parameters (plus the frozen target's), {cfg}")
-    k, B = cfg.n_masks, train_cfg.batch_size
-    T = min(128, cfg.block_size - k)  # real tokens per window
-    G = T // 2  # anchors per window: each adds k masks, so the drafter reads T + G*k tokens
-
-    def windows(tokens, starts):
-        return torch.from_numpy(np.stack([tokens[s:s + T + k] for s in starts]).astype(np.int64)).to(ctx.device)
-
-    val_starts = np.linspace(0, len(ctx.val_tokens) - T - k - 1, 4 * B).astype(np.int64)
-    val = windows(ctx.val_tokens, val_starts)  # (4B, T+k) the same text at every evaluation
-    val_anchors = torch.arange(0, T, 2)  # (G,) fixed too
-
-    def loss_fn(model, step):
-        rng = batch_rng(train_cfg, step)
-        w = windows(ctx.train_tokens, rng.integers(0, len(ctx.train_tokens) - T - k, size=B))
-        anchors = torch.from_numpy(np.sort(rng.choice(T, G, replace=False)))  # (G,)
-        losses = distill_losses(model, target, w, anchors)
-        return losses["loss"], {name: v.item() for name, v in losses.items() if name != "loss"}
-
-    def eval_fn(model):
-        parts = [distill_losses(model, target, val[i:i + B], val_anchors) for i in range(0, len(val), B)]
-        return {name: sum(p[name].item() for p in parts) / len(parts) for name in parts[0]}
-
-    def ckpt_fields():
-        return {"config": asdict(cfg), "model": drafter.state_dict(), "tokenizer": ctx.tokenizer.identity,
-                "target": fingerprint}
-
-    t0 = time.time()
-    train("parallelspec", drafter, loss_fn, eval_fn, train_cfg, path, ckpt_fields, ctx.device, B * T)
-    print(f"parallelspec: stage took {time.time() - t0:.0f}s")

@@ -1,0 +1,226 @@
+"""train_tiny.py's inputs: every bad one a one-line error before any training, a corpus that never overwrites
+another run's, the gpu preset well-formed, and decoding that never imports the training code."""
+import math
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import train_tiny
+from nanospec import corpus, stages
+from nanospec.drafters.eagle import Eagle, eagle_config
+from nanospec.drafters.early_exit import ExitAdapter
+from nanospec.drafters.parallelspec import ParallelSpec, ParallelSpecConfig
+from nanospec.model import GPT
+from nanospec.presets import PRESETS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAINING = {"nanospec.trainer", "nanospec.muon", "nanospec.stages", "nanospec.drafters.training", "train_tiny"}
+
+
+def write_source(folder, n=8, lines=25, tag="x"):
+    """A small corpus: n Python files of `lines` lines each."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        body = "".join(f"    {tag}{j} = f({tag}{j - 1}, {i})\n" for j in range(1, lines))
+        (folder / f"m{i}.py").write_text(f"def g_{i}({tag}0):\n{body}    return {tag}0\n")
+    return folder
+
+
+def train_error(argv, tmp_path, **kw):
+    """Run train_tiny.main with argv and the toy preset in tmp_path; return the one-line message it exits with."""
+    base = ["--preset", "toy", "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as e:
+        train_tiny.main(base + argv)
+    message = str(e.value.code)
+    assert message.startswith("error: ") and "\n" not in message.strip(), message
+    return message
+
+
+def test_decode_imports_nothing_of_training():
+    """`python decode.py` (here --help, which imports all that --method ar does) never loads the trainer."""
+    res = subprocess.run([sys.executable, "-X", "importtime", "decode.py", "--help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    imported = {line.split("|")[-1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")}
+    assert "nanospec.parts" in imported and "nanospec.drafters.eagle" in imported  # the check sees our modules
+    assert not imported & TRAINING, imported & TRAINING
+
+
+@pytest.mark.parametrize("flag, value, meaning", [
+    ("--max-seconds", "-1", "seconds >= 0"), ("--max-seconds", "inf", "seconds >= 0"),
+    ("--max-seconds", "nan", "seconds >= 0"), ("--max-iters", "0", "step count"),
+    ("--seed", str(2 ** 64), "2**63 - 1"), ("--seed", "-3", "2**63 - 1"), ("--seed", "2**64", "2**63 - 1"),
+])
+def test_bad_numbers_are_one_line_errors(tmp_path, flag, value, meaning):
+    message = train_error([flag, value], tmp_path)
+    assert flag in message and meaning in message
+    assert not (tmp_path / "out").exists()  # refused before anything ran
+
+
+def test_max_seconds_zero_means_no_budget(tmp_path):
+    ctx = SimpleNamespace(args=SimpleNamespace(max_seconds=0.0), cfg=PRESETS["tiny"])
+    assert stages.Context.budget(ctx, "target_train") == 0.0  # plan and train_cfg read 0 as "no time budget"
+
+
+def test_a_missing_corpus_names_the_flag_train_tiny_has(tmp_path):
+    message = train_error(["--corpus", str(tmp_path / "nope")], tmp_path)
+    assert "--corpus" in message and "--source" not in message
+    one_file = tmp_path / "one.txt"
+    one_file.write_text("x = 1\n")  # one document: too little to hold one out
+    message = train_error(["--corpus", str(one_file)], tmp_path)
+    assert "give more text" in message and "--budget-bytes" not in message
+
+
+def test_a_corpus_too_small_for_the_preset_is_a_clear_error(tmp_path):
+    src = write_source(tmp_path / "src", n=4, lines=16)  # about 1.2 KB
+    assert 1000 < sum(p.stat().st_size for p in src.iterdir()) < 1500
+    message = train_error(["--corpus", str(src), "--preset", "tiny"], tmp_path)  # windows of 256 + 4 tokens
+    assert "too small for preset 'tiny'" in message and "--corpus" in message
+
+
+def test_a_read_only_out_dir_is_refused_before_training(tmp_path, monkeypatch):
+    src = write_source(tmp_path / "src")
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    message = train_error(["--corpus", str(src), "--out-dir", str(not_a_folder / "out")], tmp_path)
+    assert "--out-dir" in message and "not a writable folder" in message
+
+    def read_only(*args, **kw):  # what a read-only folder does (root, running the tests, writes anywhere)
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(stages.tempfile, "TemporaryFile", read_only)
+    message = train_error(["--corpus", str(src), "--max-iters", "2"], tmp_path)
+    assert "not a writable folder (Permission denied)" in message
+    assert not (tmp_path / "data").exists() or not (tmp_path / "data" / "train.txt").exists()
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_chmod_read_only_out_dir(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o555)
+    try:
+        message = train_error(["--corpus", str(write_source(tmp_path / "src")), "--out-dir", str(out)], tmp_path)
+    finally:
+        out.chmod(0o755)
+    assert "not a writable folder" in message
+
+
+def test_ctrl_c_outside_a_training_loop_is_one_line(tmp_path, monkeypatch, capsys):
+    def interrupted(ctx):
+        raise KeyboardInterrupt
+    monkeypatch.setitem(stages.STAGES, "corpus", interrupted)
+    with pytest.raises(SystemExit) as e:
+        train_tiny.main(["--preset", "toy", "--data-dir", str(tmp_path / "d"), "--out-dir", str(tmp_path / "o")])
+    assert e.value.code == 130
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("interrupted") and "\n" not in err
+
+
+def test_a_tokenizer_path_that_is_a_folder(tmp_path):
+    (tmp_path / "out" / "tokenizer.tiktoken").mkdir(parents=True)
+    message = train_error(["--corpus", str(write_source(tmp_path / "src"))], tmp_path)
+    assert "tokenizer.tiktoken is a folder" in message
+
+
+def test_another_corpus_never_overwrites_a_run_s_data(tmp_path, capsys):
+    """Issue 21: `--out-dir other --corpus X` rewrote the shared data/ under a run trained on it."""
+    a, b = write_source(tmp_path / "a", tag="a"), write_source(tmp_path / "b", tag="b")
+    data = tmp_path / "data"
+    run_a = ["--preset", "toy", "--data-dir", str(data), "--corpus", str(a), "--stage", "corpus"]
+    train_tiny.main(run_a + ["--out-dir", str(tmp_path / "out")])
+    before = (data / "train.txt").read_text()
+    message = train_error(["--corpus", str(b), "--out-dir", str(tmp_path / "other")], tmp_path)
+    assert "holds another corpus" in message and "--data-dir" in message
+    assert (data / "train.txt").read_text() == before  # kept, untouched
+    # and a run folder refuses a data folder rebuilt since from another corpus (say, by hand)
+    corpus.build_corpus(str(data), str(b), PRESETS["toy"]["corpus_bytes"])
+    message = train_error(["--out-dir", str(tmp_path / "out")], tmp_path)
+    assert "trained on another corpus" in message
+
+
+def test_the_gpu_preset_is_well_formed():
+    """Built on the meta device (no memory, no GPU): the target, the draft and every drafter fit together."""
+    cfg = PRESETS["gpu"]
+    target_cfg = cfg["target"].__class__(**{**cfg["target"].__dict__, "vocab_size": cfg["vocab_size"]})
+    draft_cfg = cfg["draft"].__class__(**{**cfg["draft"].__dict__, "vocab_size": cfg["vocab_size"]})
+    with torch.device("meta"):
+        target, draft = GPT(target_cfg), GPT(draft_cfg)
+        eagle = Eagle(eagle_config(target_cfg))
+        ps = ParallelSpec(ParallelSpecConfig(vocab_size=target_cfg.vocab_size, block_size=target_cfg.block_size,
+                                             n_embd=target_cfg.n_embd, n_head=target_cfg.n_head,
+                                             **cfg.get("parallelspec", {})))
+        adapter = ExitAdapter(target_cfg)
+        x = torch.zeros(2, 16, dtype=torch.long)
+        assert target(x).logits.shape == (2, 16, cfg["vocab_size"])
+        assert eagle(target, x, target(x).hidden).logits.shape == (2, 16, cfg["vocab_size"])
+        assert ps(target, x, [3, 7]).shape == (2, 2, ps.config.n_masks, cfg["vocab_size"])
+    assert target_cfg.n_embd % target_cfg.n_head == 0 and draft_cfg.n_embd % draft_cfg.n_head == 0
+    assert draft_cfg.block_size == target_cfg.block_size  # speculative drafts within the target's context
+    assert len(adapter.exits) == target_cfg.n_layer - 1
+    n = lambda m: sum(p.numel() for p in m.parameters())
+    assert target_cfg.n_layer >= 12 and n(eagle) < n(target) / 8 and n(draft) < n(target) / 8  # deep and thin
+    assert cfg["corpus_tests"] and cfg["corpus_bytes"] >= 25_000_000  # the stdlib with its tests
+    budgets = [cfg[key].max_seconds for key in stages.TRAINED.values()]
+    assert all(budgets) and sum(budgets) <= 270  # + corpus, tokenizer and loading: about 5 minutes
+    assert all(math.isfinite(b) for b in budgets)
+
+
+def test_the_default_run_names_the_gpu_preset_when_a_gpu_is_visible(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert "make train PRESET=gpu" in stages.gpu_note(SimpleNamespace(preset="tiny"))
+    assert stages.gpu_note(SimpleNamespace(preset="gpu")) == ""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert stages.gpu_note(SimpleNamespace(preset="tiny")) == ""
+
+
+def test_presets_other_than_tiny_get_their_own_folders(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(train_tiny, "run", lambda args: seen.update(data=args.data_dir, out=args.out_dir))
+    train_tiny.main(["--preset", "gpu"])
+    assert seen == {"data": "data-gpu", "out": "out-gpu"}
+    train_tiny.main([])
+    assert seen == {"data": "data", "out": "out"}
+
+
+def test_the_corpus_can_include_test_folders(tmp_path):
+    src = write_source(tmp_path / "src", n=3)
+    write_source(src / "tests", n=2, tag="t")
+    without = corpus.build_corpus(str(tmp_path / "d1"), str(src), 10 ** 6)
+    with_tests = corpus.build_corpus(str(tmp_path / "d2"), str(src), 10 ** 6, include_tests=True)
+    assert sum(without["files"].values()) == 3 and sum(with_tests["files"].values()) == 5
+    assert with_tests["tests"] and not without["tests"]
+
+
+def test_training_makes_every_tensor_on_the_model_s_device():
+    """Models on the CPU, then every loss under torch.device("meta"): a tensor made without naming the device
+    lands on meta, and the first operation mixing it with the model's tensors fails (issue 19's check)."""
+    import numpy as np
+
+    from nanospec.drafters import training
+    from nanospec.model import GPTConfig
+    from nanospec.trainer import TrainConfig, batch_rng, windows
+
+    torch.manual_seed(0)
+    target = GPT(GPTConfig(vocab_size=50, block_size=24, n_layer=2, n_head=2, n_embd=16, n_future=2))
+    tokens = np.random.default_rng(0).integers(0, 50, size=500).astype(np.uint16)
+    ctx = SimpleNamespace(cfg={}, device="cpu", train_tokens=tokens, val_tokens=tokens,
+                          train_cfg=lambda key: TrainConfig(batch_size=2))
+    recipes = [training.eagle_recipe, training.early_exit_recipe, training.parallelspec_recipe, training.heads_recipe]
+    for recipe_of in recipes:
+        recipe = recipe_of(ctx, target)
+        module = recipe.make()
+        rng = batch_rng(TrainConfig(), 3)
+        with torch.device("meta"):
+            w, step_rng = recipe.sample(0) if recipe.sample else (windows(tokens, rng, 2, recipe.window), rng)
+            recipe.losses(module, w, step_rng)["loss"].backward()
+            recipe.losses(module, w, None)
+            if recipe.validation:
+                recipe.validation(1)
+    with torch.device("meta"):
+        w = windows(tokens, rng, 2, 24 + 1 + 2)
+        assert set(stages.lm_losses(target, w)) == {"main", "head1", "head2"}
+        stages.lm_losses(target, w, torch.arange(3, device="cpu"))
