@@ -12,11 +12,18 @@ An exercise without regions is an open one, graded by hand (the autograder lists
 The tests of an exercise never need another exercise's blanked code (tests/test_course.py proves it on a
 handout with every exercise blanked), so `prerequisites` is reading order, not a grading dependency.
 
+`gates` are the tests that prove a law (an exact enumeration, a statistical bound): if one of them fails, the
+exercise scores zero automatic points whatever its other tests say, since a sampler with the wrong law is
+wrong however many literal cases it gets right. `reference` files hold a working copy of the exercise that
+later exercises' tests use in its place (so exercise 4 is graded alone); a handout that blanks the exercise
+leaves them out, and the grader of the full project brings them back (tests/test_course_teeth.py proves that no
+function anywhere in a handout passes a blanked exercise).
+
 Bump VERSION and add a line to EXERCISES.md's changelog whenever an exercise, its tests or its points change.
 """
 from dataclasses import dataclass
 
-VERSION = "1.0"
+VERSION = "1.1"
 
 
 @dataclass(frozen=True)
@@ -28,6 +35,8 @@ class Exercise:
     tests: int  # how many tests the marker must select in test_file
     points: int
     prerequisites: tuple = ()  # exercises to read and do first
+    gates: tuple = ()  # test functions (in test_file) that prove a law: one fails -> zero points
+    reference: tuple = ()  # files with a working copy of this exercise, left out of handouts that blank it
 
     @property
     def marker(self):
@@ -47,10 +56,16 @@ EXERCISES = (
              "tests/test_ex02_greedy_chain.py", 9, 5, (1,)),
     Exercise(3, "accept_prob and residual: one step that keeps the target's law",
              (("nanospec/verify.py", "accept_prob"), ("nanospec/verify.py", "residual")),
-             "tests/test_ex03_accept_residual.py", 8, 8, (2,)),
+             "tests/test_ex03_accept_residual.py", 11, 8, (2,),
+             gates=("test_the_output_law_is_p_exactly", "test_zero_mass_is_decided_row_by_row",
+                    "test_the_output_law_is_p_when_sampled"),
+             reference=("tests/reference_ex03.py",)),
     Exercise(4, "The chain rule and its bonus token",
              (("nanospec/verify.py", "verify_chain_batched"),),
-             "tests/test_ex04_chain_rule.py", 10, 10, (2, 3)),
+             "tests/test_ex04_chain_rule.py", 10, 10, (2, 3),
+             gates=("test_no_guesses_is_a_plain_sample_of_p", "test_a_rejection_draws_from_the_residual",
+                    "test_all_accepted_then_the_bonus_follows_p_not_q", "test_accepted_count_is_truncated_geometric",
+                    "test_generated_sequences_follow_the_target_law")),
     Exercise(5, "The KV cache: rollback and compaction",
              (("nanospec/model.py", "KVCache.rollback"), ("nanospec/model.py", "KVCache.compact")),
              "tests/test_ex05_kv_cache.py", 8, 8, (4,)),
@@ -62,7 +77,9 @@ EXERCISES = (
              "tests/test_ex07_medusa_tree.py", 9, 8, (6,)),
     Exercise(8, "The tree rule: sample and descend",
              (("nanospec/verify.py", "_descend"),),
-             "tests/test_ex08_tree_rule.py", 8, 10, (4, 7)),
+             "tests/test_ex08_tree_rule.py", 8, 10, (4, 7),
+             gates=("test_sampled_law_by_enumerating_every_draw", "test_sampled_law_through_verify_tree_descend",
+                    "test_greedy_walks_on_random_trees")),
     Exercise(9, "EAGLE's dynamic tree, grown by confidence",
              (("nanospec/decoding/eagle.py", "grow_tree"), ("nanospec/decoding/eagle.py", "expand"),
               ("nanospec/tree.py", "frontier_mask")),
@@ -76,6 +93,10 @@ EXERCISES = (
              "tests/test_ex11_parallelspec_mask.py", 7, 8, (6,)),
     Exercise(12, "Open design: a drafter of your own, judged with make bench",
              (), None, 0, 8, (4, 8)),
+    Exercise(13, "Recursive rejection over children drawn without replacement",
+             (("nanospec/verify.py", "without_replacement_proposals"),),
+             "tests/test_ex13_without_replacement.py", 8, 10, (3, 8),
+             gates=("test_the_node_law_is_p_by_enumeration", "test_a_drawn_tree_keeps_the_law_when_sampled")),
 )
 
 BY_ID = {ex.id: ex for ex in EXERCISES}
@@ -90,9 +111,12 @@ def parse_selection(text):
         part = part.strip()
         try:
             lo, _, hi = part.partition("-")
-            ids.update(range(int(lo), int(hi or lo) + 1))
+            lo, hi = int(lo), int(hi or lo)
         except ValueError:
             raise ValueError(f"bad exercise list {text!r}: use ids like 3,4 or 1-4 or all") from None
+        if hi < lo:
+            raise ValueError(f"bad exercise range {part!r} in {text!r}: write it low to high, {hi}-{lo}")
+        ids.update(range(lo, hi + 1))
     unknown = sorted(ids - set(BY_ID))
     if unknown:
         raise ValueError(f"no exercise {', '.join(map(str, unknown))}: the exercises are 1..{len(EXERCISES)}")
