@@ -1,0 +1,526 @@
+"""
+The course kit's teeth, part two: wrong answers earn nothing, right ones earn everything, and handouts never
+destroy work. Instructor-only: handouts leave this file out (tests/test_course*.py).
+
+  - A gallery of plausible wrong answers per law-graded exercise (3, 4, 8, 13): the ones issue 22 found
+    keeping points (exercise 3's `residual = p` and a zero-mass check over the whole batch; exercise 8's fresh
+    draw after a mismatch and a rejected child's mass not removed) and the ones EXERCISES.md warns about. Each
+    is put in place of the reference and must fail a gate, so the grader's own `score` gives it 0 points.
+    Correct answers written in other words must score full marks.
+  - The grader's gate rule and its messages, on a literal report.
+  - `make handout` over an earlier handout that is a git repository with the student's own files keeps both;
+    a folder that is not a handout is refused, and so is a generated file edited since, unless --overwrite.
+  - The handout's documents speak only of its exercises.
+
+Everything runs in this process: a wrong answer is installed by pointing the reference function at it (its
+code object is swapped for a one-line call, so every module that imported the function sees the answer), and
+the exercise's graded tests are called directly, gates first, stopping at the first failing gate. No pytest
+subprocess, no handout per answer: the file takes a few seconds.
+"""
+import ast
+import importlib
+import inspect
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from nanospec.course import grade, handout
+from nanospec.course.handout import HandoutError, make_handout
+from nanospec.course.registry import BY_ID, EXERCISES, parse_selection
+
+ROOT = Path(__file__).resolve().parents[1]
+HOOK = "__course_teeth_answer__"  # the global name the swapped-in code calls
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Installing an answer in place of a reference function, and running an exercise's tests in this process
+
+
+def reference_function(path, qualname):
+    """The live function object of a registry region: ("nanospec/model.py", "KVCache.rollback") -> function."""
+    module = importlib.import_module(path[:-3].replace("/", "."))
+    obj = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return module, obj
+
+
+@contextmanager
+def installed(path, qualname, answer):
+    """Every call of the reference function runs `answer` instead, for the duration of the block."""
+    module, fn = reference_function(path, qualname)
+    saved = fn.__code__
+    namespace = {}
+    exec(f"def trampoline(*args, **kwargs):\n    return {HOOK}(*args, **kwargs)\n", namespace)
+    module.__dict__[HOOK] = answer
+    fn.__code__ = namespace["trampoline"].__code__
+    try:
+        yield
+    finally:
+        fn.__code__ = saved
+        module.__dict__.pop(HOOK, None)
+
+
+def compile_answer(path, source, extra_globals=None):
+    """A function written as if it stood in `path` (the reference's module): source -> function object."""
+    module = importlib.import_module(path[:-3].replace("/", "."))
+    namespace = dict(module.__dict__)
+    namespace.update(extra_globals or {})
+    tree = ast.parse(textwrap.dedent(source))
+    exec(compile(tree, f"<answer for {path}>", "exec"), namespace)
+    return namespace[tree.body[-1].name]
+
+
+class Timeout(Exception):
+    pass
+
+
+@contextmanager
+def time_limit(seconds):
+    """A hung answer (an endless loop) fails instead of hanging the suite. Main thread only, as pytest runs."""
+    def on_alarm(signum, frame):
+        raise Timeout(f"no answer within {seconds} s")
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def graded_items(ex):
+    """[(name with its case id, function, kwargs)] of exercise ex's graded tests, in file order, with their
+    parametrize cases expanded (the graded tests use no fixture but an autouse one, handled in run_items)."""
+    module = importlib.import_module(Path(ex.test_file).stem)
+    items = []
+    for name, fn in sorted(((n, f) for n, f in vars(module).items() if n.startswith("test_") and callable(f)),
+                           key=lambda nf: nf[1].__code__.co_firstlineno):
+        params = [m for m in getattr(fn, "pytestmark", []) if m.name == "parametrize"]
+        cases = [("", {})]
+        for mark in params:
+            names = mark.args[0] if not isinstance(mark.args[0], str) else \
+                [a.strip() for a in mark.args[0].split(",")]
+            ids = mark.kwargs.get("ids")
+            expanded = []
+            for i, values in enumerate(mark.args[1]):
+                values = values if len(names) > 1 else (values,)
+                label = ids[i] if isinstance(ids, (list, tuple)) else ids(values[0]) if callable(ids) else str(i)
+                expanded.append((label, dict(zip(names, values))))
+            cases = [(f"{a}-{b}".strip("-"), {**ka, **kb}) for (a, ka), (b, kb) in itertools.product(cases, expanded)]
+        items += [(f"{name}[{label}]" if label else name, fn, kwargs) for label, kwargs in cases]
+    return module, items
+
+
+def run_items(ex, gates_only=False, stop_at_first_failure=False, seconds=20):
+    """Run exercise ex's graded tests here: gates first (cheapest first, in the registry's order), then the
+    rest. Returns [grade.Case]; after a failing gate the others are reported 'skipped' (the gate alone decides
+    the score). The autouse fixture of exercises 4 and 13 (the course's copy of exercise 3) is applied."""
+    module, items = graded_items(ex)
+    base = lambda name: name.split("[", 1)[0]  # noqa: E731
+    order = {g: i for i, g in enumerate(ex.gates)}
+    items.sort(key=lambda it: order.get(base(it[0]), len(order)))
+    cases, stopped = [], False
+    mp = pytest.MonkeyPatch()
+    try:
+        if getattr(module, "slow_accept_prob", None) is not None:
+            from nanospec import verify
+            mp.setattr(verify, "accept_prob", module.slow_accept_prob)
+            mp.setattr(verify, "residual", module.slow_residual)
+        for name, fn, kwargs in items:
+            if stopped or (gates_only and base(name) not in ex.gates):
+                cases.append(grade.Case(ex.test_file, name, ex.id, "skipped", "not run"))
+                continue
+            try:
+                with time_limit(seconds):
+                    fn(**kwargs)
+                cases.append(grade.Case(ex.test_file, name, ex.id, "passed"))
+            except Exception as e:  # noqa: BLE001 - any failure of an answer is a failed test
+                cases.append(grade.Case(ex.test_file, name, ex.id, "failed", f"{type(e).__name__}: {e}"))
+                stopped = stop_at_first_failure or base(name) in ex.gates
+    finally:
+        mp.undo()
+    return cases
+
+
+def score_of(ex, cases):
+    return grade.score([ex], cases)[0]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The gallery: (exercise, region function, name, source). Written as they would stand in the reference file.
+
+V = "nanospec/verify.py"
+GALLERY = [
+    # exercise 3
+    (3, "residual", "residual = p (the fallback drawn from the target again)", """
+        def residual(p, q):
+            return p.clone()
+    """),
+    (3, "residual", "zero mass checked over the whole batch, not row by row", """
+        def residual(p, q):
+            excess = (p - q).clamp(min=0)
+            if excess.sum() == 0:
+                return p
+            return excess / excess.sum(-1, keepdim=True)
+    """),
+    (3, "residual", "max(0, p - q) not normalised", """
+        def residual(p, q):
+            return (p - q).clamp(min=0)
+    """),
+    (3, "residual", "norm(max(0, q - p)): the sides swapped", """
+        def residual(p, q):
+            excess = (q - p).clamp(min=0)
+            mass = excess.sum(-1, keepdim=True)
+            return torch.where(mass > 0, excess / torch.where(mass > 0, mass, 1.0), p)
+    """),
+    (3, "accept_prob", "accept with p(x), as if q were a point mass", """
+        def accept_prob(p, q, x):
+            return p.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+    """),
+    (3, "accept_prob", "p(x) / q(x) without the cap at 1", """
+        def accept_prob(p, q, x):
+            p_x = p.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+            q_x = q.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+            return torch.where(q_x > 0, p_x / torch.where(q_x > 0, q_x, 1.0), (p_x > 0).to(p.dtype))
+    """),
+    (3, "accept_prob", "min(1, q(x) / p(x)): the ratio upside down", """
+        def accept_prob(p, q, x):
+            p_x = p.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+            q_x = q.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+            return torch.where(p_x > 0, (q_x / torch.where(p_x > 0, p_x, 1.0)).clamp(max=1.0), torch.ones_like(p_x))
+    """),
+    # exercise 4
+    (4, "verify_chain_batched", "after a rejection, a fresh draw from p instead of the residual", """
+        def verify_chain_batched(p_target, q_draft, draft_tokens, generator=None):
+            B, k = draft_tokens.shape
+            u = torch.rand(B, k, generator=generator, dtype=p_target.dtype, device=p_target.device)
+            accepted = u < accept_prob(p_target[:, :k], q_draft, draft_tokens)
+            n = accepted.long().cumprod(-1).sum(-1)
+            rows = torch.arange(B)
+            return n, sample(p_target[rows, n], generator)
+    """),
+    (4, "verify_chain_batched", "the bonus token drawn from q's last row, not p_target[k]", """
+        def verify_chain_batched(p_target, q_draft, draft_tokens, generator=None):
+            B, k = draft_tokens.shape
+            u = torch.rand(B, k, generator=generator, dtype=p_target.dtype, device=p_target.device)
+            accepted = u < accept_prob(p_target[:, :k], q_draft, draft_tokens)
+            n = accepted.long().cumprod(-1).sum(-1)
+            rows = torch.arange(B)
+            q_pad = torch.cat([q_draft, q_draft[:, -1:] if k else torch.zeros_like(p_target[:, :1])], 1)
+            return n, sample(residual(p_target[rows, n], q_pad[rows, n]) if k else p_target[:, 0], generator)
+    """),
+    (4, "verify_chain_batched", "every accepted guess counted, not the prefix before the first rejection", """
+        def verify_chain_batched(p_target, q_draft, draft_tokens, generator=None):
+            B, k = draft_tokens.shape
+            u = torch.rand(B, k, generator=generator, dtype=p_target.dtype, device=p_target.device)
+            n = (u < accept_prob(p_target[:, :k], q_draft, draft_tokens)).long().sum(-1)
+            q_pad = torch.cat([q_draft, torch.zeros_like(p_target[:, :1])], 1)
+            rows = torch.arange(B)
+            return n, sample(residual(p_target[rows, n], q_pad[rows, n]), generator)
+    """),
+    (4, "verify_chain_batched", "one uniform shared by every position of a chain", """
+        def verify_chain_batched(p_target, q_draft, draft_tokens, generator=None):
+            B, k = draft_tokens.shape
+            u = torch.rand(B, 1, generator=generator, dtype=p_target.dtype, device=p_target.device).expand(B, k)
+            n = (u < accept_prob(p_target[:, :k], q_draft, draft_tokens)).long().cumprod(-1).sum(-1)
+            q_pad = torch.cat([q_draft, torch.zeros_like(p_target[:, :1])], 1)
+            rows = torch.arange(B)
+            return n, sample(residual(p_target[rows, n], q_pad[rows, n]), generator)
+    """),
+    # exercise 8
+    (8, "_descend", "a fresh draw after a mismatch (the classic bug EXERCISES.md warns about)", """
+        def _descend(tokens, parents, pick):
+            child = {}
+            for c in range(len(parents) - 1, 0, -1):
+                child[(parents[c], int(tokens[c]))] = c
+            node, path = 0, []
+            while True:
+                y = pick(node)
+                if (node, y) not in child:
+                    return path, pick(node)
+                node = child[(node, y)]
+                path.append(node)
+    """),
+    (8, "_descend", "one draw per child: a rejected child's mass is not removed", """
+        def _descend(tokens, parents, pick):
+            node, path = 0, []
+            while True:
+                entered = None
+                for c in range(1, len(parents)):
+                    if parents[c] == node and pick(node) == int(tokens[c]):
+                        entered = c
+                        break
+                if entered is None:
+                    return path, pick(node)
+                node = entered
+                path.append(node)
+    """),
+    (8, "_descend", "the last of two siblings holding y wins", """
+        def _descend(tokens, parents, pick):
+            child = {}
+            for c in range(1, len(parents)):
+                child[(parents[c], int(tokens[c]))] = c
+            node, path = 0, []
+            while True:
+                y = pick(node)
+                if (node, y) not in child:
+                    return path, y
+                node = child[(node, y)]
+                path.append(node)
+    """),
+    (8, "_descend", "stops after one level", """
+        def _descend(tokens, parents, pick):
+            y = pick(0)
+            for c in range(1, len(parents)):
+                if parents[c] == 0 and int(tokens[c]) == y:
+                    return [c], pick(c)
+            return [], y
+    """),
+    # exercise 13
+    (13, "without_replacement_proposals", "q itself for every child (the with-replacement rule)", """
+        def without_replacement_proposals(q, drawn):
+            return q.unsqueeze(-2).expand(*drawn.shape, q.size(-1)).clone()
+    """),
+    (13, "without_replacement_proposals", "earlier draws removed but not renormalised", """
+        def without_replacement_proposals(q, drawn):
+            hot = torch.nn.functional.one_hot(drawn, q.size(-1)).to(q.dtype)
+            before = hot.cumsum(-2) - hot
+            return torch.where(before > 0, 0.0, q.unsqueeze(-2))
+    """),
+    (13, "without_replacement_proposals", "only the previous draw removed", """
+        def without_replacement_proposals(q, drawn):
+            hot = torch.nn.functional.one_hot(drawn, q.size(-1)).to(q.dtype)
+            before = torch.cat([torch.zeros_like(hot[..., :1, :]), hot[..., :-1, :]], -2)
+            kept = torch.where(before > 0, 0.0, q.unsqueeze(-2))
+            mass = kept.sum(-1, keepdim=True)
+            return kept / torch.where(mass > 0, mass, torch.ones_like(mass))
+    """),
+    (13, "without_replacement_proposals", "each draw also removes itself (off by one)", """
+        def without_replacement_proposals(q, drawn):
+            hot = torch.nn.functional.one_hot(drawn, q.size(-1)).to(q.dtype)
+            kept = torch.where(hot.cumsum(-2) > 0, 0.0, q.unsqueeze(-2))
+            mass = kept.sum(-1, keepdim=True)
+            return kept / torch.where(mass > 0, mass, torch.ones_like(mass))
+    """),
+]
+
+CORRECT = [
+    (3, "accept_prob", "accept_prob with a clamp and nan_to_num", """
+        def accept_prob(p, q, x):
+            p_x = torch.take_along_dim(p, x[..., None], -1)[..., 0]
+            q_x = torch.take_along_dim(q, x[..., None], -1)[..., 0]
+            ratio = torch.nan_to_num(p_x / q_x, nan=0.0, posinf=1.0)
+            return torch.clamp(ratio, max=1.0)
+    """),
+    (3, "residual", "residual with relu and a masked division", """
+        def residual(p, q):
+            left = torch.relu(p - q)
+            total = left.sum(dim=-1, keepdim=True)
+            nothing = total == 0
+            return torch.where(nothing, p, left / total.masked_fill(nothing, 1.0))
+    """),
+    (4, "verify_chain_batched", "a loop over positions, the bonus as its own case", """
+        def verify_chain_batched(p_target, q_draft, draft_tokens, generator=None):
+            B, k = draft_tokens.shape
+            u = torch.rand(B, k, generator=generator, dtype=p_target.dtype, device=p_target.device)
+            a = accept_prob(p_target[:, :k], q_draft, draft_tokens)
+            n = torch.zeros(B, dtype=torch.long)
+            going = torch.ones(B, dtype=torch.bool)
+            for j in range(k):
+                going = going & (u[:, j] < a[:, j])
+                n += going.long()
+            rows = torch.arange(B)
+            at = n.clamp(max=max(k - 1, 0))
+            rejected = residual(p_target[rows, at], q_draft[rows, at]) if k else p_target[:, 0]
+            dist = torch.where((n < k)[:, None], rejected, p_target[rows, n])
+            return n, sample(dist, generator)
+    """),
+    (8, "_descend", "a walk over children lists", """
+        def _descend(tokens, parents, pick):
+            kids = [[] for _ in parents]
+            for c in range(1, len(parents)):
+                kids[parents[c]].append(c)
+            node, path = 0, []
+            while True:
+                y = pick(node)
+                nxt = next((c for c in kids[node] if int(tokens[c]) == y), None)
+                if nxt is None:
+                    return path, y
+                path.append(nxt)
+                node = nxt
+    """),
+    (13, "without_replacement_proposals", "a running mask", """
+        def without_replacement_proposals(q, drawn):
+            rows, left = [], q.clone()
+            for j in range(drawn.size(-1)):
+                mass = left.sum(-1, keepdim=True)
+                rows.append(torch.where(mass > 0, left / torch.where(mass > 0, mass, 1.0), torch.zeros_like(left)))
+                left = left.scatter(-1, drawn[..., j:j + 1], 0.0)
+            return torch.stack(rows, -2)
+    """),
+]
+
+
+def region_path(ex_id, function):
+    return next(path for path, fn in BY_ID[ex_id].regions if fn == function)
+
+
+@pytest.mark.parametrize("ex_id, function, name, source", GALLERY, ids=[g[2] for g in GALLERY])
+def test_every_wrong_answer_in_the_gallery_scores_zero(ex_id, function, name, source):
+    ex = BY_ID[ex_id]
+    path = region_path(ex_id, function)
+    with installed(path, function, compile_answer(path, source)):
+        cases = run_items(ex, gates_only=True)
+    failed = [c.name for c in cases if c.outcome == "failed"]
+    assert failed, f"exercise {ex_id}, {name}: every gate passed"
+    result = score_of(ex, cases)
+    assert result.score == 0 and result.status == "law failed", (name, result.score, result.status)
+
+
+@pytest.mark.parametrize("ex_id, function, name, source", CORRECT, ids=[c[2] for c in CORRECT])
+def test_correct_answers_in_other_words_score_full_marks(ex_id, function, name, source):
+    ex = BY_ID[ex_id]
+    path = region_path(ex_id, function)
+    with installed(path, function, compile_answer(path, source)):
+        cases = run_items(ex)
+    result = score_of(ex, cases)
+    assert result.score == ex.points, [f"{c.name}: {c.message}" for c in cases if c.outcome != "passed"]
+
+
+def test_the_reference_scores_full_marks_in_this_runner():
+    """The runner itself: every law-graded exercise's tests pass on the reference (so a failure above is the
+    answer's)."""
+    for ex_id in (3, 4, 8, 13):
+        ex = BY_ID[ex_id]
+        cases = run_items(ex)
+        assert len(cases) == ex.tests, (ex_id, len(cases), ex.tests)
+        assert score_of(ex, cases).score == ex.points, [c.message for c in cases if c.outcome != "passed"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The grader: gates and messages
+
+
+def case(name, outcome="passed", message="", exercise=3):
+    return grade.Case("tests/test_ex03_accept_residual.py", name, exercise, outcome, message)
+
+
+def test_a_failing_gate_scores_zero_and_says_why():
+    ex = BY_ID[3]
+    names = [f"test_{i}" for i in range(ex.tests - len(ex.gates))] + list(ex.gates)
+    cases = [case(n) for n in names]
+    assert grade.score([ex], cases)[0].score == ex.points
+    cases[-1] = case(names[-1], "failed", "the sampled law of one step: total variation 0.2 over the bound 0.01")
+    r = grade.score([ex], cases)[0]
+    assert r.score == 0 and r.status == "law failed" and r.passed == ex.tests - 1
+    assert ex.gates[-1] in r.notes[0] and "0 points" in r.notes[0]
+    assert "total variation 0.2" in r.notes[1]
+    text = grade.table([r], "/course")
+    assert "python -m pytest -m ex3 -x" in text and "(law failed)" in text
+    cases[-1] = case(names[-1] + "x")  # a gate the tests do not have: the registry is wrong, never full marks
+    assert grade.score([ex], cases)[0].status == "registry mismatch"
+
+
+@pytest.mark.parametrize("raw, words", [
+    ("AssertionError: residual row 0: expected [0.5], got [nan]\nassert False", "residual row 0: expected [0.5], got [nan]"),
+    ("NotImplementedError: exercise 3: implement accept_prob in nanospec/verify.py, see EXERCISES.md",
+     "NotImplementedError: exercise 3: implement accept_prob in nanospec/verify.py, see EXERCISES.md"),
+    ("AssertionError: verify_chain: expected (2, 7),\n got (1, 9)\nassert (1, 9) == (2, 7)",
+     "verify_chain: expected (2, 7), got (1, 9)"),
+], ids=["assertion-with-introspection", "stub", "two-line-message"])
+def test_the_grader_keeps_the_tests_words(raw, words):
+    assert grade.failure_message(raw) == words
+
+
+def test_every_law_exercise_has_its_gates():
+    for ex in EXERCISES:
+        if ex.id in (3, 4, 8, 13):
+            assert ex.gates, ex.id
+        module, items = (None, []) if ex.manual else graded_items(ex)
+        names = {name.split("[")[0] for name, _, _ in items}
+        assert set(ex.gates) <= names, (ex.id, set(ex.gates) - names)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Handouts: regeneration keeps work, bad selections are one line, documents speak of the handout only
+
+
+def git(folder, *args):
+    return subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, check=True).stdout
+
+
+def test_regenerating_over_a_git_repository_keeps_both(tmp_path):
+    out = tmp_path / "h"
+    make_handout(ROOT, out, parse_selection("3"))
+    git(out, "init", "-q")
+    git(out, "add", "-A")
+    git(out, "-c", "user.email=s@example.com", "-c", "user.name=s", "commit", "-qm", "handout")
+    (out / "MYNOTES.md").write_text("my notes\n")
+    (out / "nanospec" / "mine.py").write_text("x = 1\n")
+    head = git(out, "rev-parse", "HEAD")
+    summary = make_handout(ROOT, out, parse_selection("3,8"))
+    assert (out / "MYNOTES.md").read_text() == "my notes\n" and (out / "nanospec" / "mine.py").exists()
+    assert git(out, "rev-parse", "HEAD") == head and (out / ".git").is_dir()
+    assert summary["kept"] == 3  # .git, MYNOTES.md, nanospec/mine.py
+    assert json.loads((out / "handout.json").read_text())["exercises"] == [3, 8]
+    assert "exercise 8: implement _descend" in (out / "nanospec" / "verify.py").read_text()
+    # a generated file the student edited is not overwritten without --overwrite
+    verify_py = out / "nanospec" / "verify.py"
+    verify_py.write_text(verify_py.read_text() + "# my work\n")
+    with pytest.raises(HandoutError, match="changed since the last handout .first: nanospec/verify.py"):
+        make_handout(ROOT, out, parse_selection("3"))
+    assert verify_py.read_text().endswith("# my work\n")
+    make_handout(ROOT, out, parse_selection("3"), overwrite=True)
+    assert not verify_py.read_text().endswith("# my work\n") and (out / "MYNOTES.md").exists()
+
+
+def test_a_folder_that_is_not_a_handout_is_refused(tmp_path):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "thesis.tex").write_text("...")
+    with pytest.raises(HandoutError, match="not an earlier handout"):
+        make_handout(ROOT, tmp_path / "work", parse_selection("3"))
+    assert os.listdir(tmp_path / "work") == ["thesis.tex"]
+
+
+@pytest.mark.parametrize("selection", ["3-1", "99", "3-x", ""], ids=["reversed", "unknown", "not-a-number", "empty-part"])
+def test_bad_selections_are_one_line_errors(selection, tmp_path):
+    args = ["--ex", selection, "--out", str(tmp_path / "h")]
+    run = subprocess.run([sys.executable, "-m", "nanospec.course.handout", *args], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    if selection == "":
+        assert run.returncode == 0  # empty = all, as documented
+        return
+    assert run.returncode == 1 and run.stderr.startswith("error: ") and len(run.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "h").exists()
+    run = subprocess.run([sys.executable, "-m", "nanospec.course.grade", "--ex", selection, "--json", ""], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and run.stderr.startswith("error: ") and "Traceback" not in run.stderr
+
+
+def test_the_handouts_documents_speak_only_of_its_exercises(tmp_path):
+    out = tmp_path / "h"
+    make_handout(ROOT, out, parse_selection("3,8"))
+    exercises = (out / "EXERCISES.md").read_text()
+    readme = (out / "README.md").read_text()
+    headings = [line for line in exercises.splitlines() if line.startswith("## ")]
+    assert [h for h in headings if h[3].isdigit()] == [line for line in headings if line[3:5] in ("3.", "8.")]
+    assert "Changelog" not in exercises and "exercise 11" not in exercises and "make train" not in exercises
+    assert "19 graded tests for 18 points" in exercises
+    for doc in (exercises, readme):
+        assert "test_course" not in doc and "reference_ex03" not in doc and "one search away" not in doc
+        assert "<!--" not in doc
+    assert "python -m pytest -m ex3 -x" in readme and "make grade" in readme
+    files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert "tests/reference_ex03.py" not in files and not [f for f in files if "test_course" in f]
+    # exercise 3 not blanked: its reference copy ships, so exercise 4 is graded alone
+    make_handout(ROOT, tmp_path / "h4", parse_selection("4"))
+    assert (tmp_path / "h4" / "tests" / "reference_ex03.py").exists()
