@@ -32,7 +32,7 @@ import pytest
 
 from nanospec.course import grade, handout
 from nanospec.course.handout import HandoutError, find_regions, functions, make_handout
-from nanospec.course.registry import EXERCISES, VERSION, parse_selection
+from nanospec.course.registry import BY_ID, EXERCISES, VERSION, parse_selection
 
 ROOT = Path(__file__).resolve().parents[1]
 GRADED = [ex for ex in EXERCISES if not ex.manual]
@@ -106,8 +106,10 @@ def test_the_copy_holds_only_what_students_should_have(all_blanked):
     files = all_blanked.files
     assert not [f for f in files if f.startswith((".git/", "out/")) or "__pycache__" in f or f.endswith(".pyc")
                 or (f.startswith("data/") and f.endswith(".txt"))]
-    assert "tests/test_course.py" not in files and "EXERCISES.md" in files
-    assert set(files) == set(handout.source_files(ROOT)) - {"tests/test_course.py"} | {"handout.json"}
+    assert not [f for f in files if f.startswith("tests/test_course")] and "EXERCISES.md" in files
+    withheld = {f for ex in GRADED for f in ex.reference}  # every exercise blanked: no working copy ships
+    assert withheld and not withheld & set(files)
+    assert set(files) == set(handout.source_files(ROOT)) - withheld | {"handout.json"}
     for f in files:
         if f.endswith(".py"):
             text = (all_blanked.path / f).read_text()
@@ -136,7 +138,7 @@ def secret_lines(exercise_ids):
     regions = reference_regions()
     body, outside = set(), []
     for rel in handout.source_files(ROOT):
-        if not rel.endswith(".py") or rel.startswith("tests/test_ex") or rel == "tests/test_course.py":
+        if not rel.endswith(".py") or rel.startswith(("tests/test_ex", "tests/test_course")):
             continue
         lines = (ROOT / rel).read_text().splitlines()
         spans = [(r.begin, r.end) for r in regions.get(rel, (None, []))[1]]
@@ -176,6 +178,8 @@ def test_each_exercise_alone_blanks_exactly_its_functions(alone):
         for rel in files_under(folder):
             if rel == "handout.json":
                 continue
+            if rel in ("README.md", "EXERCISES.md"):  # rewritten for students (test_course_teeth.py)
+                continue
             if rel not in regions:  # no marker: the very file
                 assert (folder / rel).read_bytes() == (ROOT / rel).read_bytes(), (ex.id, rel)
                 continue
@@ -196,6 +200,39 @@ def test_each_exercise_alone_blanks_exactly_its_functions(alone):
                 message = b.body[1].exc.args[0].value
                 assert message == f"exercise {ex.id}: implement {name} in {rel}, see EXERCISES.md"
         assert_no_leak(folder, secret_lines({ex.id}))
+
+
+@pytest.fixture(scope="module")
+def impostors(alone, tmp_path_factory):
+    """The impostor search of test_course_teeth.py over each exercise's own handout, plus one power check
+    (exercise 3 asked of exercise 4's handout, which keeps it), in one process of its own: the candidates are
+    every function of the project, called with the exercises' arguments, and must not reach this session."""
+    base = tmp_path_factory.mktemp("impostors")
+    jobs = [[str(alone[ex.id]), ex.id] for ex in GRADED] + [[str(alone[4]), 3]]
+    (base / "jobs.json").write_text(json.dumps(jobs))
+    run = subprocess.run([sys.executable, str(ROOT / "tests" / "test_course_teeth.py"), str(base / "jobs.json"),
+                          str(base / "found.json")], cwd=base, capture_output=True, text=True, timeout=600,
+                         stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1",
+                                                         "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])})
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads((base / "found.json").read_text())
+    return lambda folder, ex_id: {tuple(x) for x in found[f"{folder}|{ex_id}"]}
+
+
+@pytest.mark.parametrize("ex", GRADED, ids=[f"ex{ex.id}" for ex in GRADED])
+def test_no_function_in_a_handout_passes_the_exercise_it_blanks(alone, impostors, ex):
+    """Every function defined anywhere in the handout of ex alone (the package, the scripts, every test file
+    and helper), put in place of each blanked function in turn, fails ex's graded tests (test_course_teeth.py's
+    in-process runner). Exercise 4's tests once carried a complete exercise 3; that copy now stays out."""
+    assert impostors(str(alone[ex.id]), ex.id) == set()
+
+
+def test_the_impostor_search_finds_an_answer_that_is_there(alone, impostors):
+    """Power: the handout of exercise 4 keeps exercise 3 (verify.py's own and tests/reference_ex03.py); the
+    search finds both when asked about exercise 3."""
+    found = {(rel, fn) for rel, fn, _ in impostors(str(alone[4]), 3)}
+    assert {("nanospec/verify.py", "accept_prob"), ("tests/reference_ex03.py", "slow_accept_prob"),
+            ("nanospec/verify.py", "residual"), ("tests/reference_ex03.py", "slow_residual")} <= found, found
 
 
 def test_what_needs_no_exercise_still_runs_in_the_handout(all_blanked):
@@ -255,7 +292,7 @@ def test_the_autograder_rules_on_a_literal_report(tmp_path):
     r1, r2, r3 = grade.score([ex1, ex2, ex3], cases, root="/course")
     # partial credit: 1 of 2 tests passed -> half the points, and the failure is shown
     assert (r1.passed, r1.score, r1.status) == (1, ex1.points / 2, "ok")
-    assert "AssertionError: assert [9] == [9, 4]" in r1.notes[0] and "test_b" in r1.notes[0]
+    assert "failed: assert [9] == [9, 4]" in r1.notes[0] and "test_b" in r1.notes[0]
     # a test file that does not import: 0 points, the error shown
     assert (r2.score, r2.status) == (0, "not collected")
     assert r2.notes == ["tests/test_ex02_greedy_chain.py could not be imported: nanospec/verify.py, line 76: "
@@ -325,13 +362,13 @@ def test_exercises_md_agrees_with_the_registry():
         assert all(0 < p < ex.id for p in ex.prerequisites), ex.id
         for path, function in ex.regions:
             assert f"`{function.split('.')[-1]}" in text and path in text, (ex.id, function)
-    assert len(rows) == len(EXERCISES) and 8 <= len(EXERCISES) <= 12
+    assert len(rows) == len(EXERCISES) and 8 <= len(EXERCISES) <= 13
 
 
 def test_exercise_selection():
     assert [ex.id for ex in parse_selection("3,4")] == [3, 4]
     assert [ex.id for ex in parse_selection("1-3,7")] == [1, 2, 3, 7]
     assert len(parse_selection("all")) == len(EXERCISES)
-    for bad, message in [("13", "no exercise 13"), ("three", "bad exercise list")]:
+    for bad, message in [("14", "no exercise 14"), ("three", "bad exercise list"), ("3-1", "low to high, 1-3")]:
         with pytest.raises(ValueError, match=message):
             parse_selection(bad)

@@ -18,6 +18,7 @@ the exercise's graded tests are called directly, gates first, stopping at the fi
 subprocess, no handout per answer: the file takes a few seconds.
 """
 import ast
+import functools
 import importlib
 import inspect
 import itertools
@@ -27,6 +28,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -97,6 +99,7 @@ def time_limit(seconds):
         signal.signal(signal.SIGALRM, old)
 
 
+@functools.lru_cache(maxsize=None)
 def graded_items(ex):
     """[(name with its case id, function, kwargs)] of exercise ex's graded tests, in file order, with their
     parametrize cases expanded (the graded tests use no fixture but an autouse one, handled in run_items)."""
@@ -117,17 +120,19 @@ def graded_items(ex):
                 expanded.append((label, dict(zip(names, values))))
             cases = [(f"{a}-{b}".strip("-"), {**ka, **kb}) for (a, ka), (b, kb) in itertools.product(cases, expanded)]
         items += [(f"{name}[{label}]" if label else name, fn, kwargs) for label, kwargs in cases]
-    return module, items
+    return module, tuple(items)
 
 
-def run_items(ex, gates_only=False, stop_at_first_failure=False, seconds=20):
+def run_items(ex, gates_only=False, stop_at_first_failure=False, seconds=20, gates_first=True):
     """Run exercise ex's graded tests here: gates first (cheapest first, in the registry's order), then the
     rest. Returns [grade.Case]; after a failing gate the others are reported 'skipped' (the gate alone decides
     the score). The autouse fixture of exercises 4 and 13 (the course's copy of exercise 3) is applied."""
     module, items = graded_items(ex)
+    items = list(items)
     base = lambda name: name.split("[", 1)[0]  # noqa: E731
     order = {g: i for i, g in enumerate(ex.gates)}
-    items.sort(key=lambda it: order.get(base(it[0]), len(order)))
+    if gates_first:
+        items.sort(key=lambda it: order.get(base(it[0]), len(order)))
     cases, stopped = [], False
     mp = pytest.MonkeyPatch()
     try:
@@ -143,7 +148,7 @@ def run_items(ex, gates_only=False, stop_at_first_failure=False, seconds=20):
                 with time_limit(seconds):
                     fn(**kwargs)
                 cases.append(grade.Case(ex.test_file, name, ex.id, "passed"))
-            except Exception as e:  # noqa: BLE001 - any failure of an answer is a failed test
+            except BaseException as e:  # noqa: BLE001 - any failure of an answer (SystemExit too) is a failure
                 cases.append(grade.Case(ex.test_file, name, ex.id, "failed", f"{type(e).__name__}: {e}"))
                 stopped = stop_at_first_failure or base(name) in ex.gates
     finally:
@@ -524,3 +529,94 @@ def test_the_handouts_documents_speak_only_of_its_exercises(tmp_path):
     # exercise 3 not blanked: its reference copy ships, so exercise 4 is graded alone
     make_handout(ROOT, tmp_path / "h4", parse_selection("4"))
     assert (tmp_path / "h4" / "tests" / "reference_ex03.py").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# No handout holds a working answer of the exercises it blanks, in any form: every function defined anywhere
+# in the handout that can be called like a blanked function is put in its place, and the exercise must fail.
+
+_parsed, _unparsed, _compiled = {}, {}, {}
+
+
+def handout_functions(folder):
+    """[(file, qualified name, function object)] for every function defined anywhere in the handout's Python
+    files (nested ones and methods too, decorators dropped), each compiled in its own module's globals where
+    that module can be imported here. Files are parsed once per distinct content."""
+    found = []
+    for path in sorted(Path(folder).rglob("*.py")):
+        rel = path.relative_to(folder).as_posix()
+        text = path.read_text(encoding="utf-8")
+        if text not in _parsed:
+            try:
+                _parsed[text] = ast.parse(text)
+            except SyntaxError:
+                _parsed[text] = None
+        tree = _parsed[text]
+        if tree is None:
+            continue
+        home = {}
+        try:
+            stem = rel[:-3].replace("/", ".") if rel.startswith("nanospec/") else Path(rel).stem
+            home = vars(importlib.import_module(stem)) if not rel.startswith("scripts/") else {}
+        except Exception:  # noqa: BLE001 - a script that does not import: its functions see the target's globals
+            home = {}
+        for qualname, node in handout.functions(tree).items():
+            if node.name.startswith("test_") or any("fixture" in ast.unparse(d) for d in node.decorator_list):
+                continue  # pytest's own: they take fixtures and return nothing (their text is leak-checked)
+            key = (text, qualname)
+            if key not in _unparsed:
+                decorators, node.decorator_list = node.decorator_list, []
+                try:
+                    _unparsed[key] = ast.unparse(node)
+                finally:
+                    node.decorator_list = decorators
+            found.append((rel, qualname, _unparsed[key], home))
+    return found
+
+
+def passing_impostors(folder, ex, limit_s=3):
+    """[(file, function, region)] of the handout's functions that pass ALL of exercise ex's tests in place of
+    one of its blanked functions (the others kept as the reference has them)."""
+    found = []
+    for path, function in ex.regions:
+        module, target = reference_function(path, function)
+        required = [p for p in inspect.signature(target).parameters.values()
+                    if p.default is p.empty and p.kind == p.POSITIONAL_OR_KEYWORD]
+        for rel, qualname, source, home in handout_functions(folder):
+            key = (path, rel, qualname, source)
+            if key not in _compiled:
+                try:
+                    _compiled[key] = compile_answer(path, source, home)
+                except Exception:  # noqa: BLE001 - a function that cannot be defined here cannot pass
+                    _compiled[key] = None
+            candidate = _compiled[key]
+            try:
+                inspect.signature(candidate).bind(*range(len(required)))
+            except Exception:  # noqa: BLE001 - cannot even be called the same way: it cannot pass
+                continue
+            with installed(path, function, candidate), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cases = run_items(ex, stop_at_first_failure=True, seconds=limit_s, gates_first=False)
+            if all(c.outcome == "passed" for c in cases):
+                found.append((rel, qualname, function))
+    return found
+
+
+def main(argv):
+    """`python tests/test_course_teeth.py JOBS.json RESULT.json`: JOBS is [[handout folder, exercise id], ...];
+    writes {"folder|id": [[file, function, region], ...]}. tests/test_course.py runs the search this way, in a
+    process of its own and a scratch working folder: the candidates are arbitrary functions of the project
+    called with the exercises' arguments, and one that opens an integer as a file (fd 1!) or exits must not
+    take the test session with it."""
+    import torch
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    with open(argv[0]) as f:
+        jobs = json.load(f)
+    result = {f"{folder}|{ex_id}": [list(x) for x in passing_impostors(folder, BY_ID[ex_id])] for folder, ex_id in jobs}
+    with open(argv[1], "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":  # run with PYTHONPATH=<project>:<project>/tests (tests/test_course.py does)
+    main(sys.argv[1:])

@@ -95,7 +95,7 @@ EXERCISES = (
              (), None, 0, 8, (4, 8)),
     Exercise(13, "Recursive rejection over children drawn without replacement",
              (("nanospec/verify.py", "without_replacement_proposals"),),
-             "tests/test_ex13_without_replacement.py", 8, 10, (3, 8),
+             "tests/test_ex13_without_replacement.py", 7, 10, (3, 8),
              gates=("test_the_node_law_is_p_by_enumeration", "test_a_drawn_tree_keeps_the_law_when_sampled")),
 )
 
