@@ -2,10 +2,11 @@
 The course kit's teeth, part two: wrong answers earn nothing, right ones earn everything, and handouts never
 destroy work. Instructor-only: handouts leave this file out (tests/test_course*.py).
 
-  - A gallery of plausible wrong answers per law-graded exercise (3, 4, 8, 13): the ones issue 22 found
+  - A gallery of plausible wrong answers, at least three per auto-graded exercise: the ones issue 22 found
     keeping points (exercise 3's `residual = p` and a zero-mass check over the whole batch; exercise 8's fresh
-    draw after a mismatch and a rejected child's mass not removed) and the ones EXERCISES.md warns about. Each
-    is put in place of the reference and must fail a gate, so the grader's own `score` gives it 0 points.
+    draw after a mismatch and a rejected child's mass not removed), the ones EXERCISES.md warns about, and the
+    classic slips of each deterministic exercise. Each is put in place of the reference and must fail a gate,
+    so the grader's own `score` gives it 0 points.
     Correct answers written in other words must score full marks.
   - The grader's gate rule and its messages, on a literal report.
   - `make handout` over an earlier handout that is a git repository with the student's own files keeps both;
@@ -290,6 +291,257 @@ GALLERY = [
                     return [c], pick(c)
             return [], y
     """),
+    # exercises whose function is deterministic: a broken rule fails a gate (a docstring example, a rule
+    # EXERCISES.md names, or the comparison with a slow oracle)
+    (1, "lookup", "the most recent match wins over the longest", """
+        def lookup(seq, max_ngram, draft_len):
+            if draft_len < 1:
+                return []
+            for n in range(1, min(max_ngram, len(seq) - 1) + 1):
+                tail = seq[-n:]
+                for i in range(len(seq) - n - 1, -1, -1):
+                    if seq[i:i + n] == tail:
+                        copy = list(seq)
+                        for j in range(i + n, i + n + draft_len):
+                            copy.append(copy[j])
+                        return copy[len(seq):]
+            return []
+    """),
+    (1, "lookup", "no overlapping copy: the draft stops at the present", """
+        def lookup(seq, max_ngram, draft_len):
+            if draft_len < 1:
+                return []
+            for n in range(min(max_ngram, len(seq) - 1), 0, -1):
+                tail = seq[-n:]
+                for i in range(len(seq) - n - 1, -1, -1):
+                    if seq[i:i + n] == tail:
+                        return list(seq[i + n:i + n + draft_len])
+            return []
+    """),
+    (1, "lookup", "the earliest occurrence instead of the most recent", """
+        def lookup(seq, max_ngram, draft_len):
+            if draft_len < 1:
+                return []
+            for n in range(min(max_ngram, len(seq) - 1), 0, -1):
+                tail = seq[-n:]
+                for i in range(0, len(seq) - n):
+                    if seq[i:i + n] == tail:
+                        copy = list(seq)
+                        for j in range(i + n, i + n + draft_len):
+                            copy.append(copy[j])
+                        return copy[len(seq):]
+            return []
+    """),
+    (2, "verify_chain_greedy", "every matching guess counted, not the prefix", """
+        def verify_chain_greedy(logits, draft_tokens):
+            best = logits.argmax(-1).tolist()
+            n = sum(int(d) == b for d, b in zip(draft_tokens, best))
+            return n, best[n]
+    """),
+    (2, "verify_chain_greedy", "the emitted token is the argmax after the last draft, not after the last accepted", """
+        def verify_chain_greedy(logits, draft_tokens):
+            best = logits.argmax(-1).tolist()
+            n = 0
+            while n < len(draft_tokens) and int(draft_tokens[n]) == best[n]:
+                n += 1
+            return n, best[len(draft_tokens)]
+    """),
+    (2, "verify_chain_greedy", "ties go to the last maximum", """
+        def verify_chain_greedy(logits, draft_tokens):
+            V = logits.size(-1)
+            best = (V - 1 - logits.flip(-1).argmax(-1)).tolist()
+            n = 0
+            while n < len(draft_tokens) and int(draft_tokens[n]) == best[n]:
+                n += 1
+            return n, best[n]
+    """),
+    (5, "KVCache.rollback", "every layer set to the length, even one that had not reached it", """
+        def rollback(self, length):
+            self.lengths = [length] * len(self.lengths)
+    """),
+    (5, "KVCache.compact", "the length shortened but the kept slots not moved", """
+        def compact(self, keep):
+            self.lengths = [len(keep)] * len(self.lengths)
+    """),
+    (5, "KVCache.compact", "keys moved, values left behind", """
+        def compact(self, keep):
+            keep = [int(s) for s in keep]
+            src = torch.tensor(keep, dtype=torch.long, device=self.k.device)
+            self.k[:, :, :, :len(keep)] = self.k[:, :, :, src]
+            self.lengths = [len(keep)] * len(self.lengths)
+    """),
+    (6, "tree_mask", "a node sees its parent, not all its ancestors", """
+        def tree_mask(parents, prefix_len, device="cpu"):
+            N = len(parents)
+            m = torch.zeros(N, prefix_len + N, dtype=torch.bool, device=device)
+            m[:, :prefix_len] = True
+            for i, par in enumerate(parents):
+                m[i, prefix_len + i] = True
+                if par >= 0:
+                    m[i, prefix_len + par] = True
+            return m
+    """),
+    (6, "tree_mask", "a node does not see itself", """
+        def tree_mask(parents, prefix_len, device="cpu"):
+            N = len(parents)
+            m = torch.zeros(N, prefix_len + N, dtype=torch.bool, device=device)
+            m[:, :prefix_len] = True
+            for i in range(N):
+                a = parents[i]
+                while a >= 0:
+                    m[i, prefix_len + a] = True
+                    a = parents[a]
+            return m
+    """),
+    (6, "tree_positions", "positions by node index, as in a chain", """
+        def tree_positions(parents, prefix_len, device="cpu"):
+            return torch.arange(len(parents), device=device) + prefix_len
+    """),
+    (7, "tree_from_paths", "paths in plain sorted order, not by depth then rank", """
+        def tree_from_paths(paths):
+            nodes = [()] + sorted({tuple(int(r) for r in p) for p in paths})
+            index = {node: i for i, node in enumerate(nodes)}
+            parents = [-1]
+            for node in nodes[1:]:
+                if not node or min(node) < 0:
+                    raise ValueError(f"a tree path is a non-empty list of ranks >= 0, got {node}")
+                if node[:-1] not in index:
+                    raise ValueError(f"tree path {node} needs its parent path {node[:-1]} in the tree too")
+                parents.append(index[node[:-1]])
+            return parents, nodes
+    """),
+    (7, "tree_from_paths", "duplicate paths kept twice", """
+        def tree_from_paths(paths):
+            nodes = [()] + sorted((tuple(int(r) for r in p) for p in paths), key=lambda p: (len(p), p))
+            index = {node: i for i, node in enumerate(nodes)}
+            parents = [-1]
+            for node in nodes[1:]:
+                if not node or min(node) < 0:
+                    raise ValueError(f"a tree path is a non-empty list of ranks >= 0, got {node}")
+                if node[:-1] not in index:
+                    raise ValueError(f"tree path {node} needs its parent path {node[:-1]} in the tree too")
+                parents.append(index[node[:-1]])
+            return parents, nodes
+    """),
+    (7, "medusa_tree", "a node's token from the head of its rank, not of its depth (indices swapped)", """
+        def medusa_tree(root, candidates, paths):
+            parents, nodes = tree_from_paths(paths)
+            cand = candidates.tolist() if torch.is_tensor(candidates) else candidates
+            D, K = len(cand), len(cand[0])
+            tokens = [int(root)] + [cand[node[-1] % D][(len(node) - 1) % K] for node in nodes[1:]]
+            return tokens, parents
+    """),
+    (9, "frontier_mask", "a frontier node sees itself and the prefix, not its fed ancestors", """
+        def frontier_mask(prefix_len, fed, frontier, parent, device="cpu"):
+            F, K = len(fed), len(frontier)
+            mask = torch.zeros(K, prefix_len + F + K, dtype=torch.bool, device=device)
+            mask[:, :prefix_len] = True
+            for i, c in enumerate(frontier):
+                fed[c] = F + i
+                mask[i, prefix_len + F + i] = True
+            return mask
+    """),
+    (9, "frontier_mask", "the frontier not added to fed", """
+        def frontier_mask(prefix_len, fed, frontier, parent, device="cpu"):
+            F, K = len(fed), len(frontier)
+            mask = torch.zeros(K, prefix_len + F + K, dtype=torch.bool, device=device)
+            mask[:, :prefix_len] = True
+            for i, c in enumerate(frontier):
+                mask[i, prefix_len + F + i] = True
+                a = parent[c]
+                while a >= 0 and a in fed:
+                    mask[i, prefix_len + fed[a]] = True
+                    a = parent[a]
+            return mask
+    """),
+    (9, "frontier_mask", "the parent only, not every ancestor", """
+        def frontier_mask(prefix_len, fed, frontier, parent, device="cpu"):
+            F, K = len(fed), len(frontier)
+            mask = torch.zeros(K, prefix_len + F + K, dtype=torch.bool, device=device)
+            mask[:, :prefix_len] = True
+            for i, c in enumerate(frontier):
+                fed[c] = F + i
+                mask[i, prefix_len + F + i] = True
+                if parent[c] >= 0:
+                    mask[i, prefix_len + fed[parent[c]]] = True
+            return mask
+    """),
+    (10, "remember", "a known n-gram is not moved to the newest place", """
+        def remember(pool, key, gram, guesses):
+            grams = pool.setdefault(key, [])
+            if gram not in grams:
+                grams.append(gram)
+            del grams[:len(grams) - guesses]
+    """),
+    (10, "learn", "the n-gram ending at the last token is left out", """
+        def learn(pool, seq, new, N, guesses):
+            for j in range(max(0, len(seq) - new - N + 1), len(seq) - N):
+                remember(pool, seq[j], tuple(seq[j + 1:j + N]), guesses)
+    """),
+    (10, "build_tree", "no trie: each n-gram its own chain", """
+        def build_tree(root, grams, levels):
+            tokens, parents = [root], [-1]
+            def add(tok, parent):
+                tokens.append(tok)
+                parents.append(parent)
+                return len(tokens) - 1
+            for gram in grams:
+                node = 0
+                for tok in gram:
+                    node = add(tok, node)
+            chain = [0]
+            for tok in levels[0] if levels else []:
+                chain.append(add(tok, chain[-1]))
+            where, below = [chain[1:]], chain
+            for level in levels[1:]:
+                below = [add(tok, below[i]) for i, tok in enumerate(level)]
+                where.append(below)
+            return tokens, parents, where, chain
+    """),
+    (11, "group_layout", "the masks' positions start at the anchor, not after it", """
+        def group_layout(n_cached, n_real, anchors, k, device="cpu"):
+            anchors = torch.as_tensor(anchors, dtype=torch.long, device=device)
+            G, n_seen = len(anchors), n_cached + n_real
+            real_pos = torch.arange(n_cached, n_seen, device=device)
+            group = torch.arange(G, device=device).repeat_interleave(k)
+            slot = torch.arange(k, device=device).repeat(G)
+            limit = torch.cat([real_pos, anchors[group]])
+            sees_real = torch.arange(n_seen, device=device)[None, :] <= limit[:, None]
+            row_group = torch.cat([torch.full((n_real,), -1, device=device), group])
+            row_slot = torch.cat([torch.full((n_real,), -1, device=device), slot])
+            sees_mask = (row_group[:, None] == group[None, :]) & (slot[None, :] <= row_slot[:, None])
+            pos = torch.cat([real_pos, anchors[group] + slot])
+            return torch.cat([sees_real, sees_mask], dim=1), pos
+    """),
+    (11, "group_layout", "a mask sees every mask of its group, later ones too", """
+        def group_layout(n_cached, n_real, anchors, k, device="cpu"):
+            anchors = torch.as_tensor(anchors, dtype=torch.long, device=device)
+            G, n_seen = len(anchors), n_cached + n_real
+            real_pos = torch.arange(n_cached, n_seen, device=device)
+            group = torch.arange(G, device=device).repeat_interleave(k)
+            slot = torch.arange(k, device=device).repeat(G)
+            limit = torch.cat([real_pos, anchors[group]])
+            sees_real = torch.arange(n_seen, device=device)[None, :] <= limit[:, None]
+            row_group = torch.cat([torch.full((n_real,), -1, device=device), group])
+            sees_mask = row_group[:, None] == group[None, :]
+            pos = torch.cat([real_pos, anchors[group] + 1 + slot])
+            return torch.cat([sees_real, sees_mask], dim=1), pos
+    """),
+    (11, "group_layout", "a group sees every real token, past its anchor too", """
+        def group_layout(n_cached, n_real, anchors, k, device="cpu"):
+            anchors = torch.as_tensor(anchors, dtype=torch.long, device=device)
+            G, n_seen = len(anchors), n_cached + n_real
+            real_pos = torch.arange(n_cached, n_seen, device=device)
+            group = torch.arange(G, device=device).repeat_interleave(k)
+            slot = torch.arange(k, device=device).repeat(G)
+            limit = torch.cat([real_pos, torch.full((G * k,), n_seen - 1, device=device)])
+            sees_real = torch.arange(n_seen, device=device)[None, :] <= limit[:, None]
+            row_group = torch.cat([torch.full((n_real,), -1, device=device), group])
+            row_slot = torch.cat([torch.full((n_real,), -1, device=device), slot])
+            sees_mask = (row_group[:, None] == group[None, :]) & (slot[None, :] <= row_slot[:, None])
+            pos = torch.cat([real_pos, anchors[group] + 1 + slot])
+            return torch.cat([sees_real, sees_mask], dim=1), pos
+    """),
     # exercise 13
     (13, "without_replacement_proposals", "q itself for every child (the with-replacement rule)", """
         def without_replacement_proposals(q, drawn):
@@ -446,10 +698,11 @@ def test_the_grader_keeps_the_tests_words(raw, words):
     assert grade.failure_message(raw) == words
 
 
-def test_every_law_exercise_has_its_gates():
+def test_every_auto_graded_exercise_has_gates_and_a_gallery_of_three():
     for ex in EXERCISES:
-        if ex.id in (3, 4, 8, 13):
+        if not ex.manual:
             assert ex.gates, ex.id
+            assert sum(g[0] == ex.id for g in GALLERY) >= 3, ex.id
         module, items = (None, []) if ex.manual else graded_items(ex)
         names = {name.split("[")[0] for name, _, _ in items}
         assert set(ex.gates) <= names, (ex.id, set(ex.gates) - names)
