@@ -13,8 +13,11 @@ Instructor-only: handouts leave this file out.
     blanked function still runs there (an `ar` generation, decode.py).
   - The autograder's rules (the count check, collection errors, partial credit, Gradescope's format) on a
     literal JUnit report, and the generator's one-line errors on malformed markers.
-The all-exercise handout is built and graded once per session, the eleven one-exercise handouts once each
-(no tests run in those); the whole file takes about 17 s on a shared 2-core machine.
+  - No function anywhere in a one-exercise handout passes that exercise in place of its blanked functions
+    (the impostor search of test_course_teeth.py), and the search has power: asked about exercise 3 in
+    exercise 4's handout, which keeps exercise 3, it finds it.
+The all-exercise handout is built and graded once per session, the one-exercise handouts once each, and the
+grading and the impostor search run side by side in two processes.
 """
 import ast
 import io
@@ -43,30 +46,58 @@ def files_under(folder):
 
 
 @pytest.fixture(scope="module")
-def all_blanked(tmp_path_factory):
-    """Every exercise blanked, then graded in place by the autograder, as a student's untouched copy would be."""
+def handouts(tmp_path_factory):
+    """Every handout this file looks at, made once, and the two slow runs over them started at once, each in a
+    process of its own (two cores, half the wait): the autograder over the handout with every exercise blanked,
+    and the impostor search of test_course_teeth.py over each one-exercise handout."""
     base = tmp_path_factory.mktemp("course")
     out = base / "handout"
     summary = make_handout(ROOT, out, list(EXERCISES))
     files = files_under(out)  # before anything runs there
+    alone = {}
+    for ex in GRADED:
+        alone[ex.id] = base / f"ex{ex.id}"
+        make_handout(ROOT, alone[ex.id], [ex])
     junit, results = base / "report.xml", base / "results.json"
-    run = subprocess.run([sys.executable, "-m", "nanospec.course.grade", "--junit", str(junit), "--json", str(results)],
-                         cwd=out, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
-    return SimpleNamespace(path=out, summary=summary, files=files, run=run,
-                           cases=grade.read_junit(junit) if junit.exists() else [],
-                           results=json.loads(results.read_text()) if results.exists() else None)
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    grading = subprocess.Popen([sys.executable, "-m", "nanospec.course.grade", "--junit", str(junit), "--json",
+                                str(results)], cwd=out, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               stdin=subprocess.DEVNULL, env=env)
+    # the impostor search: (exercise 3 asked of exercise 4's handout, which keeps it, is the power check)
+    jobs = [[str(alone[ex.id]), ex.id] for ex in GRADED] + [[str(alone[4]), 3]]
+    (base / "jobs.json").write_text(json.dumps(jobs))
+    searching = subprocess.Popen([sys.executable, str(ROOT / "tests" / "test_course_teeth.py"), str(base / "jobs.json"),
+                                  str(base / "found.json")], cwd=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, stdin=subprocess.DEVNULL,
+                                 env={**env, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])})
+    stdout, stderr = grading.communicate(timeout=600)
+    run = subprocess.CompletedProcess(grading.args, grading.returncode, stdout, stderr)
+    blank = SimpleNamespace(path=out, summary=summary, files=files, run=run,
+                            cases=grade.read_junit(junit) if junit.exists() else [],
+                            results=json.loads(results.read_text()) if results.exists() else None)
+    _, search_err = searching.communicate(timeout=600)
+    found = json.loads((base / "found.json").read_text()) if searching.returncode == 0 else None
+    return SimpleNamespace(blank=blank, alone=alone, found=found, search_error=search_err[-3000:])
 
 
 @pytest.fixture(scope="module")
-def alone(tmp_path_factory):
+def all_blanked(handouts):
+    """Every exercise blanked, then graded in place by the autograder, as a student's untouched copy would be."""
+    return handouts.blank
+
+
+@pytest.fixture(scope="module")
+def alone(handouts):
     """The handout of each exercise by itself: {exercise id: folder}."""
-    base = tmp_path_factory.mktemp("alone")
-    folders = {}
-    for ex in GRADED:
-        folders[ex.id] = base / f"ex{ex.id}"
-        make_handout(ROOT, folders[ex.id], [ex])
-    return folders
+    return handouts.alone
+
+
+@pytest.fixture(scope="module")
+def impostors(handouts):
+    """The functions of a handout that pass an exercise in place of its blanked functions:
+    impostors(folder, exercise id) -> {(file, function, blanked function)}."""
+    assert handouts.found is not None, handouts.search_error
+    return lambda folder, ex_id: {tuple(x) for x in handouts.found[f"{folder}|{ex_id}"]}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -200,23 +231,6 @@ def test_each_exercise_alone_blanks_exactly_its_functions(alone):
                 message = b.body[1].exc.args[0].value
                 assert message == f"exercise {ex.id}: implement {name} in {rel}, see EXERCISES.md"
         assert_no_leak(folder, secret_lines({ex.id}))
-
-
-@pytest.fixture(scope="module")
-def impostors(alone, tmp_path_factory):
-    """The impostor search of test_course_teeth.py over each exercise's own handout, plus one power check
-    (exercise 3 asked of exercise 4's handout, which keeps it), in one process of its own: the candidates are
-    every function of the project, called with the exercises' arguments, and must not reach this session."""
-    base = tmp_path_factory.mktemp("impostors")
-    jobs = [[str(alone[ex.id]), ex.id] for ex in GRADED] + [[str(alone[4]), 3]]
-    (base / "jobs.json").write_text(json.dumps(jobs))
-    run = subprocess.run([sys.executable, str(ROOT / "tests" / "test_course_teeth.py"), str(base / "jobs.json"),
-                          str(base / "found.json")], cwd=base, capture_output=True, text=True, timeout=600,
-                         stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1",
-                                                         "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])})
-    assert run.returncode == 0, run.stderr[-3000:]
-    found = json.loads((base / "found.json").read_text())
-    return lambda folder, ex_id: {tuple(x) for x in found[f"{folder}|{ex_id}"]}
 
 
 @pytest.mark.parametrize("ex", GRADED, ids=[f"ex{ex.id}" for ex in GRADED])

@@ -653,16 +653,6 @@ def test_correct_answers_in_other_words_score_full_marks(ex_id, function, name, 
     assert result.score == ex.points, [f"{c.name}: {c.message}" for c in cases if c.outcome != "passed"]
 
 
-def test_the_reference_scores_full_marks_in_this_runner():
-    """The runner itself: every law-graded exercise's tests pass on the reference (so a failure above is the
-    answer's)."""
-    for ex_id in (3, 4, 8, 13):
-        ex = BY_ID[ex_id]
-        cases = run_items(ex)
-        assert len(cases) == ex.tests, (ex_id, len(cases), ex.tests)
-        assert score_of(ex, cases).score == ex.points, [c.message for c in cases if c.outcome != "passed"]
-
-
 # ---------------------------------------------------------------------------------------------------------
 # The grader: gates and messages
 
@@ -749,14 +739,13 @@ def test_a_folder_that_is_not_a_handout_is_refused(tmp_path):
     assert os.listdir(tmp_path / "work") == ["thesis.tex"]
 
 
-@pytest.mark.parametrize("selection", ["3-1", "99", "3-x", ""], ids=["reversed", "unknown", "not-a-number", "empty-part"])
+@pytest.mark.parametrize("selection", ["3-1", "99", "3-x"], ids=["reversed", "unknown", "not-a-number"])
 def test_bad_selections_are_one_line_errors(selection, tmp_path):
+    """`make handout EX=3-1` once blanked nothing and replaced the folder; `make grade EX=3-1` printed a
+    traceback. Every bad selection is now one line, and nothing is written."""
     args = ["--ex", selection, "--out", str(tmp_path / "h")]
     run = subprocess.run([sys.executable, "-m", "nanospec.course.handout", *args], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
-    if selection == "":
-        assert run.returncode == 0  # empty = all, as documented
-        return
     assert run.returncode == 1 and run.stderr.startswith("error: ") and len(run.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "h").exists()
     run = subprocess.run([sys.executable, "-m", "nanospec.course.grade", "--ex", selection, "--json", ""], cwd=ROOT,

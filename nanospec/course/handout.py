@@ -410,7 +410,8 @@ def student_readme(text, exercises, files):
             paths = re.findall(r"(?:tests|nanospec|scripts)/[\w./-]+\.py", line)
             if any(p not in present for p in paths):
                 continue
-            out.append(re.sub(r"twelve (graded )?exercises", "the exercises of this handout", line))
+            line = re.sub(r"(twelve|thirteen) (graded )?exercises", "the exercises of this handout", line)
+            out.append(line.replace('"Exercises and handouts"', '"Your exercises"').replace(", changelog", ""))
     return "\n".join(out).rstrip("\n") + "\n"
 
 
@@ -532,7 +533,8 @@ def make_handout(root, out, exercises, overwrite=False):
         gone, kept = install(staging, out, files, before)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return {**summary, "files": len(files) + 1, "secret_fragments": secret, "removed": gone, "kept": kept}
+    return {**summary, "files": len(files) + 1, "secret_fragments": secret, "removed": gone, "kept": kept,
+            "updated": bool(before)}
 
 
 def install(staging, out, files, before):
@@ -583,7 +585,7 @@ def main(argv=None):
         summary = make_handout(args.root, args.out, exercises, overwrite=args.overwrite)
     except (HandoutError, ValueError, OSError) as e:
         sys.exit(f"error: {e}")
-    done = "written to" if not summary["kept"] and not summary["removed"] else "updated in"
+    done = "updated in" if summary["updated"] else "written to"
     print(f"handout v{summary['version']} {done} {args.out}: {summary['files']} files, "
           f"exercises {','.join(map(str, summary['exercises'])) or 'none'} blanked"
           + (f"; {len(summary['removed'])} earlier generated files removed" if summary["removed"] else "")
