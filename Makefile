@@ -33,8 +33,9 @@ gpu-check:
 	$(PYTHON) -m nanospec.gpu_check
 
 # The course (EXERCISES.md): `make handout EX=3,4 OUT=../handout`, then `make grade` (EX=3,4 to choose).
+# Over an earlier handout only the generated files change; OVERWRITE=1 also replaces those edited since.
 handout:
-	$(PYTHON) -m nanospec.course.handout --ex $(or $(EX),all) --out $(OUT)
+	$(PYTHON) -m nanospec.course.handout --ex $(or $(EX),all) --out $(OUT) $(if $(OVERWRITE),--overwrite)
 
 grade: deps
 	$(PYTHON) -m nanospec.course.grade $(if $(EX),--ex $(EX))

@@ -389,11 +389,13 @@ def without_replacement_proposals(q, drawn):
     is q with drawn[..., :j] removed and renormalised. What `verify_tree_without_replacement` checks each child
     against. Example: q [0.5, 0.3, 0.2], drawn [0, 2] -> [[0.5, 0.3, 0.2], [0, 0.6, 0.4]].
     A row with nothing left (all of q's tokens already drawn) is all zeros: no real draw comes from it."""
+    # BEGIN SOLUTION ex13
     hot = torch.nn.functional.one_hot(drawn, q.size(-1)).to(q.dtype)  # (..., k, V)
     before = hot.cumsum(-2) - hot  # (..., k, V) 1 where a token was drawn before draw j
     kept = torch.where(before > 0, 0.0, q.unsqueeze(-2))  # (..., k, V)
     mass = kept.sum(-1, keepdim=True)
     return kept / torch.where(mass > 0, mass, torch.ones_like(mass))
+    # END SOLUTION ex13
 
 
 def verify_tree_without_replacement_batched(p_target, q_draft, tokens, parents, generator=None):

@@ -13,8 +13,11 @@ Instructor-only: handouts leave this file out.
     blanked function still runs there (an `ar` generation, decode.py).
   - The autograder's rules (the count check, collection errors, partial credit, Gradescope's format) on a
     literal JUnit report, and the generator's one-line errors on malformed markers.
-The all-exercise handout is built and graded once per session, the eleven one-exercise handouts once each
-(no tests run in those); the whole file takes about 17 s on a shared 2-core machine.
+  - No function anywhere in a one-exercise handout passes that exercise in place of its blanked functions
+    (the impostor search of test_course_teeth.py), and the search has power: asked about exercise 3 in
+    exercise 4's handout, which keeps exercise 3, it finds it.
+The all-exercise handout is built and graded once per session, the one-exercise handouts once each, and the
+grading and the impostor search run side by side in two processes.
 """
 import ast
 import io
@@ -32,7 +35,7 @@ import pytest
 
 from nanospec.course import grade, handout
 from nanospec.course.handout import HandoutError, find_regions, functions, make_handout
-from nanospec.course.registry import EXERCISES, VERSION, parse_selection
+from nanospec.course.registry import BY_ID, EXERCISES, VERSION, parse_selection
 
 ROOT = Path(__file__).resolve().parents[1]
 GRADED = [ex for ex in EXERCISES if not ex.manual]
@@ -43,30 +46,58 @@ def files_under(folder):
 
 
 @pytest.fixture(scope="module")
-def all_blanked(tmp_path_factory):
-    """Every exercise blanked, then graded in place by the autograder, as a student's untouched copy would be."""
+def handouts(tmp_path_factory):
+    """Every handout this file looks at, made once, and the two slow runs over them started at once, each in a
+    process of its own (two cores, half the wait): the autograder over the handout with every exercise blanked,
+    and the impostor search of test_course_teeth.py over each one-exercise handout."""
     base = tmp_path_factory.mktemp("course")
     out = base / "handout"
     summary = make_handout(ROOT, out, list(EXERCISES))
     files = files_under(out)  # before anything runs there
+    alone = {}
+    for ex in GRADED:
+        alone[ex.id] = base / f"ex{ex.id}"
+        make_handout(ROOT, alone[ex.id], [ex])
     junit, results = base / "report.xml", base / "results.json"
-    run = subprocess.run([sys.executable, "-m", "nanospec.course.grade", "--junit", str(junit), "--json", str(results)],
-                         cwd=out, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
-    return SimpleNamespace(path=out, summary=summary, files=files, run=run,
-                           cases=grade.read_junit(junit) if junit.exists() else [],
-                           results=json.loads(results.read_text()) if results.exists() else None)
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    grading = subprocess.Popen([sys.executable, "-m", "nanospec.course.grade", "--junit", str(junit), "--json",
+                                str(results)], cwd=out, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               stdin=subprocess.DEVNULL, env=env)
+    # the impostor search: (exercise 3 asked of exercise 4's handout, which keeps it, is the power check)
+    jobs = [[str(alone[ex.id]), ex.id] for ex in GRADED] + [[str(alone[4]), 3]]
+    (base / "jobs.json").write_text(json.dumps(jobs))
+    searching = subprocess.Popen([sys.executable, str(ROOT / "tests" / "test_course_teeth.py"), str(base / "jobs.json"),
+                                  str(base / "found.json")], cwd=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, stdin=subprocess.DEVNULL,
+                                 env={**env, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])})
+    stdout, stderr = grading.communicate(timeout=600)
+    run = subprocess.CompletedProcess(grading.args, grading.returncode, stdout, stderr)
+    blank = SimpleNamespace(path=out, summary=summary, files=files, run=run,
+                            cases=grade.read_junit(junit) if junit.exists() else [],
+                            results=json.loads(results.read_text()) if results.exists() else None)
+    _, search_err = searching.communicate(timeout=600)
+    found = json.loads((base / "found.json").read_text()) if searching.returncode == 0 else None
+    return SimpleNamespace(blank=blank, alone=alone, found=found, search_error=search_err[-3000:])
 
 
 @pytest.fixture(scope="module")
-def alone(tmp_path_factory):
+def all_blanked(handouts):
+    """Every exercise blanked, then graded in place by the autograder, as a student's untouched copy would be."""
+    return handouts.blank
+
+
+@pytest.fixture(scope="module")
+def alone(handouts):
     """The handout of each exercise by itself: {exercise id: folder}."""
-    base = tmp_path_factory.mktemp("alone")
-    folders = {}
-    for ex in GRADED:
-        folders[ex.id] = base / f"ex{ex.id}"
-        make_handout(ROOT, folders[ex.id], [ex])
-    return folders
+    return handouts.alone
+
+
+@pytest.fixture(scope="module")
+def impostors(handouts):
+    """The functions of a handout that pass an exercise in place of its blanked functions:
+    impostors(folder, exercise id) -> {(file, function, blanked function)}."""
+    assert handouts.found is not None, handouts.search_error
+    return lambda folder, ex_id: {tuple(x) for x in handouts.found[f"{folder}|{ex_id}"]}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -106,8 +137,10 @@ def test_the_copy_holds_only_what_students_should_have(all_blanked):
     files = all_blanked.files
     assert not [f for f in files if f.startswith((".git/", "out/")) or "__pycache__" in f or f.endswith(".pyc")
                 or (f.startswith("data/") and f.endswith(".txt"))]
-    assert "tests/test_course.py" not in files and "EXERCISES.md" in files
-    assert set(files) == set(handout.source_files(ROOT)) - {"tests/test_course.py"} | {"handout.json"}
+    assert not [f for f in files if f.startswith("tests/test_course")] and "EXERCISES.md" in files
+    withheld = {f for ex in GRADED for f in ex.reference}  # every exercise blanked: no working copy ships
+    assert withheld and not withheld & set(files)
+    assert set(files) == set(handout.source_files(ROOT)) - withheld | {"handout.json"}
     for f in files:
         if f.endswith(".py"):
             text = (all_blanked.path / f).read_text()
@@ -136,7 +169,7 @@ def secret_lines(exercise_ids):
     regions = reference_regions()
     body, outside = set(), []
     for rel in handout.source_files(ROOT):
-        if not rel.endswith(".py") or rel.startswith("tests/test_ex") or rel == "tests/test_course.py":
+        if not rel.endswith(".py") or rel.startswith(("tests/test_ex", "tests/test_course")):
             continue
         lines = (ROOT / rel).read_text().splitlines()
         spans = [(r.begin, r.end) for r in regions.get(rel, (None, []))[1]]
@@ -176,6 +209,8 @@ def test_each_exercise_alone_blanks_exactly_its_functions(alone):
         for rel in files_under(folder):
             if rel == "handout.json":
                 continue
+            if rel in ("README.md", "EXERCISES.md"):  # rewritten for students (test_course_teeth.py)
+                continue
             if rel not in regions:  # no marker: the very file
                 assert (folder / rel).read_bytes() == (ROOT / rel).read_bytes(), (ex.id, rel)
                 continue
@@ -196,6 +231,22 @@ def test_each_exercise_alone_blanks_exactly_its_functions(alone):
                 message = b.body[1].exc.args[0].value
                 assert message == f"exercise {ex.id}: implement {name} in {rel}, see EXERCISES.md"
         assert_no_leak(folder, secret_lines({ex.id}))
+
+
+@pytest.mark.parametrize("ex", GRADED, ids=[f"ex{ex.id}" for ex in GRADED])
+def test_no_function_in_a_handout_passes_the_exercise_it_blanks(alone, impostors, ex):
+    """Every function defined anywhere in the handout of ex alone (the package, the scripts, every test file
+    and helper), put in place of each blanked function in turn, fails ex's graded tests (test_course_teeth.py's
+    in-process runner). Exercise 4's tests once carried a complete exercise 3; that copy now stays out."""
+    assert impostors(str(alone[ex.id]), ex.id) == set()
+
+
+def test_the_impostor_search_finds_an_answer_that_is_there(alone, impostors):
+    """Power: the handout of exercise 4 keeps exercise 3 (verify.py's own and tests/reference_ex03.py); the
+    search finds both when asked about exercise 3."""
+    found = {(rel, fn) for rel, fn, _ in impostors(str(alone[4]), 3)}
+    assert {("nanospec/verify.py", "accept_prob"), ("tests/reference_ex03.py", "slow_accept_prob"),
+            ("nanospec/verify.py", "residual"), ("tests/reference_ex03.py", "slow_residual")} <= found, found
 
 
 def test_what_needs_no_exercise_still_runs_in_the_handout(all_blanked):
@@ -251,11 +302,11 @@ def test_the_autograder_rules_on_a_literal_report(tmp_path):
         ("tests/test_ex02_greedy_chain.py", "tests.test_ex02_greedy_chain", None, "error"),
         ("tests/test_ex03_accept_residual.py", "test_c", 3, "passed")]
     ex1, ex2, ex3 = parse_selection("1-3")
-    ex1 = replace(ex1, tests=2)  # an exercise 1 of two tests
+    ex1 = replace(ex1, tests=2, gates=())  # an exercise 1 of two tests, none of them a gate (see test_course_teeth.py)
     r1, r2, r3 = grade.score([ex1, ex2, ex3], cases, root="/course")
     # partial credit: 1 of 2 tests passed -> half the points, and the failure is shown
     assert (r1.passed, r1.score, r1.status) == (1, ex1.points / 2, "ok")
-    assert "AssertionError: assert [9] == [9, 4]" in r1.notes[0] and "test_b" in r1.notes[0]
+    assert "failed: assert [9] == [9, 4]" in r1.notes[0] and "test_b" in r1.notes[0]
     # a test file that does not import: 0 points, the error shown
     assert (r2.score, r2.status) == (0, "not collected")
     assert r2.notes == ["tests/test_ex02_greedy_chain.py could not be imported: nanospec/verify.py, line 76: "
@@ -325,13 +376,13 @@ def test_exercises_md_agrees_with_the_registry():
         assert all(0 < p < ex.id for p in ex.prerequisites), ex.id
         for path, function in ex.regions:
             assert f"`{function.split('.')[-1]}" in text and path in text, (ex.id, function)
-    assert len(rows) == len(EXERCISES) and 8 <= len(EXERCISES) <= 12
+    assert len(rows) == len(EXERCISES) and 8 <= len(EXERCISES) <= 13
 
 
 def test_exercise_selection():
     assert [ex.id for ex in parse_selection("3,4")] == [3, 4]
     assert [ex.id for ex in parse_selection("1-3,7")] == [1, 2, 3, 7]
     assert len(parse_selection("all")) == len(EXERCISES)
-    for bad, message in [("13", "no exercise 13"), ("three", "bad exercise list")]:
+    for bad, message in [("14", "no exercise 14"), ("three", "bad exercise list"), ("3-1", "low to high, 1-3")]:
         with pytest.raises(ValueError, match=message):
             parse_selection(bad)

@@ -1,6 +1,7 @@
 """Exercise 1 (EXERCISES.md): `lookup` in nanospec/decoding/prompt_lookup.py, the n-gram search that drafts
 by copying the context. Literal cases, each one rule of the search, then a property every answer must have.
-Run: python -m pytest -m ex1"""
+The literal cases and the property are gates (nanospec/course/registry.py): one fails, the exercise scores zero.
+Run: python -m pytest -m ex1 -x"""
 import random
 
 import pytest
@@ -27,14 +28,17 @@ pytestmark = pytest.mark.ex1
     ([2, 2], 5, 3, [2, 2, 2]),
     # nothing earlier matches the last token, or there is nothing earlier at all, or no room: no guesses
     ([1, 2, 3, 4], 3, 5, []),
-])
+], ids=["docstring", "copy-runs-on", "copy-the-copy", "most-recent-wins", "longest-tail-wins", "exactly-draft_len",
+        "fall-back-to-a-shorter-tail", "no-match"])
 def test_lookup_literal(seq, max_ngram, draft_len, expected):
-    assert lookup(seq, max_ngram, draft_len) == expected
+    got = lookup(seq, max_ngram, draft_len)
+    assert got == expected, f"lookup({seq}, max_ngram={max_ngram}, draft_len={draft_len}): expected {expected}, got {got}"
 
 
 def test_no_guesses_for_a_one_token_context_or_no_room():
-    assert lookup([4], 3, 5) == []
-    assert lookup([5, 6, 5, 6], 2, 0) == []
+    assert lookup([4], 3, 5) == [], f"lookup([4], 3, 5): one token, nothing earlier: expected [], got {lookup([4], 3, 5)}"
+    got = lookup([5, 6, 5, 6], 2, 0)
+    assert got == [], f"lookup([5, 6, 5, 6], 2, draft_len=0): no room, expected [], got {got}"
 
 
 def test_every_answer_is_a_copy_of_an_earlier_continuation():
@@ -46,10 +50,13 @@ def test_every_answer_is_a_copy_of_an_earlier_continuation():
         seq = [rng.randrange(4) for _ in range(rng.randrange(1, 12))]
         max_ngram, draft_len = rng.randrange(1, 5), rng.randrange(1, 6)
         draft = lookup(seq, max_ngram, draft_len)
-        assert (draft == []) == (seq[-1] not in seq[:-1]), (seq, draft)
+        case = f"lookup({seq}, max_ngram={max_ngram}, draft_len={draft_len}) = {draft}"
+        assert (draft == []) == (seq[-1] not in seq[:-1]), \
+            f"{case}: the draft must be empty exactly when the last token never occurred before"
         if not draft:
             continue
-        assert len(draft) == draft_len, (seq, draft)
+        assert len(draft) == draft_len, f"{case}: a match must give draft_len = {draft_len} tokens, got {len(draft)}"
         full = seq + draft
         assert any(seq[i:i + n] == seq[-n:] and full[i + n:i + n + draft_len] == draft
-                   for n in range(1, max_ngram + 1) for i in range(len(seq) - n)), (seq, max_ngram, draft)
+                   for n in range(1, max_ngram + 1) for i in range(len(seq) - n)), \
+            f"{case}: the draft is not what followed any earlier occurrence of a tail (copying on into the copy)"

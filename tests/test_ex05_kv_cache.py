@@ -31,11 +31,11 @@ def slot_values(cache):
 def test_rollback_lengths():
     cache = numbered_cache(9)
     cache.rollback(5)
-    assert cache.length == 5 and cache.lengths == [5, 5]
+    assert cache.length == 5 and cache.lengths == [5, 5], f"rollback(5) from 9: expected lengths [5, 5], got {cache.lengths}"
     cache.rollback(5)  # to the current length: nothing changes
-    assert cache.lengths == [5, 5]
+    assert cache.lengths == [5, 5], f"rollback(5) at length 5 must change nothing, got lengths {cache.lengths}"
     cache.rollback(0)
-    assert cache.lengths == [0, 0]
+    assert cache.lengths == [0, 0], f"rollback(0): expected lengths [0, 0], got {cache.lengths}"
 
 
 def test_rollback_when_the_lower_layers_ran_ahead():
@@ -44,13 +44,14 @@ def test_rollback_when_the_lower_layers_ran_ahead():
     cache = numbered_cache(5)
     cache.advance(3, layers=[0])  # layer 0 drafted 3 tokens ahead: lengths [8, 5]
     cache.rollback(6)
-    assert cache.lengths == [6, 5]
+    assert cache.lengths == [6, 5], (f"lengths [8, 5], rollback(6): layer 0 forgets slots 6.., layer 1 (5 slots) keeps "
+                                     f"its own count: expected [6, 5], got {cache.lengths}")
     cache.rollback(2)
-    assert cache.lengths == [2, 2]
+    assert cache.lengths == [2, 2], f"lengths [6, 5], rollback(2): expected [2, 2], got {cache.lengths}"
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("n_accepted", [0, 2, 4])
+@pytest.mark.parametrize("n_accepted", [0, 2, 4], ids=lambda n: f"{n}-accepted")
 def test_chain_step_then_rollback_equals_recomputation(n_accepted):
     """The chain verify step: the cache holds the prefix; a forward over [last, d1..d4] writes 5 tokens;
     n drafts are accepted, so keep prefix + last + d1..dn. The next forward must see exactly that text."""
@@ -59,30 +60,36 @@ def test_chain_step_then_rollback_equals_recomputation(n_accepted):
     cache = model.new_cache()
     model(torch.tensor([prefix]), cache=cache)
     model(torch.tensor([[last] + drafts]), cache=cache)
-    assert cache.length == len(prefix) + 5
+    assert cache.length == len(prefix) + 5, f"after two forwards the cache must hold 12 tokens, got {cache.length}"
     cache.rollback(len(prefix) + 1 + n_accepted)
-    assert cache.length == len(prefix) + 1 + n_accepted
+    assert cache.length == len(prefix) + 1 + n_accepted, \
+        f"rollback({len(prefix) + 1 + n_accepted}): expected length {len(prefix) + 1 + n_accepted}, got {cache.length}"
     kept = prefix + [last] + drafts[:n_accepted]
     nxt = random_ids(3, seed=3)
     got = model(torch.tensor([nxt]), cache=cache).logits[0]  # (3, V)
-    assert torch.allclose(got, full_logits(model, kept + nxt)[-3:], atol=TOL)
+    off = (got - full_logits(model, kept + nxt)[-3:]).abs().max().item()
+    assert off <= TOL, (f"after rollback to prefix + last + {n_accepted} accepted drafts, the next forward's logits "
+                        f"differ from a plain forward over that text by {off:.3g} (tolerance {TOL})")
 
 
 def test_compact_docstring_example():
     """Length 7, keep [0, 1, 2, 3, 5]: the prefix stays, slot 4 takes slot 5's keys and values, length 5."""
     cache = numbered_cache(7)
     cache.compact([0, 1, 2, 3, 5])
-    assert cache.lengths == [5, 5]
-    assert slot_values(cache) == ([0, 1, 2, 3, 5], [-0.0, -1, -2, -3, -5])
+    assert cache.lengths == [5, 5], f"compact([0, 1, 2, 3, 5]) of 7 slots: expected lengths [5, 5], got {cache.lengths}"
+    got = slot_values(cache)
+    assert got == ([0, 1, 2, 3, 5], [-0.0, -1, -2, -3, -5]), \
+        f"compact([0, 1, 2, 3, 5]): slots 0..4 must hold the keys [0, 1, 2, 3, 5] and values [0, -1, -2, -3, -5], got {got}"
 
 
 def test_compact_moves_every_layer_and_accepts_a_tensor():
     cache = numbered_cache(9)
     cache.compact(torch.tensor([0, 2, 3, 7]))
-    assert cache.lengths == [4, 4]
+    assert cache.lengths == [4, 4], f"compact(tensor [0, 2, 3, 7]): expected lengths [4, 4], got {cache.lengths}"
     for layer in range(2):
-        assert cache.k[layer, 0, 0, :4, 1].tolist() == [0, 2, 3, 7]
-        assert cache.v[layer, 0, 0, :4, 1].tolist() == [0, -2, -3, -7]
+        k, v = cache.k[layer, 0, 0, :4, 1].tolist(), cache.v[layer, 0, 0, :4, 1].tolist()
+        assert (k, v) == ([0, 2, 3, 7], [0, -2, -3, -7]), \
+            f"compact([0, 2, 3, 7]), layer {layer}: expected keys [0, 2, 3, 7] and values [0, -2, -3, -7], got {k}, {v}"
 
 
 @torch.no_grad()
@@ -108,12 +115,14 @@ def test_tree_steps_then_compaction_equal_recomputation():
         path = ancestors[rng.randrange(len(parents))]
         cache.compact(list(range(P)) + [P + node for node in path])
         text = text + [tokens[node] for node in path]
-        assert cache.length == len(text)
+        assert cache.length == len(text), f"tree step {step}, kept path {path}: expected length {len(text)}, got {cache.length}"
         fresh = model.new_cache()
         model(torch.tensor([text]), cache=fresh)
         L = len(text)
-        assert torch.allclose(cache.k[..., :L, :], fresh.k[..., :L, :], atol=TOL)
-        assert torch.allclose(cache.v[..., :L, :], fresh.v[..., :L, :], atol=TOL)
+        for name, mine, ref in (("keys", cache.k, fresh.k), ("values", cache.v, fresh.v)):
+            off = (mine[..., :L, :] - ref[..., :L, :]).abs().max().item()
+            assert off <= TOL, (f"tree step {step}, compact to the prefix + path {path}: the cache's {name} differ "
+                                f"from a fresh forward over the accepted text by {off:.3g}")
     nxt = random_ids(2, seed=99)
-    assert torch.allclose(model(torch.tensor([nxt]), cache=cache).logits[0], full_logits(model, text + nxt)[-2:],
-                          atol=TOL)
+    off = (model(torch.tensor([nxt]), cache=cache).logits[0] - full_logits(model, text + nxt)[-2:]).abs().max().item()
+    assert off <= TOL, f"after four tree steps, the next logits differ from a plain forward by {off:.3g}"

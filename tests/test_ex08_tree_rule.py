@@ -2,8 +2,9 @@
 tree methods call: `verify_tree_greedy` (y = the argmax at each node) and `verify_tree_descend` (y drawn from
 the target's law at each node). Literal greedy walks (a miss at the root, a full path plus the bonus, a
 duplicate sibling), what any walk must satisfy on random trees, and the sampled rule's law: exactly, by
-enumerating every draw, and statistically through verify_tree_descend.
-Run: python -m pytest -m ex8"""
+enumerating every draw, and statistically through verify_tree_descend. The law tests and the random-tree
+test are gates (nanospec/course/registry.py): if one fails the exercise scores zero.
+Run: python -m pytest -m ex8 -x"""
 import itertools
 import random
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from nanospec.verify import _descend, verify_tree_descend, verify_tree_greedy
+from teach import expect, expect_equal, expect_law
 from test_verify import empirical_law, tv, tv_bound
 
 pytestmark = pytest.mark.ex8
@@ -35,9 +37,11 @@ def logits_with_argmax(best, V=10):
     ([0, 5, 5, 3], [-1, 0, 0, 2], [5, 7, 3, 1], ([1], 7)),
     # only a root: one plain step
     ([6], [-1], [2], ([], 2)),
-])
+], ids=["docstring", "miss-at-root", "full-path-and-bonus", "duplicate-sibling", "root-only"])
 def test_greedy_literal(tokens, parents, best, expected):
-    assert verify_tree_greedy(logits_with_argmax(best), tokens, parents) == expected
+    got = verify_tree_greedy(logits_with_argmax(best), tokens, parents)
+    expect_equal(got, expected, f"verify_tree_greedy (your _descend with pick = argmax) on tokens {tokens}, "
+                                f"parents {parents}, argmax after each node {best}, as (path, y)")
 
 
 def random_tree(n, V, rng):
@@ -54,14 +58,19 @@ def test_greedy_walks_on_random_trees():
         tokens, parents = random_tree(rng.randrange(1, 10), V, rng)
         best = [rng.randrange(V) for _ in tokens]
         path, nxt = verify_tree_greedy(logits_with_argmax(best, V), tokens, parents)
-        assert all(type(n) is int for n in path) and type(nxt) is int
+        case = f"_descend on tokens {tokens}, parents {parents}, argmax after each node {best} gave {(path, nxt)}"
+        expect(isinstance(path, list) and all(type(n) is int for n in path) and type(nxt) is int,
+               f"{case}: the path must be a list of Python ints and y an int")
         prev = 0
         for node in path:
-            assert parents[node] == prev and tokens[node] == best[prev]
-            assert node == min(c for c in range(len(tokens)) if parents[c] == prev and tokens[c] == best[prev])
+            expect(parents[node] == prev and tokens[node] == best[prev],
+                   f"{case}: node {node} is not a child of {prev} holding the argmax {best[prev]} there")
+            first = min(c for c in range(len(tokens)) if parents[c] == prev and tokens[c] == best[prev])
+            expect(node == first, f"{case}: at node {prev} the first child holding {best[prev]} is {first}, not {node}")
             prev = node
-        assert nxt == best[prev]
-        assert all(tokens[c] != nxt for c in range(len(tokens)) if parents[c] == prev)
+        expect(nxt == best[prev], f"{case}: y must be the argmax {best[prev]} at the last entered node {prev}")
+        expect(all(tokens[c] != nxt for c in range(len(tokens)) if parents[c] == prev),
+               f"{case}: a child of the last node {prev} holds y = {nxt}: the walk stopped too early")
 
 
 # The sampled rule, on one small tree over 3 tokens: node 0 -> {1: token 0, 2: token 0 (a duplicate),
@@ -86,28 +95,46 @@ def point_mass_law():
 
 
 def test_sampled_law_by_enumerating_every_draw():
-    """Each node is visited at most once, so the walk can be fed one pre-drawn y per node. Enumerating all
-    3^5 assignments, weighted by their probabilities, gives the walk's exact law."""
+    """GATE. A lossless walk draws ONE y per node it visits (the draw that tests the children is the one it
+    emits), so it can be fed one pre-drawn y per node. Enumerating all 3^5 assignments, weighted by their
+    probabilities, gives the walk's exact law. A walk that asks pick() twice at a node (a fresh draw after a
+    mismatch, one draw per child) is caught here: that is what biases the output."""
     law = {}
     for ys in itertools.product(range(3), repeat=len(TOKENS)):
         weight = 1.0
         for node, y in enumerate(ys):
             weight *= P[node, y].item()
-        path, y = _descend(TOKENS, PARENTS, lambda node: ys[node])
+        asked = []
+
+        def pick(node):
+            asked.append(node)
+            return ys[node]
+
+        path, y = _descend(TOKENS, PARENTS, pick)
+        twice = sorted({n for n in asked if asked.count(n) > 1})
+        expect(not twice, f"_descend called pick() more than once at node {twice[0] if twice else 0} (calls: "
+                          f"{asked}): the y drawn at a node is both the test of its children and, if none holds "
+                          f"it, the emitted token; drawing again (after a mismatch, or per child) biases the law")
         key = (tuple(path), y)
+        expect(key in point_mass_law(), f"_descend returned {key} with draws {list(ys)} at nodes 0..4, which is "
+                                        f"not a (path, y) the rule can produce on tokens {TOKENS}, parents {PARENTS}")
         law[key] = law.get(key, 0.0) + weight
-    expected = point_mass_law()
-    assert set(k for k, v in law.items() if v > 0) == set(k for k, v in expected.items() if v > 0)
-    for key, prob in expected.items():
-        assert law.get(key, 0.0) == pytest.approx(prob, abs=1e-12), key
+    for key, prob in point_mass_law().items():
+        expect(abs(law.get(key, 0.0) - prob) < 1e-12, f"P(path, y = {key}) by enumeration: expected {prob:.6f}, "
+                                                        f"got {law.get(key, 0.0):.6f}")
 
 
 def test_sampled_law_through_verify_tree_descend():
     """8,000 seeded runs of verify_tree_descend; the law of (path, token) within tv_bound of the exact one."""
     g, n = torch.Generator().manual_seed(0), 8_000
     code = {outcome: i for i, outcome in enumerate(OUTCOMES)}
-    draws = torch.tensor([code[(tuple(path), y)] for path, y in
-                          (verify_tree_descend(P, TOKENS, PARENTS, g) for _ in range(n))])
+    outcomes = [(tuple(path), y) for path, y in (verify_tree_descend(P, TOKENS, PARENTS, g) for _ in range(n))]
+    wrong = [o for o in outcomes if o not in code]
+    expect(not wrong, f"verify_tree_descend returned {wrong[0] if wrong else 0}, not a (path, y) the rule can "
+                      f"produce on tokens {TOKENS}, parents {PARENTS}")
+    draws = torch.tensor([code[o] for o in outcomes])
     law = point_mass_law()
     exact = torch.tensor([law[o] for o in OUTCOMES], dtype=F64)
-    assert tv(empirical_law(draws, len(OUTCOMES)), exact) < tv_bound(len(OUTCOMES), n)
+    got = empirical_law(draws, len(OUTCOMES))
+    expect_law(tv(got, exact), tv_bound(len(OUTCOMES), n), "the law of (path, y) from verify_tree_descend (your "
+               "_descend with pick = a sample of p at the node)", got, exact)

@@ -62,7 +62,9 @@ def test_docstring_example():
     head, cache = ScriptedHead(DOCSTRING_Q), ScriptedCache(5)
     draft = head(None, torch.tensor([[0]]), None)  # the head's output at the root's slot
     tokens, parents = grow_tree(head, None, cache, 0, draft, depth=2, width=2, total_tokens=4)
-    assert (tokens, parents) == ([0, 1, 2, 3], [-1, 0, 0, 1])
+    assert (tokens, parents) == ([0, 1, 2, 3], [-1, 0, 0, 1]), \
+        f"grow_tree on the docstring's head (depth 2, width 2, 4 tokens): expected ([0, 1, 2, 3], [-1, 0, 0, 1]), " \
+        f"got {(tokens, parents)}"
 
 
 DEEP_Q = {0: [0, 0.6, 0.3, 0, 0, 0.1], 1: [0, 0, 0, 0.9, 0.06, 0.04], 2: [0, 0, 0, 0.5, 0.4, 0.1],
@@ -79,19 +81,26 @@ def test_a_deeper_tree_and_what_the_head_is_fed():
     head, cache = ScriptedHead(DEEP_Q), ScriptedCache(L)
     draft = head(None, torch.tensor([[0]]), None)
     tokens, parents = grow_tree(head, None, cache, 0, draft, depth=3, width=2, total_tokens=6)
-    assert (tokens, parents) == ([0, 1, 2, 3, 3, 0], [-1, 0, 0, 1, 2, 3])
+    assert (tokens, parents) == ([0, 1, 2, 3, 3, 0], [-1, 0, 0, 1, 2, 3]), \
+        f"grow_tree (depth 3, width 2, 6 tokens): expected ([0, 1, 2, 3, 3, 0], [-1, 0, 0, 1, 2, 3]), got {(tokens, parents)}"
+    assert len(head.calls) == 3, f"depth 3 takes exactly two head passes after the draft, got {len(head.calls) - 1}"
     first, second = head.calls[1:]  # call 0 made the draft above; depth 3 takes two passes
     prefix = [1] * L
     # pass 1: the depth-1 nodes x, self at position L + 1, each seeing the prefix and itself; both read the
     # root's feature (the draft's output: token 0)
-    assert first["tokens"] == [1, 2] and first["pos"] == [L + 1, L + 1]
-    assert first["mask"] == [prefix + [1, 0], prefix + [0, 1]]
-    assert first["features"] == [0, 0]
+    assert (first["tokens"], first["pos"]) == ([1, 2], [L + 1, L + 1]), \
+        f"head pass 1 must feed x, self at position {L + 1}, got tokens {first['tokens']} at {first['pos']}"
+    assert first["mask"] == [prefix + [1, 0], prefix + [0, 1]], \
+        f"head pass 1's mask (frontier_mask): each node sees the prefix and itself, got {first['mask']}"
+    assert first["features"] == [0, 0], f"head pass 1 must read the root's feature [0, 0], got {first['features']}"
     # pass 2: ")"|x and ")"|self at L + 2, each seeing the prefix, its parent (fed in pass 1) and itself, and
     # reading its parent's output feature (x's is 1, self's is 2)
-    assert second["tokens"] == [3, 3] and second["pos"] == [L + 2, L + 2]
-    assert second["mask"] == [prefix + [1, 0, 1, 0], prefix + [0, 1, 0, 1]]
-    assert second["features"] == [1, 2]
+    assert (second["tokens"], second["pos"]) == ([3, 3], [L + 2, L + 2]), \
+        f"head pass 2 must feed ')' under x and under self at {L + 2}, got {second['tokens']} at {second['pos']}"
+    assert second["mask"] == [prefix + [1, 0, 1, 0], prefix + [0, 1, 0, 1]], \
+        f"head pass 2's mask (frontier_mask): each node sees the prefix, its parent fed in pass 1, and itself, " \
+        f"got {second['mask']}"
+    assert second["features"] == [1, 2], f"head pass 2 must read its parents' features [1, 2], got {second['features']}"
 
 
 def test_the_cache_is_left_as_it_was():
@@ -99,18 +108,22 @@ def test_the_cache_is_left_as_it_was():
     head, cache = ScriptedHead(DEEP_Q), ScriptedCache(5)
     draft = head(None, torch.tensor([[0]]), None)
     grow_tree(head, None, cache, 0, draft, depth=3, width=2, total_tokens=6)
-    assert cache.length == 5 and cache.rollbacks == [5]
+    assert cache.length == 5 and cache.rollbacks == [5], \
+        f"grow_tree must roll the head's cache back to 5 once, got length {cache.length}, rollbacks {cache.rollbacks}"
 
 
 def test_depth_one_is_the_top_guesses_of_the_draft():
     """No head pass: the root's best `width` tokens, cut to total_tokens - 1 by score, in creation order."""
     head, cache = ScriptedHead({0: [0.1, 0.4, 0.3, 0.2]}), ScriptedCache(3)
     draft = head(None, torch.tensor([[0]]), None)
-    assert grow_tree(head, None, cache, 7, draft, depth=1, width=3, total_tokens=3) == ([7, 1, 2], [-1, 0, 0])
-    assert len(head.calls) == 1 and cache.length == 3
+    got = grow_tree(head, None, cache, 7, draft, depth=1, width=3, total_tokens=3)
+    assert got == ([7, 1, 2], [-1, 0, 0]), f"grow_tree depth 1, width 3, 3 tokens: expected ([7, 1, 2], [-1, 0, 0]), got {got}"
+    assert len(head.calls) == 1 and cache.length == 3, "depth 1 needs no head pass and leaves the cache as it was"
     # no room for a guess, or no depth: the root alone
-    assert grow_tree(head, None, cache, 7, draft, depth=2, width=3, total_tokens=1) == ([7], [-1])
-    assert grow_tree(head, None, cache, 7, draft, depth=0, width=3, total_tokens=5) == ([7], [-1])
+    got = grow_tree(head, None, cache, 7, draft, depth=2, width=3, total_tokens=1)
+    assert got == ([7], [-1]), f"grow_tree with total_tokens=1 (no room for a guess): expected ([7], [-1]), got {got}"
+    got = grow_tree(head, None, cache, 7, draft, depth=0, width=3, total_tokens=5)
+    assert got == ([7], [-1]), f"grow_tree with depth 0: expected ([7], [-1]), got {got}"
 
 
 def test_ties_keep_the_older_node():
@@ -119,7 +132,8 @@ def test_ties_keep_the_older_node():
     head, cache = ScriptedHead({0: [0, 1.0, 0], 1: [0, 0, 1.0], 2: [1.0, 0, 0]}), ScriptedCache(4)
     draft = head(None, torch.tensor([[0]]), None)
     tokens, parents = grow_tree(head, None, cache, 0, draft, depth=3, width=1, total_tokens=3)
-    assert (tokens, parents) == ([0, 1, 2], [-1, 0, 1])
+    assert (tokens, parents) == ([0, 1, 2], [-1, 0, 1]), \
+        f"grow_tree with every score tied: the older nodes win, expected ([0, 1, 2], [-1, 0, 1]), got {(tokens, parents)}"
 
 
 class OneLayerCache(KVCache):
@@ -130,7 +144,7 @@ class OneLayerCache(KVCache):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("seed", range(2), ids=lambda s: f"seed-{s}")
 def test_random_head_grows_the_slow_oracles_tree(seed):
     """A random EAGLE head on a random tiny GPT: the batched, masked passes must grow exactly the tree that
     tests/test_eagle.py's slow_tree grows one plain forward per node (no cache, no mask)."""
@@ -142,7 +156,10 @@ def test_random_head_grows_the_slow_oracles_tree(seed):
     draft = head(target, tensor(seq[1:], "cpu"), features[None], cache=cache)
     for depth, width, total in [(2, 3, 6), (3, 2, 7), (4, 3, 40)]:
         got = grow_tree(head, target, cache, seq[-1], draft, depth, width, total)
-        assert cache.length == len(seq) - 1
-        assert got == slow_tree(head, target, seq[1:], features, seq[-1], depth, width, total)
+        case = f"grow_tree(depth={depth}, width={width}, total_tokens={total}) with a random head"
+        assert cache.length == len(seq) - 1, f"{case}: the head's cache must be back at {len(seq) - 1}, got {cache.length}"
+        want = slow_tree(head, target, seq[1:], features, seq[-1], depth, width, total)
+        assert got == want, f"{case}: expected the slow oracle's tree {want}, got {got}"
         tokens, parents = got
-        assert len(tokens) == min(total, width + (depth - 1) * width * width + 1)
+        size = min(total, width + (depth - 1) * width * width + 1)
+        assert len(tokens) == size, f"{case}: expected {size} nodes, got {len(tokens)}"

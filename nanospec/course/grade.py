@@ -9,7 +9,10 @@ One pytest run, in a subprocess, over the exercises' test files, selected by the
 writes JUnit XML, where every test case names its exercise (tests/conftest.py). An exercise scores its points
 times the share of its tests that passed. Before scoring, every exercise must have run exactly the number of
 tests the registry gives it: a misspelt marker, a lost test or an empty selection is an error (exit status 2),
-never full marks. A test file that cannot even be imported (say, a syntax error in the student's code) scores
+never full marks. The tests the registry names as an exercise's `gates` prove a law (an exact enumeration, a
+statistical bound): if one of them fails, the exercise scores zero, whatever its other tests say. Each failure is
+reported with its test's own message (what was expected, what came), and the table ends with the command that
+shows everything (`python -m pytest -m exN -x`). A test file that cannot even be imported (say, a syntax error in the student's code) scores
 0 with the error shown. If the run outlives --timeout (an endless loop), each exercise is run alone, so one
 hang costs only its own points. Nothing is timed: a score never depends on the machine.
 
@@ -40,7 +43,7 @@ class Case:
     name: str  # test_docstring_example, or the module for a collection error
     exercise: int  # from the test's marker; None for a collection error
     outcome: str  # passed, failed, error, skipped
-    message: str = ""  # first line of the failure: "NotImplementedError: exercise 3: implement ..."
+    message: str = ""  # the failure's message: "residual row 0 (...): expected [0.5, 0.5, 0.0], got [nan, ...]"
     detail: str = ""  # the report's full text (for a collection error: the traceback)
 
 
@@ -67,11 +70,34 @@ def read_junit(path):
             el = tc.find(tag)
             if el is not None:
                 outcome, detail = label, (el.text or "").strip()
-                message = ((el.get("message") or detail).strip().splitlines() or [label])[0]
+                message = failure_message(el.get("message") or detail) or label
                 break
         cases.append(Case(module.replace(".", "/") + ".py", name if classname else module,
                           int(props["exercise"]) if "exercise" in props else None, outcome, message, detail))
     return cases
+
+
+def failure_message(text, limit=600):
+    """The words of a failure, without pytest's decoration: 'AssertionError: residual row 0 ...: expected ...'
+    -> 'residual row 0 ...: expected ...'. Lines from pytest's own introspection ('assert ...', 'where ...') and
+    the traceback are dropped; what is left is joined on one line and cut at `limit` characters."""
+    kept = []
+    for line in text.strip().splitlines():
+        stripped = line.strip()
+        if stripped.startswith(("assert ", "+ ", "- ", "where ", "and ", "E ", "Traceback", "File ")) or not stripped:
+            if kept:
+                break
+            continue
+        kept.append(stripped)
+    words = " ".join(kept)
+    for prefix in ("AssertionError: ", "builtins.AssertionError: "):
+        words = words[len(prefix):] if words.startswith(prefix) else words
+    return words if len(words) <= limit else words[:limit - 3] + "..."
+
+
+def test_name(case):
+    """'test_the_output_law_is_p_exactly[V=2]' -> 'test_the_output_law_is_p_exactly' (what the registry's gates name)."""
+    return case.name.split("[", 1)[0]
 
 
 def run_tests(root, exercises, junit, timeout):
@@ -128,7 +154,20 @@ def score(exercises, cases, timed_out=(), root="."):
                            f"expects {ex.tests}: fix the marker or nanospec/course/registry.py")
             r.passed = 0
             continue
-        r.score = round(ex.points * r.passed / ex.tests, 2)
+        names = {test_name(c) for c in mine}
+        missing = [g for g in ex.gates if g not in names]
+        if missing:
+            r.status = "registry mismatch"
+            r.notes.append(f"the registry names {', '.join(missing)} as a gate of {ex.marker} but no such test ran "
+                           f"in {ex.test_file}: fix nanospec/course/registry.py")
+            r.passed = 0
+            continue
+        failed_gates = sorted({test_name(c) for c in mine if c.outcome != "passed" and test_name(c) in ex.gates})
+        r.score = 0.0 if failed_gates else round(ex.points * r.passed / ex.tests, 2)
+        if failed_gates:
+            r.status = "law failed"
+            r.notes.append(f"0 points: {', '.join(failed_gates)} {'proves a law' if len(failed_gates) == 1 else 'prove laws'} "
+                           f"your code must keep, and failed; a law test gates the exercise, whatever the others say")
         by_message = {}  # one line per distinct failure, with the tests that hit it
         for c in mine:
             if c.outcome != "passed":
@@ -179,6 +218,7 @@ def table(results, root):
             lines += [f"  {note}" for note in r.notes[:8]]
             if len(r.notes) > 8:
                 lines.append(f"  ... and {len(r.notes) - 8} more")
+            lines.append(f"  to see everything: python -m pytest -m {r.exercise.marker} -x")
     return "\n".join(lines)
 
 
@@ -190,8 +230,9 @@ def gradescope(results, text, seconds):
         if ex.manual:
             continue
         summary = f"{r.passed} of {ex.tests} tests passed" + ("" if r.status == "ok" else f" ({r.status})")
+        hint = [f"to see everything: python -m pytest -m {ex.marker} -x"] if r.notes else []
         tests.append({"name": f"Exercise {ex.id}: {ex.title}", "number": str(ex.id), "score": r.score,
-                      "max_score": ex.points, "output": "\n".join([summary] + r.notes), "visibility": "visible"})
+                      "max_score": ex.points, "output": "\n".join([summary] + r.notes + hint), "visibility": "visible"})
     return {"score": round(sum(t["score"] for t in tests), 2), "execution_time": round(seconds, 1),
             "output": text, "tests": tests}
 
@@ -213,7 +254,7 @@ def install_tests(root):
     if os.path.realpath(ours) == os.path.realpath(theirs):
         return
     shutil.rmtree(theirs, ignore_errors=True)
-    shutil.copytree(ours, theirs, ignore=shutil.ignore_patterns("__pycache__", "test_course.py"))
+    shutil.copytree(ours, theirs, ignore=shutil.ignore_patterns("__pycache__", "test_course*.py"))
 
 
 def main(argv=None):

@@ -15,7 +15,11 @@ A solution is marked once in the source, by a comment pair inside the function's
 
 How it works, and what it checks:
   - the copy holds the files git tracks (plus new files git does not ignore): so no .git, no bytecode, no
-    out/ or data/*.txt; and not the instructor's own tests (INSTRUCTOR_ONLY);
+    out/ or data/*.txt; and not the instructor's own tests (tests/test_course*.py), nor the `reference` files of
+    a blanked exercise (the course's working copy that later exercises' tests use in its place);
+  - README.md and EXERCISES.md are rewritten for the students: EXERCISES.md keeps only the handed-out
+    exercises (their order, points, how to grade them locally), README.md's section for instructors gives way
+    to one for students (`student_docs`);
   - each Python file is parsed (`ast`) to find its functions and their lines; comments are not in the syntax
     tree, so the markers are found with `tokenize`, and each pair must sit in the body of the function the
     registry names, after its docstring, at the body's indentation, around whole statements;
@@ -24,10 +28,16 @@ How it works, and what it checks:
   - then every rewritten Python file must parse, every stub must keep its function's signature and docstring,
     and no line or comment of a removed body may appear anywhere in the copy (`find_leaks`).
 Any failure is a one-line error and nothing is left half-written at --out.
+
+Regeneration never destroys work: --out must be missing, empty, or an earlier handout (its handout.json lists
+the files it wrote, with their hashes). Over an earlier handout only those files are rewritten or removed;
+.git and every file the generator did not write stay as they are, and a generated file changed since (a
+student's solution) stops the run with a one-line error unless --overwrite says to replace it.
 """
 import argparse
 import ast
 import datetime
+import hashlib
 import io
 import json
 import os
@@ -43,7 +53,7 @@ from dataclasses import dataclass
 from nanospec.course.registry import EXERCISES, VERSION, parse_selection
 
 MARKER = re.compile(r"#\s*(BEGIN|END) SOLUTION ex(\d+)\s*$")
-INSTRUCTOR_ONLY = ("tests/test_course.py",)  # proves the handout's teeth on the full source; useless without it
+INSTRUCTOR_ONLY = re.compile(r"tests/test_course[^/]*\.py")  # the kit's own tests: they need the full source
 STAMP = "handout.json"  # written at the copy's root: version, exercises, source commit (the grader reads it)
 MIN_FRAGMENT = 16  # shorter pieces of a removed body (`n = 0`, `return path`) say nothing about it
 
@@ -215,7 +225,7 @@ def source_files(root):
         raise HandoutError(f"{root} is not a git checkout: the handout copies the files git tracks, so that "
                            f"nothing generated or ignored (out/, caches) goes to students") from None
     files = sorted({f for f in out.decode().split("\0") if f})
-    return [f for f in files if os.path.isfile(os.path.join(root, f)) and f not in INSTRUCTOR_ONLY]
+    return [f for f in files if os.path.isfile(os.path.join(root, f)) and not INSTRUCTOR_ONLY.fullmatch(f)]
 
 
 def blank(text, regions, chosen):
@@ -315,18 +325,159 @@ def git_commit(root):
         return None
 
 
-def make_handout(root, out, exercises):
+def sections(text):
+    """Markdown -> [(title or None, lines)]: the text before the first '## ' heading, then one per heading."""
+    out = [(None, [])]
+    for line in text.splitlines():
+        if line.startswith("## "):
+            out.append((line[3:].strip(), []))
+        out[-1][1].append(line)
+    return out
+
+
+def keep_line(line, chosen):
+    """EXERCISES.md's handout marks: a line ending in `<!-- ex11 -->` stays only where exercise 11 is handed
+    out, one ending in `<!-- instructor -->` never goes to students; the mark itself is dropped."""
+    m = re.search(r"\s*<!--\s*(ex(\d+)|instructor)\s*-->\s*$", line)
+    if m is None:
+        return line
+    if m.group(2) is not None and int(m.group(2)) in chosen:
+        return line[:m.start()]
+    return None
+
+
+def student_exercises(text, exercises):
+    """EXERCISES.md for a handout: only its exercises, their order and points, how to grade them; the
+    methods table says what each method still needs in THIS copy; no changelog."""
+    chosen = {ex.id for ex in exercises}
+    auto = [ex for ex in exercises if not ex.manual]
+    names = ", ".join(str(ex.id) for ex in exercises)
+    lines = ["# nanospec exercises", "",
+             f"This handout holds {len(exercises)} exercise{'s' * (len(exercises) != 1)} ({names}), in the order "
+             f"below: {sum(ex.tests for ex in auto)} graded tests for {sum(ex.points for ex in auto)} points"
+             + (f", and {sum(ex.points for ex in exercises if ex.manual)} points graded by hand"
+                if any(ex.manual for ex in exercises) else "")
+             + f". Course version **{VERSION}** (`handout.json` in your copy says which version and exercises you "
+               f"have). Every other function of nanospec is complete.", ""]
+    for title, body in sections(text)[1:]:
+        m = re.match(r"(\d+)\.", title)
+        if m and int(m.group(1)) not in chosen or title.lower().startswith("changelog"):
+            continue
+        table = None
+        for line in body:
+            line = keep_line(line, chosen)
+            if line is None:
+                continue
+            if line.startswith("| # |"):
+                table = "exercises"
+            elif line.startswith("| method |"):
+                table = "methods"
+            elif not line.startswith("|"):
+                table = None
+            row = re.match(r"\| (\d+) \|", line)
+            if table == "exercises" and row and int(row.group(1)) not in chosen:
+                continue
+            if table == "methods" and line.startswith("| `"):
+                cells = line.split("|")
+                needs = [n for n in re.findall(r"\d+", cells[2]) if int(n) in chosen]
+                rest = re.sub(r"[\d,\s]+", "", cells[2]).strip()  # "nothing: it runs in any handout"
+                cells[2] = f" {', '.join(needs) if needs else 'nothing left to write'} " if not rest or needs \
+                    else cells[2]
+                line = "|".join(cells)
+            lines.append(line)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def student_readme(text, exercises, files):
+    """README.md for a handout: the section for instructors (handouts, the kit's own tests, where the course's
+    sources live) gives way to one for students; lines naming a file the handout lacks go."""
+    ids = ", ".join(str(ex.id) for ex in exercises)
+    student = [
+        "## Your exercises", "",
+        f"This copy of nanospec is a handout of the course in [EXERCISES.md](EXERCISES.md): exercise"
+        f"{'s' * (len(exercises) != 1)} {ids}, whose functions' bodies are replaced by a `raise NotImplementedError`"
+        f" that names the exercise. EXERCISES.md says, for each, what to write and how it is graded. Grade your "
+        f"work locally with `make grade` (all your exercises) or `make grade EX=3` (one); the table ends with the "
+        f"command that shows every failing test in full, `python -m pytest -m ex3 -x`. A law test (an exact "
+        f"enumeration, a sampled law) gates its exercise: while it fails, the exercise scores zero.", ""]
+    present = set(files)
+    out = []
+    for title, body in sections(text):
+        if title is not None and title.lower().startswith("exercises"):
+            out += student
+            continue
+        for line in body:
+            paths = re.findall(r"(?:tests|nanospec|scripts)/[\w./-]+\.py", line)
+            if any(p not in present for p in paths):
+                continue
+            line = re.sub(r"(twelve|thirteen) (graded )?exercises", "the exercises of this handout", line)
+            out.append(line.replace('"Exercises and handouts"', '"Your exercises"').replace(", changelog", ""))
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def student_docs(root, exercises, files):
+    """{relative path: text} of the documents rewritten for students (those the project has)."""
+    docs = {}
+    for rel, make in (("EXERCISES.md", lambda t: student_exercises(t, exercises)),
+                      ("README.md", lambda t: student_readme(t, exercises, files))):
+        if rel in files:
+            with open(os.path.join(root, rel), encoding="utf-8") as f:
+                docs[rel] = make(f.read())
+    return docs
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def earlier_handout(out):
+    """What an earlier handout at `out` wrote ({relative path: sha256}), {} if out is missing or empty; a
+    HandoutError if out holds anything else (it is not ours to replace)."""
+    if not os.path.exists(out):
+        return {}
+    if not os.path.isdir(out):
+        raise HandoutError(f"--out {out} is a file: choose a folder")
+    if not os.listdir(out):
+        return {}
+    stamp = os.path.join(out, STAMP)
+    if not os.path.exists(stamp):
+        raise HandoutError(f"--out {out} is not empty and not an earlier handout (no {STAMP}): choose an empty or "
+                           f"new folder; nothing was written")
+    try:
+        with open(stamp) as f:
+            generated = json.load(f)["generated"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise HandoutError(f"{stamp} does not list the files it wrote (made by an older kit, or edited): regenerate "
+                           f"into a new folder; nothing was written") from None
+    return dict(generated)
+
+
+def changed_since(out, generated):
+    """The generated files that were edited since (a solution, a note): [relative path]."""
+    return sorted(rel for rel, digest in generated.items()
+                  if os.path.isfile(os.path.join(out, rel)) and sha256(os.path.join(out, rel)) != digest)
+
+
+def make_handout(root, out, exercises, overwrite=False):
     """Write the handout of `exercises` (registry entries) from the project at root to out. Returns what
-    handout.json holds (version, exercises, blanked [path, function] pairs, source commit, date), plus "files"
-    (how many were written) and "secret_fragments" (the removed pieces searched for in the copy)."""
+    handout.json holds (version, exercises, blanked [path, function] pairs, source commit, date, the generated
+    files with their sha256), plus "files" (how many were written), "secret_fragments" (the removed pieces
+    searched for in the copy), "removed" (earlier generated files no longer generated) and "kept" (files at out
+    the generator did not write, .git included, left as they were)."""
     root, out = os.path.abspath(root), os.path.abspath(out)
     if out == root or out.startswith(root + os.sep):
         raise HandoutError(f"--out {out} is inside the project: choose a folder outside it, e.g. ../handout")
-    if os.path.exists(out) and os.listdir(out) and not os.path.exists(os.path.join(out, STAMP)):
-        raise HandoutError(f"--out {out} exists and is not an earlier handout: remove it or choose another folder")
     if os.path.exists(os.path.join(root, STAMP)):
         raise HandoutError(f"{root} is itself a handout ({STAMP}): make handouts from the full source")
-    files = source_files(root)
+    before = earlier_handout(out)
+    edited = changed_since(out, before)
+    if edited and not overwrite:
+        raise HandoutError(f"{len(edited)} generated file(s) in {out} changed since the last handout (first: "
+                           f"{edited[0]}): commit or copy them, then pass --overwrite; nothing was written")
+    chosen = {ex.id for ex in exercises if not ex.manual}
+    withheld = {f for ex in EXERCISES if ex.id in chosen for f in ex.reference}  # working copies of blanked ones
+    files = [f for f in source_files(root) if f not in withheld]
     texts, regions = {}, []
     for rel in files:
         if rel.endswith(".py"):
@@ -334,13 +485,18 @@ def make_handout(root, out, exercises):
                 texts[rel] = f.read()
             regions += find_regions(texts[rel], rel)
     check_registry(regions)
-    chosen = {ex.id for ex in exercises if not ex.manual}
+    docs = student_docs(root, exercises, files)
 
-    staging = tempfile.mkdtemp(prefix=".handout-", dir=os.path.dirname(out))  # renamed to out when all checks pass
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".handout-", dir=os.path.dirname(out))  # moved to out when all checks pass
     try:
         for rel in files:
             dest = os.path.join(staging, rel)
             os.makedirs(os.path.dirname(dest), exist_ok=True)
+            if rel in docs:
+                with open(dest, "w", encoding="utf-8") as f:
+                    f.write(docs[rel])
+                continue
             if rel not in texts:
                 shutil.copy2(os.path.join(root, rel), dest)
                 continue
@@ -365,40 +521,77 @@ def make_handout(root, out, exercises):
             frag, where = leaks[0]
             raise HandoutError(f"{where} holds {frag!r} from a removed solution ({len(leaks)} such leaks): "
                                f"reword it there, or it gives the answer away")
+        generated = {rel: sha256(os.path.join(staging, rel)) for rel in files}
         summary = {"version": VERSION, "exercises": sorted(chosen),
                    "blanked": [[r.path, r.function] for r in regions if r.exercise in chosen],
                    "source_commit": git_commit(root),
-                   "made": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+                   "made": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                   "generated": generated}
         with open(os.path.join(staging, STAMP), "w") as f:
             json.dump(summary, f, indent=1)
             f.write("\n")
-        if os.path.exists(out):
-            shutil.rmtree(out)
-        os.rename(staging, out)
-    except BaseException:
+        gone, kept = install(staging, out, files, before)
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return {**summary, "files": len(files) + 1, "secret_fragments": secret}
+    return {**summary, "files": len(files) + 1, "secret_fragments": secret, "removed": gone, "kept": kept,
+            "updated": bool(before)}
+
+
+def install(staging, out, files, before):
+    """Move the checked copy from staging into out: every generated file (and handout.json) replaces its
+    earlier version, earlier generated files no longer generated are removed (and folders they leave empty),
+    nothing else at out is touched. Returns (removed paths, number of files kept that the generator did not
+    write)."""
+    if not os.path.exists(out) or not os.listdir(out):
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        if os.path.exists(out):
+            os.rmdir(out)
+        os.rename(staging, out)  # a new handout: one rename, nothing half-written
+        return [], 0
+    for rel in files + [STAMP]:
+        dest = os.path.join(out, rel)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        os.replace(os.path.join(staging, rel), dest)
+    gone = sorted(set(before) - set(files))
+    for rel in gone:
+        path = os.path.join(out, rel)
+        if os.path.isfile(path):
+            os.remove(path)
+        folder = os.path.dirname(path)
+        while folder != out and os.path.isdir(folder) and not os.listdir(folder):
+            os.rmdir(folder)
+            folder = os.path.dirname(folder)
+    ours = set(files) | {STAMP}
+    kept = 0
+    for dirpath, dirnames, names in os.walk(out):
+        if os.path.relpath(dirpath, out) == ".":
+            kept += ".git" in dirnames  # the repository counts once; its insides are not ours to walk
+            dirnames[:] = [d for d in dirnames if d != ".git"]
+        kept += sum(os.path.relpath(os.path.join(dirpath, n), out).replace(os.sep, "/") not in ours for n in names)
+    return gone, kept
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="Write a copy of nanospec with the chosen exercises' functions blanked.")
     p.add_argument("--ex", default="all", help="exercises to blank: 3,4 or 1-4 or all (default all)")
-    p.add_argument("--out", required=True, help="the folder to write, outside this project (replaced if it is "
-                                                "an earlier handout)")
+    p.add_argument("--out", required=True, help="the folder to write, outside this project: new, empty, or an "
+                                                "earlier handout (only the files it wrote are replaced)")
     p.add_argument("--root", default=".", help="the project to copy (default: the current folder)")
+    p.add_argument("--overwrite", action="store_true", help="over an earlier handout, also replace the generated "
+                                                            "files that were edited since (a student's work)")
     args = p.parse_args(argv)
     try:
         exercises = parse_selection(args.ex)
-        summary = make_handout(args.root, args.out, exercises)
-    except (HandoutError, ValueError) as e:
+        summary = make_handout(args.root, args.out, exercises, overwrite=args.overwrite)
+    except (HandoutError, ValueError, OSError) as e:
         sys.exit(f"error: {e}")
-    print(f"handout v{summary['version']} written to {args.out}: {summary['files']} files, "
-          f"exercises {','.join(map(str, summary['exercises'])) or 'none'} blanked")
-    for path, fn in summary["blanked"]:
-        print(f"  {path}: {fn}")
-    print(f"checked: every rewritten file parses, every stub keeps its signature and docstring, and none of the "
-          f"{len(summary['secret_fragments'])} lines of the removed bodies appears in the copy")
+    done = "updated in" if summary["updated"] else "written to"
+    print(f"handout v{summary['version']} {done} {args.out}: {summary['files']} files, "
+          f"exercises {','.join(map(str, summary['exercises'])) or 'none'} blanked"
+          + (f"; {len(summary['removed'])} earlier generated files removed" if summary["removed"] else "")
+          + (f"; {summary['kept']} files it did not write (.git included) left as they were" if summary["kept"] else "")
+          + f"; checked: stubs keep signatures and docstrings, none of {len(summary['secret_fragments'])} removed "
+            f"lines is in the copy")
 
 
 if __name__ == "__main__":

@@ -12,11 +12,19 @@ An exercise without regions is an open one, graded by hand (the autograder lists
 The tests of an exercise never need another exercise's blanked code (tests/test_course.py proves it on a
 handout with every exercise blanked), so `prerequisites` is reading order, not a grading dependency.
 
+`gates` are the tests that prove a law (an exact enumeration, a statistical bound) or, for a deterministic
+function, pin its rules (the docstring's examples, each rule EXERCISES.md names, the comparison with a slow
+oracle): if one of them fails, the exercise scores zero automatic points whatever its other tests say, since a
+sampler with the wrong law, or a mask that lets a node see a cousin, is wrong however many cases it gets right. `reference` files hold a working copy of the exercise that
+later exercises' tests use in its place (so exercise 4 is graded alone); a handout that blanks the exercise
+leaves them out, and the grader of the full project brings them back (tests/test_course_teeth.py proves that no
+function anywhere in a handout passes a blanked exercise).
+
 Bump VERSION and add a line to EXERCISES.md's changelog whenever an exercise, its tests or its points change.
 """
 from dataclasses import dataclass
 
-VERSION = "1.0"
+VERSION = "1.1"
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,8 @@ class Exercise:
     tests: int  # how many tests the marker must select in test_file
     points: int
     prerequisites: tuple = ()  # exercises to read and do first
+    gates: tuple = ()  # test functions (in test_file) that prove a law: one fails -> zero points
+    reference: tuple = ()  # files with a working copy of this exercise, left out of handouts that blank it
 
     @property
     def marker(self):
@@ -41,41 +51,61 @@ class Exercise:
 EXERCISES = (
     Exercise(1, "Prompt lookup: find the draft in the context",
              (("nanospec/decoding/prompt_lookup.py", "lookup"),),
-             "tests/test_ex01_prompt_lookup.py", 10, 5),
+             "tests/test_ex01_prompt_lookup.py", 10, 5,
+             gates=("test_lookup_literal", "test_every_answer_is_a_copy_of_an_earlier_continuation")),
     Exercise(2, "Greedy verification of a chain of guesses",
              (("nanospec/verify.py", "verify_chain_greedy"),),
-             "tests/test_ex02_greedy_chain.py", 9, 5, (1,)),
+             "tests/test_ex02_greedy_chain.py", 9, 5, (1,),
+             gates=("test_literal", "test_docstring_example", "test_ties_go_to_the_first_maximum", "test_random_chains")),
     Exercise(3, "accept_prob and residual: one step that keeps the target's law",
              (("nanospec/verify.py", "accept_prob"), ("nanospec/verify.py", "residual")),
-             "tests/test_ex03_accept_residual.py", 8, 8, (2,)),
+             "tests/test_ex03_accept_residual.py", 11, 8, (2,),
+             gates=("test_the_output_law_is_p_exactly", "test_zero_mass_is_decided_row_by_row",
+                    "test_the_output_law_is_p_when_sampled"),
+             reference=("tests/reference_ex03.py",)),
     Exercise(4, "The chain rule and its bonus token",
              (("nanospec/verify.py", "verify_chain_batched"),),
-             "tests/test_ex04_chain_rule.py", 10, 10, (2, 3)),
+             "tests/test_ex04_chain_rule.py", 10, 10, (2, 3),
+             gates=("test_no_guesses_is_a_plain_sample_of_p", "test_a_rejection_draws_from_the_residual",
+                    "test_all_accepted_then_the_bonus_follows_p_not_q", "test_accepted_count_is_truncated_geometric",
+                    "test_generated_sequences_follow_the_target_law")),
     Exercise(5, "The KV cache: rollback and compaction",
              (("nanospec/model.py", "KVCache.rollback"), ("nanospec/model.py", "KVCache.compact")),
-             "tests/test_ex05_kv_cache.py", 8, 8, (4,)),
+             "tests/test_ex05_kv_cache.py", 8, 8, (4,),
+             gates=("test_rollback_when_the_lower_layers_ran_ahead", "test_compact_docstring_example", "test_chain_step_then_rollback_equals_recomputation", "test_tree_steps_then_compaction_equal_recomputation")),
     Exercise(6, "Tree attention: the mask and the position ids",
              (("nanospec/tree.py", "tree_mask"), ("nanospec/tree.py", "tree_positions")),
-             "tests/test_ex06_tree_mask.py", 8, 8, (5,)),
+             "tests/test_ex06_tree_mask.py", 8, 8, (5,),
+             gates=("test_docstring_example", "test_random_trees_agree_with_their_paths", "test_tree_forward_equals_a_plain_forward_along_each_path")),
     Exercise(7, "Medusa's tree from the heads' top-k",
              (("nanospec/tree.py", "tree_from_paths"), ("nanospec/tree.py", "medusa_tree")),
-             "tests/test_ex07_medusa_tree.py", 9, 8, (6,)),
+             "tests/test_ex07_medusa_tree.py", 9, 8, (6,),
+             gates=("test_docstring_example", "test_nodes_by_depth_then_rank_and_duplicates_merged", "test_medusa_tree_docstring_example", "test_the_heads_fill_medusas_presets")),
     Exercise(8, "The tree rule: sample and descend",
              (("nanospec/verify.py", "_descend"),),
-             "tests/test_ex08_tree_rule.py", 8, 10, (4, 7)),
+             "tests/test_ex08_tree_rule.py", 8, 10, (4, 7),
+             gates=("test_sampled_law_by_enumerating_every_draw", "test_sampled_law_through_verify_tree_descend",
+                    "test_greedy_walks_on_random_trees")),
     Exercise(9, "EAGLE's dynamic tree, grown by confidence",
              (("nanospec/decoding/eagle.py", "grow_tree"), ("nanospec/decoding/eagle.py", "expand"),
               ("nanospec/tree.py", "frontier_mask")),
-             "tests/test_ex09_eagle_tree.py", 7, 12, (6, 8)),
+             "tests/test_ex09_eagle_tree.py", 7, 12, (6, 8),
+             gates=("test_a_deeper_tree_and_what_the_head_is_fed", "test_random_head_grows_the_slow_oracles_tree")),
     Exercise(10, "Lookahead: the Jacobi window and the n-gram pool in one tree",
              (("nanospec/decoding/lookahead.py", "remember"), ("nanospec/decoding/lookahead.py", "learn"),
               ("nanospec/decoding/lookahead.py", "build_tree")),
-             "tests/test_ex10_lookahead.py", 8, 10, (6, 8)),
+             "tests/test_ex10_lookahead.py", 8, 10, (6, 8),
+             gates=("test_remember_keeps_the_newest_few_per_key", "test_learn_docstring_example", "test_build_tree_docstring_example", "test_every_window_node_sees_its_jacobi_trajectory")),
     Exercise(11, "ParallelSpec: the group-wise training mask",
              (("nanospec/drafters/parallelspec.py", "group_layout"),),
-             "tests/test_ex11_parallelspec_mask.py", 7, 8, (6,)),
+             "tests/test_ex11_parallelspec_mask.py", 7, 8, (6,),
+             gates=("test_docstring_example", "test_a_group_does_not_see_the_text_after_its_anchor", "test_packed_training_logits_equal_inference_logits")),
     Exercise(12, "Open design: a drafter of your own, judged with make bench",
              (), None, 0, 8, (4, 8)),
+    Exercise(13, "Recursive rejection over children drawn without replacement",
+             (("nanospec/verify.py", "without_replacement_proposals"),),
+             "tests/test_ex13_without_replacement.py", 7, 10, (3, 8),
+             gates=("test_the_node_law_is_p_by_enumeration", "test_a_drawn_tree_keeps_the_law_when_sampled")),
 )
 
 BY_ID = {ex.id: ex for ex in EXERCISES}
@@ -90,9 +120,12 @@ def parse_selection(text):
         part = part.strip()
         try:
             lo, _, hi = part.partition("-")
-            ids.update(range(int(lo), int(hi or lo) + 1))
+            lo, hi = int(lo), int(hi or lo)
         except ValueError:
             raise ValueError(f"bad exercise list {text!r}: use ids like 3,4 or 1-4 or all") from None
+        if hi < lo:
+            raise ValueError(f"bad exercise range {part!r} in {text!r}: write it low to high, {hi}-{lo}")
+        ids.update(range(lo, hi + 1))
     unknown = sorted(ids - set(BY_ID))
     if unknown:
         raise ValueError(f"no exercise {', '.join(map(str, unknown))}: the exercises are 1..{len(EXERCISES)}")

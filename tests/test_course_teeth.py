@@ -1,0 +1,864 @@
+"""
+The course kit's teeth, part two: wrong answers earn nothing, right ones earn everything, and handouts never
+destroy work. Instructor-only: handouts leave this file out (tests/test_course*.py).
+
+  - A gallery of plausible wrong answers, at least three per auto-graded exercise: the ones issue 22 found
+    keeping points (exercise 3's `residual = p` and a zero-mass check over the whole batch; exercise 8's fresh
+    draw after a mismatch and a rejected child's mass not removed), the ones EXERCISES.md warns about, and the
+    classic slips of each deterministic exercise. Each is put in place of the reference and must fail a gate,
+    so the grader's own `score` gives it 0 points.
+    Correct answers written in other words must score full marks.
+  - The grader's gate rule and its messages, on a literal report.
+  - `make handout` over an earlier handout that is a git repository with the student's own files keeps both;
+    a folder that is not a handout is refused, and so is a generated file edited since, unless --overwrite.
+  - The handout's documents speak only of its exercises.
+
+Everything runs in this process: a wrong answer is installed by pointing the reference function at it (its
+code object is swapped for a one-line call, so every module that imported the function sees the answer), and
+the exercise's graded tests are called directly, gates first, stopping at the first failing gate. No pytest
+subprocess, no handout per answer: the file takes a few seconds.
+"""
+import ast
+import functools
+import importlib
+import inspect
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from nanospec.course import grade, handout
+from nanospec.course.handout import HandoutError, make_handout
+from nanospec.course.registry import BY_ID, EXERCISES, parse_selection
+
+ROOT = Path(__file__).resolve().parents[1]
+HOOK = "__course_teeth_answer__"  # the global name the swapped-in code calls
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Installing an answer in place of a reference function, and running an exercise's tests in this process
+
+
+def reference_function(path, qualname):
+    """The live function object of a registry region: ("nanospec/model.py", "KVCache.rollback") -> function."""
+    module = importlib.import_module(path[:-3].replace("/", "."))
+    obj = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return module, obj
+
+
+@contextmanager
+def installed(path, qualname, answer):
+    """Every call of the reference function runs `answer` instead, for the duration of the block."""
+    module, fn = reference_function(path, qualname)
+    saved = fn.__code__
+    namespace = {}
+    exec(f"def trampoline(*args, **kwargs):\n    return {HOOK}(*args, **kwargs)\n", namespace)
+    module.__dict__[HOOK] = answer
+    fn.__code__ = namespace["trampoline"].__code__
+    try:
+        yield
+    finally:
+        fn.__code__ = saved
+        module.__dict__.pop(HOOK, None)
+
+
+def compile_answer(path, source, extra_globals=None):
+    """A function written as if it stood in `path` (the reference's module): source -> function object."""
+    module = importlib.import_module(path[:-3].replace("/", "."))
+    namespace = dict(module.__dict__)
+    namespace.update(extra_globals or {})
+    tree = ast.parse(textwrap.dedent(source))
+    exec(compile(tree, f"<answer for {path}>", "exec"), namespace)
+    return namespace[tree.body[-1].name]
+
+
+class Timeout(Exception):
+    pass
+
+
+@contextmanager
+def time_limit(seconds):
+    """A hung answer (an endless loop) fails instead of hanging the suite. Main thread only, as pytest runs."""
+    def on_alarm(signum, frame):
+        raise Timeout(f"no answer within {seconds} s")
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@functools.lru_cache(maxsize=None)
+def graded_items(ex):
+    """[(name with its case id, function, kwargs)] of exercise ex's graded tests, in file order, with their
+    parametrize cases expanded (the graded tests use no fixture but an autouse one, handled in run_items)."""
+    module = importlib.import_module(Path(ex.test_file).stem)
+    items = []
+    for name, fn in sorted(((n, f) for n, f in vars(module).items() if n.startswith("test_") and callable(f)),
+                           key=lambda nf: nf[1].__code__.co_firstlineno):
+        params = [m for m in getattr(fn, "pytestmark", []) if m.name == "parametrize"]
+        cases = [("", {})]
+        for mark in params:
+            names = mark.args[0] if not isinstance(mark.args[0], str) else \
+                [a.strip() for a in mark.args[0].split(",")]
+            ids = mark.kwargs.get("ids")
+            expanded = []
+            for i, values in enumerate(mark.args[1]):
+                values = values if len(names) > 1 else (values,)
+                label = ids[i] if isinstance(ids, (list, tuple)) else ids(values[0]) if callable(ids) else str(i)
+                expanded.append((label, dict(zip(names, values))))
+            cases = [(f"{a}-{b}".strip("-"), {**ka, **kb}) for (a, ka), (b, kb) in itertools.product(cases, expanded)]
+        items += [(f"{name}[{label}]" if label else name, fn, kwargs) for label, kwargs in cases]
+    return module, tuple(items)
+
+
+def run_items(ex, gates_only=False, stop_at_first_failure=False, seconds=20, gates_first=True):
+    """Run exercise ex's graded tests here: gates first (cheapest first, in the registry's order), then the
+    rest. Returns [grade.Case]; after a failing gate the others are reported 'skipped' (the gate alone decides
+    the score). The autouse fixture of exercises 4 and 13 (the course's copy of exercise 3) is applied."""
+    module, items = graded_items(ex)
+    items = list(items)
+    base = lambda name: name.split("[", 1)[0]  # noqa: E731
+    order = {g: i for i, g in enumerate(ex.gates)}
+    if gates_first:
+        items.sort(key=lambda it: order.get(base(it[0]), len(order)))
+    cases, stopped = [], False
+    mp = pytest.MonkeyPatch()
+    try:
+        if getattr(module, "slow_accept_prob", None) is not None:
+            from nanospec import verify
+            mp.setattr(verify, "accept_prob", module.slow_accept_prob)
+            mp.setattr(verify, "residual", module.slow_residual)
+        for name, fn, kwargs in items:
+            if stopped or (gates_only and base(name) not in ex.gates):
+                cases.append(grade.Case(ex.test_file, name, ex.id, "skipped", "not run"))
+                continue
+            try:
+                with time_limit(seconds):
+                    fn(**kwargs)
+                cases.append(grade.Case(ex.test_file, name, ex.id, "passed"))
+            except BaseException as e:  # noqa: BLE001 - any failure of an answer (SystemExit too) is a failure
+                cases.append(grade.Case(ex.test_file, name, ex.id, "failed", f"{type(e).__name__}: {e}"))
+                stopped = stop_at_first_failure or base(name) in ex.gates
+    finally:
+        mp.undo()
+    return cases
+
+
+def score_of(ex, cases):
+    return grade.score([ex], cases)[0]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The gallery: (exercise, region function, name, source). Written as they would stand in the reference file.
+
+V = "nanospec/verify.py"
+GALLERY = [
+    # exercise 3
+    (3, "residual", "residual = p (the fallback drawn from the target again)", """
+        def residual(p, q):
+            return p.clone()
+    """),
+    (3, "residual", "zero mass checked over the whole batch, not row by row", """
+        def residual(p, q):
+            excess = (p - q).clamp(min=0)
+            if excess.sum() == 0:
+                return p
+            return excess / excess.sum(-1, keepdim=True)
+    """),
+    (3, "residual", "max(0, p - q) not normalised", """
+        def residual(p, q):
+            return (p - q).clamp(min=0)
+    """),
+    (3, "residual", "norm(max(0, q - p)): the sides swapped", """
+        def residual(p, q):
+            excess = (q - p).clamp(min=0)
+            mass = excess.sum(-1, keepdim=True)
+            return torch.where(mass > 0, excess / torch.where(mass > 0, mass, 1.0), p)
+    """),
+    (3, "accept_prob", "accept with p(x), as if q were a point mass", """
+        def accept_prob(p, q, x):
+            return p.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+    """),
+    (3, "accept_prob", "p(x) / q(x) without the cap at 1", """
+        def accept_prob(p, q, x):
+            p_x = p.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+            q_x = q.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+            return torch.where(q_x > 0, p_x / torch.where(q_x > 0, q_x, 1.0), (p_x > 0).to(p.dtype))
+    """),
+    (3, "accept_prob", "min(1, q(x) / p(x)): the ratio upside down", """
+        def accept_prob(p, q, x):
+            p_x = p.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+            q_x = q.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+            return torch.where(p_x > 0, (q_x / torch.where(p_x > 0, p_x, 1.0)).clamp(max=1.0), torch.ones_like(p_x))
+    """),
+    # exercise 4
+    (4, "verify_chain_batched", "after a rejection, a fresh draw from p instead of the residual", """
+        def verify_chain_batched(p_target, q_draft, draft_tokens, generator=None):
+            B, k = draft_tokens.shape
+            u = torch.rand(B, k, generator=generator, dtype=p_target.dtype, device=p_target.device)
+            accepted = u < accept_prob(p_target[:, :k], q_draft, draft_tokens)
+            n = accepted.long().cumprod(-1).sum(-1)
+            rows = torch.arange(B)
+            return n, sample(p_target[rows, n], generator)
+    """),
+    (4, "verify_chain_batched", "the bonus token drawn from q's last row, not p_target[k]", """
+        def verify_chain_batched(p_target, q_draft, draft_tokens, generator=None):
+            B, k = draft_tokens.shape
+            u = torch.rand(B, k, generator=generator, dtype=p_target.dtype, device=p_target.device)
+            accepted = u < accept_prob(p_target[:, :k], q_draft, draft_tokens)
+            n = accepted.long().cumprod(-1).sum(-1)
+            rows = torch.arange(B)
+            q_pad = torch.cat([q_draft, q_draft[:, -1:] if k else torch.zeros_like(p_target[:, :1])], 1)
+            return n, sample(residual(p_target[rows, n], q_pad[rows, n]) if k else p_target[:, 0], generator)
+    """),
+    (4, "verify_chain_batched", "every accepted guess counted, not the prefix before the first rejection", """
+        def verify_chain_batched(p_target, q_draft, draft_tokens, generator=None):
+            B, k = draft_tokens.shape
+            u = torch.rand(B, k, generator=generator, dtype=p_target.dtype, device=p_target.device)
+            n = (u < accept_prob(p_target[:, :k], q_draft, draft_tokens)).long().sum(-1)
+            q_pad = torch.cat([q_draft, torch.zeros_like(p_target[:, :1])], 1)
+            rows = torch.arange(B)
+            return n, sample(residual(p_target[rows, n], q_pad[rows, n]), generator)
+    """),
+    (4, "verify_chain_batched", "one uniform shared by every position of a chain", """
+        def verify_chain_batched(p_target, q_draft, draft_tokens, generator=None):
+            B, k = draft_tokens.shape
+            u = torch.rand(B, 1, generator=generator, dtype=p_target.dtype, device=p_target.device).expand(B, k)
+            n = (u < accept_prob(p_target[:, :k], q_draft, draft_tokens)).long().cumprod(-1).sum(-1)
+            q_pad = torch.cat([q_draft, torch.zeros_like(p_target[:, :1])], 1)
+            rows = torch.arange(B)
+            return n, sample(residual(p_target[rows, n], q_pad[rows, n]), generator)
+    """),
+    # exercise 8
+    (8, "_descend", "a fresh draw after a mismatch (the classic bug EXERCISES.md warns about)", """
+        def _descend(tokens, parents, pick):
+            child = {}
+            for c in range(len(parents) - 1, 0, -1):
+                child[(parents[c], int(tokens[c]))] = c
+            node, path = 0, []
+            while True:
+                y = pick(node)
+                if (node, y) not in child:
+                    return path, pick(node)
+                node = child[(node, y)]
+                path.append(node)
+    """),
+    (8, "_descend", "one draw per child: a rejected child's mass is not removed", """
+        def _descend(tokens, parents, pick):
+            node, path = 0, []
+            while True:
+                entered = None
+                for c in range(1, len(parents)):
+                    if parents[c] == node and pick(node) == int(tokens[c]):
+                        entered = c
+                        break
+                if entered is None:
+                    return path, pick(node)
+                node = entered
+                path.append(node)
+    """),
+    (8, "_descend", "the last of two siblings holding y wins", """
+        def _descend(tokens, parents, pick):
+            child = {}
+            for c in range(1, len(parents)):
+                child[(parents[c], int(tokens[c]))] = c
+            node, path = 0, []
+            while True:
+                y = pick(node)
+                if (node, y) not in child:
+                    return path, y
+                node = child[(node, y)]
+                path.append(node)
+    """),
+    (8, "_descend", "stops after one level", """
+        def _descend(tokens, parents, pick):
+            y = pick(0)
+            for c in range(1, len(parents)):
+                if parents[c] == 0 and int(tokens[c]) == y:
+                    return [c], pick(c)
+            return [], y
+    """),
+    # exercises whose function is deterministic: a broken rule fails a gate (a docstring example, a rule
+    # EXERCISES.md names, or the comparison with a slow oracle)
+    (1, "lookup", "the most recent match wins over the longest", """
+        def lookup(seq, max_ngram, draft_len):
+            if draft_len < 1:
+                return []
+            for n in range(1, min(max_ngram, len(seq) - 1) + 1):
+                tail = seq[-n:]
+                for i in range(len(seq) - n - 1, -1, -1):
+                    if seq[i:i + n] == tail:
+                        copy = list(seq)
+                        for j in range(i + n, i + n + draft_len):
+                            copy.append(copy[j])
+                        return copy[len(seq):]
+            return []
+    """),
+    (1, "lookup", "no overlapping copy: the draft stops at the present", """
+        def lookup(seq, max_ngram, draft_len):
+            if draft_len < 1:
+                return []
+            for n in range(min(max_ngram, len(seq) - 1), 0, -1):
+                tail = seq[-n:]
+                for i in range(len(seq) - n - 1, -1, -1):
+                    if seq[i:i + n] == tail:
+                        return list(seq[i + n:i + n + draft_len])
+            return []
+    """),
+    (1, "lookup", "the earliest occurrence instead of the most recent", """
+        def lookup(seq, max_ngram, draft_len):
+            if draft_len < 1:
+                return []
+            for n in range(min(max_ngram, len(seq) - 1), 0, -1):
+                tail = seq[-n:]
+                for i in range(0, len(seq) - n):
+                    if seq[i:i + n] == tail:
+                        copy = list(seq)
+                        for j in range(i + n, i + n + draft_len):
+                            copy.append(copy[j])
+                        return copy[len(seq):]
+            return []
+    """),
+    (2, "verify_chain_greedy", "every matching guess counted, not the prefix", """
+        def verify_chain_greedy(logits, draft_tokens):
+            best = logits.argmax(-1).tolist()
+            n = sum(int(d) == b for d, b in zip(draft_tokens, best))
+            return n, best[n]
+    """),
+    (2, "verify_chain_greedy", "the emitted token is the argmax after the last draft, not after the last accepted", """
+        def verify_chain_greedy(logits, draft_tokens):
+            best = logits.argmax(-1).tolist()
+            n = 0
+            while n < len(draft_tokens) and int(draft_tokens[n]) == best[n]:
+                n += 1
+            return n, best[len(draft_tokens)]
+    """),
+    (2, "verify_chain_greedy", "ties go to the last maximum", """
+        def verify_chain_greedy(logits, draft_tokens):
+            V = logits.size(-1)
+            best = (V - 1 - logits.flip(-1).argmax(-1)).tolist()
+            n = 0
+            while n < len(draft_tokens) and int(draft_tokens[n]) == best[n]:
+                n += 1
+            return n, best[n]
+    """),
+    (5, "KVCache.rollback", "every layer set to the length, even one that had not reached it", """
+        def rollback(self, length):
+            self.lengths = [length] * len(self.lengths)
+    """),
+    (5, "KVCache.compact", "the length shortened but the kept slots not moved", """
+        def compact(self, keep):
+            self.lengths = [len(keep)] * len(self.lengths)
+    """),
+    (5, "KVCache.compact", "keys moved, values left behind", """
+        def compact(self, keep):
+            keep = [int(s) for s in keep]
+            src = torch.tensor(keep, dtype=torch.long, device=self.k.device)
+            self.k[:, :, :, :len(keep)] = self.k[:, :, :, src]
+            self.lengths = [len(keep)] * len(self.lengths)
+    """),
+    (6, "tree_mask", "a node sees its parent, not all its ancestors", """
+        def tree_mask(parents, prefix_len, device="cpu"):
+            N = len(parents)
+            m = torch.zeros(N, prefix_len + N, dtype=torch.bool, device=device)
+            m[:, :prefix_len] = True
+            for i, par in enumerate(parents):
+                m[i, prefix_len + i] = True
+                if par >= 0:
+                    m[i, prefix_len + par] = True
+            return m
+    """),
+    (6, "tree_mask", "a node does not see itself", """
+        def tree_mask(parents, prefix_len, device="cpu"):
+            N = len(parents)
+            m = torch.zeros(N, prefix_len + N, dtype=torch.bool, device=device)
+            m[:, :prefix_len] = True
+            for i in range(N):
+                a = parents[i]
+                while a >= 0:
+                    m[i, prefix_len + a] = True
+                    a = parents[a]
+            return m
+    """),
+    (6, "tree_positions", "positions by node index, as in a chain", """
+        def tree_positions(parents, prefix_len, device="cpu"):
+            return torch.arange(len(parents), device=device) + prefix_len
+    """),
+    (7, "tree_from_paths", "paths in plain sorted order, not by depth then rank", """
+        def tree_from_paths(paths):
+            nodes = [()] + sorted({tuple(int(r) for r in p) for p in paths})
+            index = {node: i for i, node in enumerate(nodes)}
+            parents = [-1]
+            for node in nodes[1:]:
+                if not node or min(node) < 0:
+                    raise ValueError(f"a tree path is a non-empty list of ranks >= 0, got {node}")
+                if node[:-1] not in index:
+                    raise ValueError(f"tree path {node} needs its parent path {node[:-1]} in the tree too")
+                parents.append(index[node[:-1]])
+            return parents, nodes
+    """),
+    (7, "tree_from_paths", "duplicate paths kept twice", """
+        def tree_from_paths(paths):
+            nodes = [()] + sorted((tuple(int(r) for r in p) for p in paths), key=lambda p: (len(p), p))
+            index = {node: i for i, node in enumerate(nodes)}
+            parents = [-1]
+            for node in nodes[1:]:
+                if not node or min(node) < 0:
+                    raise ValueError(f"a tree path is a non-empty list of ranks >= 0, got {node}")
+                if node[:-1] not in index:
+                    raise ValueError(f"tree path {node} needs its parent path {node[:-1]} in the tree too")
+                parents.append(index[node[:-1]])
+            return parents, nodes
+    """),
+    (7, "medusa_tree", "a node's token from the head of its rank, not of its depth (indices swapped)", """
+        def medusa_tree(root, candidates, paths):
+            parents, nodes = tree_from_paths(paths)
+            cand = candidates.tolist() if torch.is_tensor(candidates) else candidates
+            D, K = len(cand), len(cand[0])
+            tokens = [int(root)] + [cand[node[-1] % D][(len(node) - 1) % K] for node in nodes[1:]]
+            return tokens, parents
+    """),
+    (9, "frontier_mask", "a frontier node sees itself and the prefix, not its fed ancestors", """
+        def frontier_mask(prefix_len, fed, frontier, parent, device="cpu"):
+            F, K = len(fed), len(frontier)
+            mask = torch.zeros(K, prefix_len + F + K, dtype=torch.bool, device=device)
+            mask[:, :prefix_len] = True
+            for i, c in enumerate(frontier):
+                fed[c] = F + i
+                mask[i, prefix_len + F + i] = True
+            return mask
+    """),
+    (9, "frontier_mask", "the frontier not added to fed", """
+        def frontier_mask(prefix_len, fed, frontier, parent, device="cpu"):
+            F, K = len(fed), len(frontier)
+            mask = torch.zeros(K, prefix_len + F + K, dtype=torch.bool, device=device)
+            mask[:, :prefix_len] = True
+            for i, c in enumerate(frontier):
+                mask[i, prefix_len + F + i] = True
+                a = parent[c]
+                while a >= 0 and a in fed:
+                    mask[i, prefix_len + fed[a]] = True
+                    a = parent[a]
+            return mask
+    """),
+    (9, "frontier_mask", "the parent only, not every ancestor", """
+        def frontier_mask(prefix_len, fed, frontier, parent, device="cpu"):
+            F, K = len(fed), len(frontier)
+            mask = torch.zeros(K, prefix_len + F + K, dtype=torch.bool, device=device)
+            mask[:, :prefix_len] = True
+            for i, c in enumerate(frontier):
+                fed[c] = F + i
+                mask[i, prefix_len + F + i] = True
+                if parent[c] >= 0:
+                    mask[i, prefix_len + fed[parent[c]]] = True
+            return mask
+    """),
+    (10, "remember", "a known n-gram is not moved to the newest place", """
+        def remember(pool, key, gram, guesses):
+            grams = pool.setdefault(key, [])
+            if gram not in grams:
+                grams.append(gram)
+            del grams[:len(grams) - guesses]
+    """),
+    (10, "learn", "the n-gram ending at the last token is left out", """
+        def learn(pool, seq, new, N, guesses):
+            for j in range(max(0, len(seq) - new - N + 1), len(seq) - N):
+                remember(pool, seq[j], tuple(seq[j + 1:j + N]), guesses)
+    """),
+    (10, "build_tree", "no trie: each n-gram its own chain", """
+        def build_tree(root, grams, levels):
+            tokens, parents = [root], [-1]
+            def add(tok, parent):
+                tokens.append(tok)
+                parents.append(parent)
+                return len(tokens) - 1
+            for gram in grams:
+                node = 0
+                for tok in gram:
+                    node = add(tok, node)
+            chain = [0]
+            for tok in levels[0] if levels else []:
+                chain.append(add(tok, chain[-1]))
+            where, below = [chain[1:]], chain
+            for level in levels[1:]:
+                below = [add(tok, below[i]) for i, tok in enumerate(level)]
+                where.append(below)
+            return tokens, parents, where, chain
+    """),
+    (11, "group_layout", "the masks' positions start at the anchor, not after it", """
+        def group_layout(n_cached, n_real, anchors, k, device="cpu"):
+            anchors = torch.as_tensor(anchors, dtype=torch.long, device=device)
+            G, n_seen = len(anchors), n_cached + n_real
+            real_pos = torch.arange(n_cached, n_seen, device=device)
+            group = torch.arange(G, device=device).repeat_interleave(k)
+            slot = torch.arange(k, device=device).repeat(G)
+            limit = torch.cat([real_pos, anchors[group]])
+            sees_real = torch.arange(n_seen, device=device)[None, :] <= limit[:, None]
+            row_group = torch.cat([torch.full((n_real,), -1, device=device), group])
+            row_slot = torch.cat([torch.full((n_real,), -1, device=device), slot])
+            sees_mask = (row_group[:, None] == group[None, :]) & (slot[None, :] <= row_slot[:, None])
+            pos = torch.cat([real_pos, anchors[group] + slot])
+            return torch.cat([sees_real, sees_mask], dim=1), pos
+    """),
+    (11, "group_layout", "a mask sees every mask of its group, later ones too", """
+        def group_layout(n_cached, n_real, anchors, k, device="cpu"):
+            anchors = torch.as_tensor(anchors, dtype=torch.long, device=device)
+            G, n_seen = len(anchors), n_cached + n_real
+            real_pos = torch.arange(n_cached, n_seen, device=device)
+            group = torch.arange(G, device=device).repeat_interleave(k)
+            slot = torch.arange(k, device=device).repeat(G)
+            limit = torch.cat([real_pos, anchors[group]])
+            sees_real = torch.arange(n_seen, device=device)[None, :] <= limit[:, None]
+            row_group = torch.cat([torch.full((n_real,), -1, device=device), group])
+            sees_mask = row_group[:, None] == group[None, :]
+            pos = torch.cat([real_pos, anchors[group] + 1 + slot])
+            return torch.cat([sees_real, sees_mask], dim=1), pos
+    """),
+    (11, "group_layout", "a group sees every real token, past its anchor too", """
+        def group_layout(n_cached, n_real, anchors, k, device="cpu"):
+            anchors = torch.as_tensor(anchors, dtype=torch.long, device=device)
+            G, n_seen = len(anchors), n_cached + n_real
+            real_pos = torch.arange(n_cached, n_seen, device=device)
+            group = torch.arange(G, device=device).repeat_interleave(k)
+            slot = torch.arange(k, device=device).repeat(G)
+            limit = torch.cat([real_pos, torch.full((G * k,), n_seen - 1, device=device)])
+            sees_real = torch.arange(n_seen, device=device)[None, :] <= limit[:, None]
+            row_group = torch.cat([torch.full((n_real,), -1, device=device), group])
+            row_slot = torch.cat([torch.full((n_real,), -1, device=device), slot])
+            sees_mask = (row_group[:, None] == group[None, :]) & (slot[None, :] <= row_slot[:, None])
+            pos = torch.cat([real_pos, anchors[group] + 1 + slot])
+            return torch.cat([sees_real, sees_mask], dim=1), pos
+    """),
+    # exercise 13
+    (13, "without_replacement_proposals", "q itself for every child (the with-replacement rule)", """
+        def without_replacement_proposals(q, drawn):
+            return q.unsqueeze(-2).expand(*drawn.shape, q.size(-1)).clone()
+    """),
+    (13, "without_replacement_proposals", "earlier draws removed but not renormalised", """
+        def without_replacement_proposals(q, drawn):
+            hot = torch.nn.functional.one_hot(drawn, q.size(-1)).to(q.dtype)
+            before = hot.cumsum(-2) - hot
+            return torch.where(before > 0, 0.0, q.unsqueeze(-2))
+    """),
+    (13, "without_replacement_proposals", "only the previous draw removed", """
+        def without_replacement_proposals(q, drawn):
+            hot = torch.nn.functional.one_hot(drawn, q.size(-1)).to(q.dtype)
+            before = torch.cat([torch.zeros_like(hot[..., :1, :]), hot[..., :-1, :]], -2)
+            kept = torch.where(before > 0, 0.0, q.unsqueeze(-2))
+            mass = kept.sum(-1, keepdim=True)
+            return kept / torch.where(mass > 0, mass, torch.ones_like(mass))
+    """),
+    (13, "without_replacement_proposals", "each draw also removes itself (off by one)", """
+        def without_replacement_proposals(q, drawn):
+            hot = torch.nn.functional.one_hot(drawn, q.size(-1)).to(q.dtype)
+            kept = torch.where(hot.cumsum(-2) > 0, 0.0, q.unsqueeze(-2))
+            mass = kept.sum(-1, keepdim=True)
+            return kept / torch.where(mass > 0, mass, torch.ones_like(mass))
+    """),
+]
+
+CORRECT = [
+    (3, "accept_prob", "accept_prob with a clamp and nan_to_num", """
+        def accept_prob(p, q, x):
+            p_x = torch.take_along_dim(p, x[..., None], -1)[..., 0]
+            q_x = torch.take_along_dim(q, x[..., None], -1)[..., 0]
+            ratio = torch.nan_to_num(p_x / q_x, nan=0.0, posinf=1.0)
+            return torch.clamp(ratio, max=1.0)
+    """),
+    (3, "residual", "residual with relu and a masked division", """
+        def residual(p, q):
+            left = torch.relu(p - q)
+            total = left.sum(dim=-1, keepdim=True)
+            nothing = total == 0
+            return torch.where(nothing, p, left / total.masked_fill(nothing, 1.0))
+    """),
+    (4, "verify_chain_batched", "a loop over positions, the bonus as its own case", """
+        def verify_chain_batched(p_target, q_draft, draft_tokens, generator=None):
+            B, k = draft_tokens.shape
+            u = torch.rand(B, k, generator=generator, dtype=p_target.dtype, device=p_target.device)
+            a = accept_prob(p_target[:, :k], q_draft, draft_tokens)
+            n = torch.zeros(B, dtype=torch.long)
+            going = torch.ones(B, dtype=torch.bool)
+            for j in range(k):
+                going = going & (u[:, j] < a[:, j])
+                n += going.long()
+            rows = torch.arange(B)
+            at = n.clamp(max=max(k - 1, 0))
+            rejected = residual(p_target[rows, at], q_draft[rows, at]) if k else p_target[:, 0]
+            dist = torch.where((n < k)[:, None], rejected, p_target[rows, n])
+            return n, sample(dist, generator)
+    """),
+    (8, "_descend", "a walk over children lists", """
+        def _descend(tokens, parents, pick):
+            kids = [[] for _ in parents]
+            for c in range(1, len(parents)):
+                kids[parents[c]].append(c)
+            node, path = 0, []
+            while True:
+                y = pick(node)
+                nxt = next((c for c in kids[node] if int(tokens[c]) == y), None)
+                if nxt is None:
+                    return path, y
+                path.append(nxt)
+                node = nxt
+    """),
+    (13, "without_replacement_proposals", "a running mask", """
+        def without_replacement_proposals(q, drawn):
+            rows, left = [], q.clone()
+            for j in range(drawn.size(-1)):
+                mass = left.sum(-1, keepdim=True)
+                rows.append(torch.where(mass > 0, left / torch.where(mass > 0, mass, 1.0), torch.zeros_like(left)))
+                left = left.scatter(-1, drawn[..., j:j + 1], 0.0)
+            return torch.stack(rows, -2)
+    """),
+]
+
+
+def region_path(ex_id, function):
+    return next(path for path, fn in BY_ID[ex_id].regions if fn == function)
+
+
+@pytest.mark.parametrize("ex_id, function, name, source", GALLERY, ids=[g[2] for g in GALLERY])
+def test_every_wrong_answer_in_the_gallery_scores_zero(ex_id, function, name, source):
+    ex = BY_ID[ex_id]
+    path = region_path(ex_id, function)
+    with installed(path, function, compile_answer(path, source)):
+        cases = run_items(ex, gates_only=True)
+    failed = [c.name for c in cases if c.outcome == "failed"]
+    assert failed, f"exercise {ex_id}, {name}: every gate passed"
+    result = score_of(ex, cases)
+    assert result.score == 0 and result.status == "law failed", (name, result.score, result.status)
+
+
+@pytest.mark.parametrize("ex_id, function, name, source", CORRECT, ids=[c[2] for c in CORRECT])
+def test_correct_answers_in_other_words_score_full_marks(ex_id, function, name, source):
+    ex = BY_ID[ex_id]
+    path = region_path(ex_id, function)
+    with installed(path, function, compile_answer(path, source)):
+        cases = run_items(ex)
+    result = score_of(ex, cases)
+    assert result.score == ex.points, [f"{c.name}: {c.message}" for c in cases if c.outcome != "passed"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The grader: gates and messages
+
+
+def case(name, outcome="passed", message="", exercise=3):
+    return grade.Case("tests/test_ex03_accept_residual.py", name, exercise, outcome, message)
+
+
+def test_a_failing_gate_scores_zero_and_says_why():
+    ex = BY_ID[3]
+    names = [f"test_{i}" for i in range(ex.tests - len(ex.gates))] + list(ex.gates)
+    cases = [case(n) for n in names]
+    assert grade.score([ex], cases)[0].score == ex.points
+    cases[-1] = case(names[-1], "failed", "the sampled law of one step: total variation 0.2 over the bound 0.01")
+    r = grade.score([ex], cases)[0]
+    assert r.score == 0 and r.status == "law failed" and r.passed == ex.tests - 1
+    assert ex.gates[-1] in r.notes[0] and "0 points" in r.notes[0]
+    assert "total variation 0.2" in r.notes[1]
+    text = grade.table([r], "/course")
+    assert "python -m pytest -m ex3 -x" in text and "(law failed)" in text
+    cases[-1] = case(names[-1] + "x")  # a gate the tests do not have: the registry is wrong, never full marks
+    assert grade.score([ex], cases)[0].status == "registry mismatch"
+
+
+@pytest.mark.parametrize("raw, words", [
+    ("AssertionError: residual row 0: expected [0.5], got [nan]\nassert False", "residual row 0: expected [0.5], got [nan]"),
+    ("NotImplementedError: exercise 3: implement accept_prob in nanospec/verify.py, see EXERCISES.md",
+     "NotImplementedError: exercise 3: implement accept_prob in nanospec/verify.py, see EXERCISES.md"),
+    ("AssertionError: verify_chain: expected (2, 7),\n got (1, 9)\nassert (1, 9) == (2, 7)",
+     "verify_chain: expected (2, 7), got (1, 9)"),
+], ids=["assertion-with-introspection", "stub", "two-line-message"])
+def test_the_grader_keeps_the_tests_words(raw, words):
+    assert grade.failure_message(raw) == words
+
+
+def test_every_auto_graded_exercise_has_gates_and_a_gallery_of_three():
+    for ex in EXERCISES:
+        if not ex.manual:
+            assert ex.gates, ex.id
+            assert sum(g[0] == ex.id for g in GALLERY) >= 3, ex.id
+        module, items = (None, []) if ex.manual else graded_items(ex)
+        names = {name.split("[")[0] for name, _, _ in items}
+        assert set(ex.gates) <= names, (ex.id, set(ex.gates) - names)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Handouts: regeneration keeps work, bad selections are one line, documents speak of the handout only
+
+
+def git(folder, *args):
+    return subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, check=True).stdout
+
+
+def test_regenerating_over_a_git_repository_keeps_both(tmp_path):
+    out = tmp_path / "h"
+    make_handout(ROOT, out, parse_selection("3"))
+    git(out, "init", "-q")
+    git(out, "add", "-A")
+    git(out, "-c", "user.email=s@example.com", "-c", "user.name=s", "commit", "-qm", "handout")
+    (out / "MYNOTES.md").write_text("my notes\n")
+    (out / "nanospec" / "mine.py").write_text("x = 1\n")
+    head = git(out, "rev-parse", "HEAD")
+    summary = make_handout(ROOT, out, parse_selection("3,8"))
+    assert (out / "MYNOTES.md").read_text() == "my notes\n" and (out / "nanospec" / "mine.py").exists()
+    assert git(out, "rev-parse", "HEAD") == head and (out / ".git").is_dir()
+    assert summary["kept"] == 3  # .git, MYNOTES.md, nanospec/mine.py
+    assert json.loads((out / "handout.json").read_text())["exercises"] == [3, 8]
+    assert "exercise 8: implement _descend" in (out / "nanospec" / "verify.py").read_text()
+    # a generated file the student edited is not overwritten without --overwrite
+    verify_py = out / "nanospec" / "verify.py"
+    verify_py.write_text(verify_py.read_text() + "# my work\n")
+    with pytest.raises(HandoutError, match="changed since the last handout .first: nanospec/verify.py"):
+        make_handout(ROOT, out, parse_selection("3"))
+    assert verify_py.read_text().endswith("# my work\n")
+    make_handout(ROOT, out, parse_selection("3"), overwrite=True)
+    assert not verify_py.read_text().endswith("# my work\n") and (out / "MYNOTES.md").exists()
+
+
+def test_a_folder_that_is_not_a_handout_is_refused(tmp_path):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "thesis.tex").write_text("...")
+    with pytest.raises(HandoutError, match="not an earlier handout"):
+        make_handout(ROOT, tmp_path / "work", parse_selection("3"))
+    assert os.listdir(tmp_path / "work") == ["thesis.tex"]
+
+
+@pytest.mark.parametrize("selection", ["3-1", "99", "3-x"], ids=["reversed", "unknown", "not-a-number"])
+def test_bad_selections_are_one_line_errors(selection, tmp_path):
+    """`make handout EX=3-1` once blanked nothing and replaced the folder; `make grade EX=3-1` printed a
+    traceback. Every bad selection is now one line, and nothing is written."""
+    args = ["--ex", selection, "--out", str(tmp_path / "h")]
+    run = subprocess.run([sys.executable, "-m", "nanospec.course.handout", *args], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 1 and run.stderr.startswith("error: ") and len(run.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "h").exists()
+    run = subprocess.run([sys.executable, "-m", "nanospec.course.grade", "--ex", selection, "--json", ""], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and run.stderr.startswith("error: ") and "Traceback" not in run.stderr
+
+
+def test_the_handouts_documents_speak_only_of_its_exercises(tmp_path):
+    out = tmp_path / "h"
+    make_handout(ROOT, out, parse_selection("3,8"))
+    exercises = (out / "EXERCISES.md").read_text()
+    readme = (out / "README.md").read_text()
+    headings = [line for line in exercises.splitlines() if line.startswith("## ")]
+    assert [h for h in headings if h[3].isdigit()] == [line for line in headings if line[3:5] in ("3.", "8.")]
+    assert "Changelog" not in exercises and "exercise 11" not in exercises and "make train" not in exercises
+    assert "19 graded tests for 18 points" in exercises
+    for doc in (exercises, readme):
+        assert "test_course" not in doc and "reference_ex03" not in doc and "one search away" not in doc
+        assert "<!--" not in doc
+    assert "python -m pytest -m ex3 -x" in readme and "make grade" in readme
+    files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert "tests/reference_ex03.py" not in files and not [f for f in files if "test_course" in f]
+    # exercise 3 not blanked: its reference copy ships, so exercise 4 is graded alone
+    make_handout(ROOT, tmp_path / "h4", parse_selection("4"))
+    assert (tmp_path / "h4" / "tests" / "reference_ex03.py").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# No handout holds a working answer of the exercises it blanks, in any form: every function defined anywhere
+# in the handout that can be called like a blanked function is put in its place, and the exercise must fail.
+
+_parsed, _unparsed, _compiled = {}, {}, {}
+
+
+def handout_functions(folder):
+    """[(file, qualified name, function object)] for every function defined anywhere in the handout's Python
+    files (nested ones and methods too, decorators dropped), each compiled in its own module's globals where
+    that module can be imported here. Files are parsed once per distinct content."""
+    found = []
+    for path in sorted(Path(folder).rglob("*.py")):
+        rel = path.relative_to(folder).as_posix()
+        text = path.read_text(encoding="utf-8")
+        if text not in _parsed:
+            try:
+                _parsed[text] = ast.parse(text)
+            except SyntaxError:
+                _parsed[text] = None
+        tree = _parsed[text]
+        if tree is None:
+            continue
+        home = {}
+        try:
+            stem = rel[:-3].replace("/", ".") if rel.startswith("nanospec/") else Path(rel).stem
+            home = vars(importlib.import_module(stem)) if not rel.startswith("scripts/") else {}
+        except Exception:  # noqa: BLE001 - a script that does not import: its functions see the target's globals
+            home = {}
+        for qualname, node in handout.functions(tree).items():
+            if node.name.startswith("test_") or any("fixture" in ast.unparse(d) for d in node.decorator_list):
+                continue  # pytest's own: they take fixtures and return nothing (their text is leak-checked)
+            key = (text, qualname)
+            if key not in _unparsed:
+                decorators, node.decorator_list = node.decorator_list, []
+                try:
+                    _unparsed[key] = ast.unparse(node)
+                finally:
+                    node.decorator_list = decorators
+            found.append((rel, qualname, _unparsed[key], home))
+    return found
+
+
+def passing_impostors(folder, ex, limit_s=3):
+    """[(file, function, region)] of the handout's functions that pass ALL of exercise ex's tests in place of
+    one of its blanked functions (the others kept as the reference has them)."""
+    found = []
+    for path, function in ex.regions:
+        module, target = reference_function(path, function)
+        required = [p for p in inspect.signature(target).parameters.values()
+                    if p.default is p.empty and p.kind == p.POSITIONAL_OR_KEYWORD]
+        for rel, qualname, source, home in handout_functions(folder):
+            key = (path, rel, qualname, source)
+            if key not in _compiled:
+                try:
+                    _compiled[key] = compile_answer(path, source, home)
+                except Exception:  # noqa: BLE001 - a function that cannot be defined here cannot pass
+                    _compiled[key] = None
+            candidate = _compiled[key]
+            try:
+                inspect.signature(candidate).bind(*range(len(required)))
+            except Exception:  # noqa: BLE001 - cannot even be called the same way: it cannot pass
+                continue
+            with installed(path, function, candidate), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cases = run_items(ex, stop_at_first_failure=True, seconds=limit_s, gates_first=False)
+            if all(c.outcome == "passed" for c in cases):
+                found.append((rel, qualname, function))
+    return found
+
+
+def main(argv):
+    """`python tests/test_course_teeth.py JOBS.json RESULT.json`: JOBS is [[handout folder, exercise id], ...];
+    writes {"folder|id": [[file, function, region], ...]}. tests/test_course.py runs the search this way, in a
+    process of its own and a scratch working folder: the candidates are arbitrary functions of the project
+    called with the exercises' arguments, and one that opens an integer as a file (fd 1!) or exits must not
+    take the test session with it."""
+    import torch
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    with open(argv[0]) as f:
+        jobs = json.load(f)
+    result = {f"{folder}|{ex_id}": [list(x) for x in passing_impostors(folder, BY_ID[ex_id])] for folder, ex_id in jobs}
+    with open(argv[1], "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":  # run with PYTHONPATH=<project>:<project>/tests (tests/test_course.py does)
+    main(sys.argv[1:])
