@@ -123,7 +123,7 @@ class ParallelSpec(nn.Module):
     def draft(self, target, cache, tokens, k):
         """Inference: append the new real tokens (a list; the last one is the root) to the cache and guess the
         k tokens after the root in the same pass. Returns logits (k, V)."""
-        ids = torch.tensor([tokens], dtype=torch.long, device=cache.k.device)  # (1, T)
+        ids = torch.tensor([tokens], dtype=torch.long, device=cache.device)  # (1, T)
         root = cache.length + len(tokens) - 1
         return self(target, ids, [root], k, cache)[0, 0]  # (k, V)
 
