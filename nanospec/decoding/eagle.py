@@ -2,26 +2,22 @@
 `eagle`: a one-layer head on the target's features grows a tree of guesses by confidence; one forward checks it.
 EAGLE-1's draft head with EAGLE-2's dynamic tree (Li et al. 2024, arXiv 2401.15077 and 2406.16858).
 
-The head (nanospec/drafters/eagle.py) guesses the target's next *feature* from [token ; feature] and reads its
-guess through the target's own unembedding. Each step:
-  1. grow: the head's top `width` tokens after the root are the depth-1 nodes, scored by log q. Then, depth-1
-     times, one head pass over the frontier (a tree mask) gives each frontier node its top `width` children,
-     scored parent score + log q(child); the best `width` of those are the next frontier.
-  2. rerank: keep the `total_tokens - 1` best nodes of all. A score only falls along a path, so a kept node's
-     parent is kept too, and creation order puts parents before children.
+The head (nanospec/drafters/eagle.py) guesses the target's next *feature* from [token ; feature] and reads it
+through the target's own unembedding. Each step:
+  1. grow: the head's top `width` tokens after the root are depth 1, scored by log q. Each of depth-1 head
+     passes over the frontier (a tree mask) gives every frontier node its top `width` children, scored parent
+     score + log q(child); the best `width` of them are the next frontier.
+  2. rerank: keep the `total_tokens - 1` best nodes (a score only falls along a path: parents are kept too).
   3. verify: one target forward over the tree (tree_step: lossless).
-  4. refresh: the head's cache forgets the guessed nodes and reads the accepted tokens again with the target's
-     TRUE features from the verify forward; its last output drafts the next tree.
+  4. refresh: the head forgets its guesses and reads the accepted tokens with the target's TRUE features.
 
     width 2, depth 2, total_tokens 4, root "(":  q after "(": x 0.6, self 0.3 -> scores -0.51, -1.20
     children: after x: ")" 0.9, "," 0.05 -> -0.62, -3.51;  after self: ")" 0.5, "," 0.4 -> -1.89, -2.12
     best 3: x -0.51, ")"|x -0.62, self -1.20 -> tokens ["(", x, self, ")"], parents [-1, 0, 0, 1]
     target argmax after "(" = x, after x = ")", after ")" = ":"  ->  emit [x, ")", ":"] from one forward.
 
-When sampling, a top-k guess is accepted with probability p(guess), small when the target's law is flat, so by
-default (--draft-sampling sample) the head DRAWS its guesses from its warped q, verified against q
-(verify_tree_without_replacement). A rerank would bias that rule, so grow_sampled_tree fixes the shape first
-(tree.draw_rank_paths), then fills it level by level. `draft_tree` gives both trees as (tokens, parents, q_draft).
+When sampling (--draft-sampling sample, the default) the head DRAWS its guesses from its warped q, verified against
+q (verify_tree_without_replacement); a rerank would bias that, so grow_sampled_tree fixes the tree's shape first.
 """
 import torch
 
@@ -37,8 +33,7 @@ NEEDS = ("eagle",)
 USES = ()  # parts used when present
 OPTIONS = {  # the defaults, and ACCEPT_GUESS below: docs/measurements.md (eagle) says where they were measured
     "depth": Option(int, 2, "deepest guess below the root; the head runs this many passes per step", low=1, high=16),
-    "width": Option(int, 4, "nodes expanded per level and children per node (EAGLE-2's top_k); with "
-                            "--draft-sampling sample the most children per node", low=1, high=32),
+    "width": Option(int, 4, "nodes expanded per level, children per node (EAGLE-2's top_k)", low=1, high=32),
     "total_tokens": Option(int, 8, "tree size verified per target forward, root included", low=2, high=256),
     **DRAFT_SAMPLING_OPTION,
 }
@@ -118,15 +113,6 @@ def grow_sampled_tree(eagle, target, dcache, root, draft, depth, width, total_to
     return tree
 
 
-def draft_tree(eagle, target, dcache, root, draft, depth, width, total_tokens, run, drawn):
-    """This step's tree, either kind, as (tokens, parents, q_draft): q_draft (N, V) the laws a drawn tree's
-    children came from, None for grow_tree's top-k tree (its guesses are point masses)."""
-    if drawn:
-        return grow_sampled_tree(eagle, target, dcache, root, draft, depth, width, total_tokens, run.sampling,
-                                 run.generator)
-    return *grow_tree(eagle, target, dcache, root, draft, depth, width, total_tokens), None
-
-
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
     o = read_options(OPTIONS, options)
@@ -149,7 +135,11 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         d = run.draft_room(o.depth)  # near the end of the budget or context, a shallower tree
         size = min(o.total_tokens, cache.max_len - cache.length)
         with run.drafting(passes=max(d - 1, 0)):  # the tree's deeper levels, one head pass each
-            tokens, parents, q_draft = draft_tree(eagle, target, dcache, last, draft, d, width, size, run, drawn)
+            if drawn:  # q_draft (N, V): the laws the drawn children came from
+                tokens, parents, q_draft = grow_sampled_tree(eagle, target, dcache, last, draft, d, width, size,
+                                                             run.sampling, run.generator)
+            else:  # EAGLE-2's top-k tree: its guesses are point masses
+                (tokens, parents), q_draft = grow_tree(eagle, target, dcache, last, draft, d, width, size), None
         emitted, path, out = tree_step(run, target, cache, tokens, parents, q_draft=q_draft)
         steps, nodes = steps + 1, nodes + len(tokens) - 1
         done = run.emit(emitted)
