@@ -459,6 +459,30 @@ def changed_since(out, generated):
                   if os.path.isfile(os.path.join(out, rel)) and sha256(os.path.join(out, rel)) != digest)
 
 
+def write_file(root, staging, rel, doc, text, regions, chosen):
+    """Write one file of the handout into staging: a student document as given (doc), a file with no marked
+    region as it is, a Python file with regions (text) with the chosen exercises' bodies blanked, checked to
+    parse and to keep every stub's signature and docstring."""
+    dest = os.path.join(staging, rel)
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    if doc is not None:
+        with open(dest, "w", encoding="utf-8") as f:
+            f.write(doc)
+        return
+    if text is None or not regions:  # not Python, or nothing marked: the file goes as it is
+        shutil.copy2(os.path.join(root, rel), dest)
+        return
+    written = blank(text, regions, chosen)
+    try:
+        ast.parse(written)
+    except SyntaxError as e:
+        raise HandoutError(f"{rel}: the handout's version does not parse: {e}") from None
+    check_stubs(rel, text, written, regions, chosen)
+    with open(dest, "w", encoding="utf-8") as f:
+        f.write(written)
+    shutil.copymode(os.path.join(root, rel), dest)
+
+
 def make_handout(root, out, exercises, overwrite=False):
     """Write the handout of `exercises` (registry entries) from the project at root to out. Returns what
     handout.json holds (version, exercises, blanked [path, function] pairs, source commit, date, the generated
@@ -491,28 +515,8 @@ def make_handout(root, out, exercises, overwrite=False):
     staging = tempfile.mkdtemp(prefix=".handout-", dir=os.path.dirname(out))  # moved to out when all checks pass
     try:
         for rel in files:
-            dest = os.path.join(staging, rel)
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            if rel in docs:
-                with open(dest, "w", encoding="utf-8") as f:
-                    f.write(docs[rel])
-                continue
-            if rel not in texts:
-                shutil.copy2(os.path.join(root, rel), dest)
-                continue
-            mine = [r for r in regions if r.path == rel]
-            if not mine:  # nothing marked: the file goes as it is
-                shutil.copy2(os.path.join(root, rel), dest)
-                continue
-            written = blank(texts[rel], mine, chosen)
-            try:
-                ast.parse(written)
-            except SyntaxError as e:
-                raise HandoutError(f"{rel}: the handout's version does not parse: {e}") from None
-            check_stubs(rel, texts[rel], written, mine, chosen)
-            with open(dest, "w", encoding="utf-8") as f:
-                f.write(written)
-            shutil.copymode(os.path.join(root, rel), dest)
+            write_file(root, staging, rel, docs.get(rel), texts.get(rel), [r for r in regions if r.path == rel],
+                       chosen)
         removed = sorted({frag for r in regions if r.exercise in chosen for frag in body_fragments(texts[r.path], r)})
         public = public_text(root, files, regions)
         secret = [frag for frag in removed if not any(frag in text for text in public)]
