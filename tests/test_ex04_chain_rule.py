@@ -12,26 +12,13 @@ Run: python -m pytest -m ex4 -x"""
 import pytest
 import torch
 
-from nanospec import verify
 from nanospec.verify import verify_chain, verify_chain_batched
 from teach import expect, expect_equal, expect_law
 from test_verify import empirical_law, sequence_codes, tv, tv_bound
 
-try:
-    from reference_ex03 import slow_accept_prob, slow_residual
-except ImportError:  # a handout that blanks exercise 3: your own accept_prob and residual are used
-    slow_accept_prob = slow_residual = None
-
-pytestmark = pytest.mark.ex4
+pytestmark = [pytest.mark.ex4, pytest.mark.usefixtures("exercise_3_stand_ins")]  # tests/conftest.py
 
 F64 = torch.float64
-
-
-@pytest.fixture(autouse=True)
-def exercise_3_stand_ins(monkeypatch):
-    if slow_accept_prob is not None:
-        monkeypatch.setattr(verify, "accept_prob", slow_accept_prob)
-        monkeypatch.setattr(verify, "residual", slow_residual)
 
 
 def one_hot(tokens, V=10):

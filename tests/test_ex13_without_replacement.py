@@ -21,21 +21,9 @@ from nanospec.verify import sample_without_replacement, verify_tree_without_repl
 from teach import expect, expect_close, expect_law
 from test_verify import empirical_law, tv, tv_bound
 
-try:
-    from reference_ex03 import slow_accept_prob, slow_residual
-except ImportError:  # a handout that blanks exercise 3: your own accept_prob and residual are used
-    slow_accept_prob = slow_residual = None
-
-pytestmark = pytest.mark.ex13
+pytestmark = [pytest.mark.ex13, pytest.mark.usefixtures("exercise_3_stand_ins")]  # tests/conftest.py
 
 F64 = torch.float64
-
-
-@pytest.fixture(autouse=True)
-def exercise_3_stand_ins(monkeypatch):
-    if slow_accept_prob is not None:
-        monkeypatch.setattr(verify, "accept_prob", slow_accept_prob)
-        monkeypatch.setattr(verify, "residual", slow_residual)
 
 
 def t(values):
