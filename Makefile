@@ -21,8 +21,8 @@ train: deps
 test: deps
 	$(PYTHON) -m pytest
 
-bench:
-	$(PYTHON) -m nanospec.bench
+bench:  # CKPT=out-gpu: the gpu preset's checkpoints
+	$(PYTHON) -m nanospec.bench $(if $(CKPT),--ckpt $(CKPT))
 
 bench-quick:
 	$(PYTHON) -m nanospec.bench --quick
@@ -30,7 +30,7 @@ bench-quick:
 # Every method at greedy, temperature 1 and 0.7 + top-p 0.9 on CUDA, greedy = ar, and the quick bench (needs out/).
 # Without a GPU it says so and exits 0.
 gpu-check:
-	$(PYTHON) -m nanospec.gpu_check
+	$(PYTHON) -m nanospec.gpu_check $(if $(CKPT),--ckpt $(CKPT))
 
 # The course (EXERCISES.md): `make handout EX=3,4 OUT=../handout`, then `make grade` (EX=3,4 to choose).
 # Over an earlier handout only the generated files change; OVERWRITE=1 also replaces those edited since.
