@@ -272,7 +272,7 @@ def plan(ctx, stages):
 def gpu_note(ctx):
     """On a machine with a GPU, the default (CPU-sized) run says that a preset made for the GPU exists."""
     if ctx.preset == "tiny" and torch.cuda.is_available():
-        return " | a GPU is here: `make train PRESET=gpu` trains the deep GPU preset (into out-gpu/) in about 5 min"
+        return " | a GPU is here: `make train PRESET=gpu` trains the deep preset made for one (into out-gpu/)"
     return ""
 
 
