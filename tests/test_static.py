@@ -1,0 +1,131 @@
+"""The shape-static forward (nanospec/static.py) against the plain one (GPT.forward + KVCache.update), its oracle:
+chain, tree and early-exit layer-range forwards over many steps, with the rollbacks and compactions the methods
+make after verifying, give the same logits (fp32, allclose). The mask is checked on the docstring's example, and
+a forward's shapes are shown to depend on T alone: one recorded entry per T, whatever the cache's length."""
+import random
+
+import pytest
+import torch
+
+from nanospec.static import StaticGPT, runtime_model, static_mask
+from nanospec.tree import tree_mask, tree_positions
+from test_model import tiny_gpt
+
+ATOL = 1e-5  # fp32: the static path sums over max_len slots, masked ones add exact zeros, so only order differs
+
+
+def model_pair(seed=0, **kw):
+    """An fp32 tiny GPT, a plain cache for the oracle and a StaticGPT on a cache of its own."""
+    model = tiny_gpt(seed, vocab_size=13, block_size=64, n_layer=3, **kw).float()
+    plain, cache = model.new_cache(), model.new_cache()
+    return model, plain, StaticGPT(model, cache), cache
+
+
+def ids(values):
+    return torch.tensor([values], dtype=torch.long)  # (1, T)
+
+
+def test_mask_of_the_docstring_example():
+    chain = static_mask(torch.tensor([2, 3]), torch.ones(2, 2, dtype=torch.bool).tril(), 6)
+    assert chain.int().tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]]
+    tree = static_mask(torch.tensor([2, 3, 4]), tree_mask([-1, 0, 0], 0), 6)
+    assert tree.int().tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 1, 0]]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@torch.inference_mode()
+def test_chain_forwards_with_rollbacks(seed):
+    model, plain, static, cache = model_pair(seed)
+    rng = random.Random(seed)
+    prompt = [rng.randrange(13) for _ in range(5)]
+    torch.testing.assert_close(static(ids(prompt), cache=cache).logits, model(ids(prompt), cache=plain).logits,
+                               atol=ATOL, rtol=0)
+    for _ in range(12):  # a verify forward over [last, d1..dk], then roll back to what was "accepted"
+        T = rng.randint(1, 5)
+        x = ids([rng.randrange(13) for _ in range(T)])
+        expected = model(x, cache=plain, heads=True)
+        got = static(x, cache=cache, heads=True)
+        torch.testing.assert_close(got.logits, expected.logits, atol=ATOL, rtol=0)
+        torch.testing.assert_close(got.head_logits, expected.head_logits, atol=ATOL, rtol=0)
+        keep = rng.randint(plain.length - T + 1, plain.length)
+        plain.rollback(keep)
+        cache.rollback(keep)
+    assert cache.lengths == plain.lengths
+
+
+@pytest.mark.parametrize("seed", range(3))
+@torch.inference_mode()
+def test_tree_forwards_with_compactions(seed):
+    model, plain, static, cache = model_pair(seed)
+    rng = random.Random(seed)
+    prompt = ids([rng.randrange(13) for _ in range(4)])
+    model(prompt, cache=plain), static(prompt, cache=cache)
+    for _ in range(8):  # a tree verify forward, then keep the prefix + a root-to-node path (tree_step.compact)
+        N = rng.randint(1, 7)
+        parents = [-1] + [rng.randrange(i) for i in range(1, N)]
+        x, n = ids([rng.randrange(13) for _ in range(N)]), plain.length
+        pos, mask = tree_positions(parents, n), tree_mask(parents, n)
+        expected = model(x, pos=pos, cache=plain, mask=mask)
+        got = static(x, pos=pos, cache=cache, mask=mask)
+        torch.testing.assert_close(got.logits, expected.logits, atol=ATOL, rtol=0)
+        node, path = rng.randrange(N), []
+        while node >= 0:
+            path, node = [node] + path, parents[node]
+        keep = list(range(n)) + [n + i for i in path]
+        plain.compact(keep)
+        cache.compact(keep)
+
+
+@pytest.mark.parametrize("E", [1, 2])
+@torch.inference_mode()
+def test_early_exit_layer_ranges(E):
+    """Early exit's pattern: blocks 0..E-1 read one token at a time and run ahead, blocks E..L-1 then read the
+    k+1 block-E outputs at once (hidden_in), and every layer rolls back to what was accepted."""
+    model, plain, static, cache = model_pair(E)
+    rng, L = random.Random(E), model.config.n_layer
+    prompt = ids([rng.randrange(13) for _ in range(6)])
+    model(prompt, cache=plain), static(prompt, cache=cache)
+    for _ in range(6):
+        n_before, k = plain.length, rng.randint(0, 3)
+        lower_plain, lower_static = [], []
+        for _ in range(k + 1):
+            x = ids([rng.randrange(13)])
+            lower_plain.append(model(x, cache=plain, layers=(0, E)).hidden)
+            lower_static.append(static(x, cache=cache, layers=(0, E)).hidden.clone())  # buffers are reused
+            torch.testing.assert_close(lower_static[-1], lower_plain[-1], atol=ATOL, rtol=0)
+        assert cache.lengths == plain.lengths and plain.lengths[0] == plain.lengths[E] + k + 1
+        expected = model(None, cache=plain, layers=(E, L), hidden_in=torch.cat(lower_plain, 1))
+        got = static(None, cache=cache, layers=(E, L), hidden_in=torch.cat(lower_static, 1))
+        torch.testing.assert_close(got.logits, expected.logits, atol=ATOL, rtol=0)
+        keep = n_before + 1 + rng.randint(0, k)
+        plain.rollback(keep)
+        cache.rollback(keep)
+
+
+@torch.inference_mode()
+def test_shapes_depend_on_T_only():
+    """Ten one-token forwards at ten cache lengths are one recorded entry (one CUDA graph on a GPU), with the
+    same input buffers and the same output tensor every time."""
+    model, _, static, cache = model_pair()
+    static(ids([1, 2, 3]), cache=cache)
+    outputs = {static(ids([t]), cache=cache).logits.data_ptr() for t in range(10)}
+    assert len(outputs) == 1 and cache.length == 13
+    assert sorted(len(k[1]) and k[1][0][0] for k in static.graphs.entries) == [(1, 1), (1, 3)]
+
+
+def test_long_forwards_run_plain_and_bad_uses_are_clear():
+    model, plain, static, cache = model_pair()
+    static.max_graph_tokens = 4
+    with torch.inference_mode():
+        out = static(ids(list(range(6))), cache=cache)  # 6 > 4 tokens: the plain forward, nothing recorded
+        torch.testing.assert_close(out.logits, model(ids(list(range(6))), cache=plain).logits)
+    assert not static.graphs.entries and cache.length == 6
+    with pytest.raises(ValueError, match="the cache it was made with"):
+        static(ids([1]), cache=plain)
+    cache.advance(56)  # 62 of 64 slots taken: 4 more tokens do not fit
+    with pytest.raises(ValueError, match="KV cache full"):
+        static(ids([1] * 4), cache=cache)
+    with pytest.raises(ValueError, match="runtime must be one of"):
+        runtime_model(model, cache, "fast")
+    assert runtime_model(model, cache, "auto") == (model, "eager")  # the CPU: the plain path
+    assert runtime_model(model, cache, "static")[1] == "static"
