@@ -9,8 +9,9 @@ and hands back the same output tensors every time. Shapes are part of the record
 (nanospec/static.py makes a forward's shapes depend only on its number of new tokens).
 
     graphs = Graphs(capture=True, protect=(cache.k, cache.v))
-    logits, = graphs(fn, idx, pos)   # first call with these shapes: warm up, capture, replay
-    logits, = graphs(fn, idx, pos)   # later calls: copy idx, pos into the buffers, replay; same `logits` tensor
+    logits, = graphs(fn, idx, pos)   # first call with these shapes: fn run on static buffers
+    logits, = graphs(fn, idx, pos)   # second: warm up, capture, replay
+    logits, = graphs(fn, idx, pos)   # later: copy idx, pos into the buffers, replay; the same `logits` tensor
 
 On a CPU (capture=False) the function is simply called, on the same static buffers, so the buffer handling is
 the same code on both and the CPU tests exercise it. Capture follows PyTorch's recipe: a few warm-up calls on a
@@ -19,6 +20,7 @@ KV cache): `protect` names those tensors, snapshotted before the warm-up and res
 runs no kernels).
 
 The outputs are overwritten by the next call with the same shapes: clone what must outlive it.
+Warm-up calls run with whatever the RNG is: keep sampling out of fn (or in a generator fn owns).
 """
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -67,12 +69,16 @@ class Graphs:
         self.entries = {}  # (key, input shapes and dtypes) -> Entry
 
     def __call__(self, fn, *inputs, key=()):
-        """fn's outputs for `inputs`. `key` names what is not a tensor but changes fn (e.g. the layer range)."""
+        """fn's outputs for `inputs`. `key` names what is not a tensor but changes fn (e.g. the layer range).
+        The first call of a key and shapes just runs fn on the buffers: a one-off shape (a prompt) is not worth
+        a graph. The second one records it, and every later one replays it."""
         full_key = (key, tuple((tuple(x.shape), x.dtype, x.device) for x in inputs))
         entry = self.entries.get(full_key)
         if entry is None:
-            entry = self.entries[full_key] = self.record(fn, inputs)
+            entry = self.entries[full_key] = Entry(inputs=[x.clone() for x in inputs])
         copy_into(entry.inputs, inputs)
+        if self.capture and entry.graph is None and entry.outputs is not None:  # the shape came back
+            self.record(fn, entry)
         if entry.graph is not None:
             entry.graph.replay()  # one launch: every kernel of fn, on the recorded buffers
         elif entry.outputs is None:
@@ -81,16 +87,12 @@ class Graphs:
             copy_into(entry.outputs, fn(*entry.inputs))
         return entry.outputs
 
-    def record(self, fn, inputs):
-        """A new Entry: static input buffers and, when capturing, the graph of fn over them."""
-        entry = Entry(inputs=[x.clone() for x in inputs])
-        if not self.capture:
-            return entry
+    def record(self, fn, entry):
+        """Capture fn over the entry's buffers (which hold this call's inputs) into entry.graph."""
         warm_up(fn, entry.inputs, self.protect, self.warmup_runs, torch.cuda.Stream())
         entry.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(entry.graph):
-            entry.outputs = tuple(fn(*entry.inputs))
-        return entry
+            entry.outputs = tuple(fn(*entry.inputs))  # recorded, not run: replay runs it
 
     @property
     def captured(self):

@@ -28,7 +28,6 @@ from nanospec.graphs import Graphs
 from nanospec.model import Output
 
 RUNTIMES = ("auto", "eager", "static")  # auto: static (graphs replayed) on CUDA, eager elsewhere
-MAX_GRAPH_TOKENS = 64  # longer forwards (a prompt's prefill) are one-offs: run plain, not captured
 
 
 def static_mask(slots, attend, max_len):
@@ -60,10 +59,11 @@ def forward(model, cache, x, pos, slots, attend, heads=False, layers=None):
 
 class StaticGPT:
     """A GPT's forwards on one cache, shape-static and, on CUDA, replayed from graphs (one per T, layer range and
-    heads). Called like the model; the Output's tensors are overwritten by the next call of the same shape."""
+    heads; a shape seen only once, like a prompt's, is never captured). Called like the model; the Output's
+    tensors are overwritten by the next call of the same shape (clone what must outlive it)."""
 
-    def __init__(self, model, cache, capture=False, max_graph_tokens=MAX_GRAPH_TOKENS):
-        self.model, self.cache, self.max_graph_tokens = model, cache, max_graph_tokens
+    def __init__(self, model, cache, capture=False):
+        self.model, self.cache = model, cache
         self.graphs = Graphs(capture, protect=(cache.k, cache.v))
 
     def __call__(self, idx, pos=None, cache=None, mask=None, heads=False, layers=None, hidden_in=None):
@@ -72,14 +72,13 @@ class StaticGPT:
         start, end = layers if layers is not None else (0, self.model.config.n_layer)
         x = hidden_in if start > 0 else idx  # (B, T) ids or (B, T, C) hidden states
         T, n = x.size(1), cache.lengths[start]
-        if T > self.max_graph_tokens:  # a one-off shape: the plain forward, same cache
-            return self.model(idx, pos, cache, mask, heads, layers, hidden_in)
         if n + T > cache.max_len:
             raise ValueError(f"KV cache full: {n + T} tokens > {cache.max_len}; shorten the prompt or the generation")
         slots = torch.arange(n, n + T, device=cache.device)  # (T,)
         pos = slots if pos is None else pos.reshape(T)  # (T,) a chain's positions are its slots
         attend = (torch.ones(T, T, dtype=torch.bool, device=cache.device).tril() if mask is None
                   else mask[:, n:])  # (T, T) among the new tokens
+
         def fn(x, pos, slots, attend):  # what the graph of this key records: tensors in, tensors out
             return forward(self.model, cache, x, pos, slots, attend, heads, (start, end))
 

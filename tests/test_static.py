@@ -1,15 +1,21 @@
 """The shape-static forward (nanospec/static.py) against the plain one (GPT.forward + KVCache.update), its oracle:
 chain, tree and early-exit layer-range forwards over many steps, with the rollbacks and compactions the methods
 make after verifying, give the same logits (fp32, allclose). The mask is checked on the docstring's example, and
-a forward's shapes are shown to depend on T alone: one recorded entry per T, whatever the cache's length."""
+a forward's shapes are shown to depend on T alone: one recorded entry per T, whatever the cache's length.
+Then the methods wired to it (`ar`, `speculative`) give the plain path's ids with --runtime static: greedy and,
+seeded, at temperature 1; and speculative's sampling-law test passes through the static path."""
 import random
+from functools import partial
 
 import pytest
 import torch
 
+import test_speculative
+from nanospec.decoding import METHODS
+from nanospec.parts import Models
 from nanospec.static import StaticGPT, runtime_model, static_mask
 from nanospec.tree import tree_mask, tree_positions
-from test_model import tiny_gpt
+from test_model import random_ids, tiny_gpt
 
 ATOL = 1e-5  # fp32: the static path sums over max_len slots, masked ones add exact zeros, so only order differs
 
@@ -113,19 +119,52 @@ def test_shapes_depend_on_T_only():
     assert sorted(len(k[1]) and k[1][0][0] for k in static.graphs.entries) == [(1, 1), (1, 3)]
 
 
-def test_long_forwards_run_plain_and_bad_uses_are_clear():
+def test_bad_uses_are_clear_errors():
     model, plain, static, cache = model_pair()
-    static.max_graph_tokens = 4
-    with torch.inference_mode():
-        out = static(ids(list(range(6))), cache=cache)  # 6 > 4 tokens: the plain forward, nothing recorded
-        torch.testing.assert_close(out.logits, model(ids(list(range(6))), cache=plain).logits)
-    assert not static.graphs.entries and cache.length == 6
     with pytest.raises(ValueError, match="the cache it was made with"):
         static(ids([1]), cache=plain)
-    cache.advance(56)  # 62 of 64 slots taken: 4 more tokens do not fit
+    cache.advance(62)  # 62 of 64 slots taken: 4 more tokens do not fit
     with pytest.raises(ValueError, match="KV cache full"):
         static(ids([1] * 4), cache=cache)
     with pytest.raises(ValueError, match="runtime must be one of"):
         runtime_model(model, cache, "fast")
     assert runtime_model(model, cache, "auto") == (model, "eager")  # the CPU: the plain path
     assert runtime_model(model, cache, "static")[1] == "static"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The methods through it: `ar` and `speculative` with --runtime static give the plain path's ids
+
+
+def generations(method, models, prompt, n, **kw):
+    """(ids, stats) of the static runtime and of the plain one, for the same request."""
+    return [METHODS[method](models, prompt, n, runtime=r, **kw) for r in ("static", "eager")]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("seed", range(3))
+def test_ar_static_equals_plain(seed, temperature):
+    models = Models(target=tiny_gpt(seed))
+    (ids, stats), (plain_ids, plain_stats) = generations("ar", models, random_ids(1 + 3 * seed, seed=seed), 30,
+                                                         temperature=temperature, seed=seed)
+    assert ids == plain_ids and len(ids) == 30
+    assert (stats["runtime"], plain_stats["runtime"]) == ("static", "eager")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("seed, k", [(0, 1), (1, 3), (2, 5)])
+def test_speculative_static_equals_plain(seed, k, temperature):
+    models = Models(target=tiny_gpt(seed), draft=tiny_gpt(seed + 10, n_layer=1))
+    prompt = random_ids(2 + seed, seed=seed)
+    (ids, stats), (plain_ids, _) = generations("speculative", models, prompt, 40, temperature=temperature,
+                                               seed=seed, draft_len=k)
+    assert ids == plain_ids and stats["runtime"] == "static"
+    if temperature == 0:
+        assert ids == METHODS["ar"](models, prompt, 40)[0]
+
+
+def test_speculative_sampling_law_through_the_static_path(monkeypatch):
+    """test_speculative's law test (TV against the exact law of the first 3 tokens) with --runtime static."""
+    monkeypatch.setattr(test_speculative, "speculative", partial(METHODS["speculative"], runtime="static"))
+    distance, bound = test_speculative.sampled_tv(2, (1.0, None, None), 1500)
+    assert distance < bound, f"TV {distance:.4f} >= bound {bound:.4f}"
