@@ -19,9 +19,11 @@ Example, max_len 6, the cache holds 2 tokens:
                                                   node 2   1 1 1 . 1 .
 
 `StaticGPT` is called exactly like the model on one cache (model(idx, pos, cache, mask, heads, layers, hidden_in)),
-so a method swaps it in for its forwards and reads the same; `runtime_model` picks the path. GPT.forward stays
+so a method swaps it in for its forwards and reads the same; `runtime_model` picks the path and gives the cache. GPT.forward stays
 the oracle: tests/test_static.py holds this path to it.
 """
+import weakref
+
 import torch
 
 from nanospec.graphs import Graphs
@@ -87,13 +89,27 @@ class StaticGPT:
         return Output(logits=logits, hidden=hidden, head_logits=head_logits)
 
 
-def runtime_model(model, cache, runtime="auto"):
-    """The forward a method runs on `cache`, and the name of the path: ("eager", the model itself), or
-    ("static", StaticGPT without capture: the CPU, to test it) or ("graph", StaticGPT replaying CUDA graphs).
-    runtime: "auto" (graph on CUDA, eager elsewhere), "eager" or "static" (graph on CUDA)."""
+# StaticGPTs kept from one generation to the next, so each shape is captured once per process, not once per
+# generation (a capture costs a few forwards). Per model, role (a model may be both target and draft) and where
+# its weights live: moving the model (.to, .half) makes new weights, which old graphs would not read.
+KEPT = weakref.WeakKeyDictionary()  # model -> {(role, weight address, dtype): StaticGPT}
+
+
+def runtime_model(model, runtime="auto", role="target"):
+    """An empty KV cache for `model` and what runs its forwards on it: (forward, cache, path), path "eager"
+    (forward = the model itself, the oracle), "static" (a StaticGPT that just calls its function: the CPU,
+    to test it) or "graph" (a StaticGPT replaying CUDA graphs). runtime: "auto" (graph on CUDA, eager
+    elsewhere), "eager" or "static" (graph on CUDA). role: a name per model a method runs (target, draft)."""
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
-    cuda = cache.device.type == "cuda"
+    w = model.wte.weight
+    cuda = w.device.type == "cuda"
     if runtime == "eager" or (runtime == "auto" and not cuda):
-        return model, "eager"
-    return StaticGPT(model, cache, capture=cuda), "graph" if cuda else "static"
+        return model, model.new_cache(), "eager"
+    kept = KEPT.setdefault(model, {})
+    key = (role, w.data_ptr(), w.dtype)
+    if key not in kept:
+        kept[key] = StaticGPT(model, model.new_cache(), capture=cuda)
+    static = kept[key]
+    static.cache.lengths = [0] * len(static.cache.lengths)  # a new generation: every slot free (stale ones masked)
+    return static, static.cache, "graph" if cuda else "static"

@@ -10,6 +10,7 @@ from functools import partial
 import pytest
 import torch
 
+import test_device
 import test_speculative
 from nanospec.decoding import METHODS
 from nanospec.parts import Models
@@ -127,9 +128,23 @@ def test_bad_uses_are_clear_errors():
     with pytest.raises(ValueError, match="KV cache full"):
         static(ids([1] * 4), cache=cache)
     with pytest.raises(ValueError, match="runtime must be one of"):
-        runtime_model(model, cache, "fast")
-    assert runtime_model(model, cache, "auto") == (model, "eager")  # the CPU: the plain path
-    assert runtime_model(model, cache, "static")[1] == "static"
+        runtime_model(model, "fast")
+
+
+def test_runtime_model_keeps_one_static_forward_per_model_role_and_weights():
+    """Graphs are captured once per process: the next generation gets the same StaticGPT, its cache emptied; a
+    second role (the same model as target and draft) gets its own; moved weights get a new one."""
+    model = tiny_gpt(0)
+    forward, cache, path = runtime_model(model, "auto")  # the CPU: the plain path, a new cache each time
+    assert forward is model and path == "eager" and cache is not runtime_model(model, "eager")[1]
+    static, cache, path = runtime_model(model, "static")
+    assert isinstance(static, StaticGPT) and path == "static" and static.cache is cache
+    with torch.inference_mode():
+        static(ids([1, 2, 3]), cache=cache)
+    again, cache_again, _ = runtime_model(model, "static")
+    assert again is static and cache_again is cache and cache.lengths == [0, 0]
+    assert runtime_model(model, "static", role="draft")[0] is not static
+    assert runtime_model(model.float(), "static")[0] is not static
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -168,3 +183,23 @@ def test_speculative_sampling_law_through_the_static_path(monkeypatch):
     monkeypatch.setattr(test_speculative, "speculative", partial(METHODS["speculative"], runtime="static"))
     distance, bound = test_speculative.sampled_tv(2, (1.0, None, None), 1500)
     assert distance < bound, f"TV {distance:.4f} >= bound {bound:.4f}"
+
+
+def test_speculative_static_with_the_target_as_its_own_draft():
+    """Target and draft are one model: two roles, two caches. Sharing one would break every step."""
+    target = tiny_gpt(4)
+    ids, stats = METHODS["speculative"](Models(target=target, draft=target), [2, 5], 30, draft_len=3,
+                                        runtime="static")
+    assert ids == METHODS["ar"](Models(target=target), [2, 5], 30)[0]
+    assert stats["accepted"] == stats["drafted"]  # the draft IS the target: every guess is right
+
+
+@pytest.mark.parametrize("method", ["ar", "speculative"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_static_path_makes_every_tensor_on_the_models_device(method, temperature):
+    """test_device.py's check (a tensor made without naming a device lands on meta and fails), on the static path."""
+    models = Models(target=tiny_gpt(0), draft=tiny_gpt(5, n_layer=1, n_future=0))
+    with torch.device("meta"), test_device.on_meta_fails():
+        ids, _ = METHODS[method](models, random_ids(6, seed=3), 10, temperature=temperature, seed=0,
+                                 runtime="static")
+    assert len(ids) == 10

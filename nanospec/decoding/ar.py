@@ -26,8 +26,7 @@ OPTIONS = {**RUNTIME_OPTION}  # method-specific options: name -> Option(type, de
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
     o = read_options(OPTIONS, options)
     run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
-    cache = models.target.new_cache()
-    target, runtime = runtime_model(models.target, cache, o.runtime)  # the model, or its static forwards
+    target, cache, runtime = runtime_model(models.target, o.runtime)  # the model, or its static forwards
     x = tensor(run.prompt, cache.device)  # (1, T) the prompt, then one token at a time
     while True:
         token = run.sample(target(x, cache=cache).logits[0, -1])  # from the (V,) next-token logits

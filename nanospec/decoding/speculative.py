@@ -60,9 +60,8 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     check_draft(models.target, models.draft)
     length = draft_length(o, o.draft_len)  # k per step: draft_len, or adaptive
     run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
-    target_cache, draft_cache = models.target.new_cache(), models.draft.new_cache()
-    target, runtime = runtime_model(models.target, target_cache, o.runtime)  # each model, or its static forwards
-    draft, _ = runtime_model(models.draft, draft_cache, o.runtime)
+    target, target_cache, runtime = runtime_model(models.target, o.runtime)  # the model, or its static forwards
+    draft, draft_cache, _ = runtime_model(models.draft, o.runtime, role="draft")
     drafted = accepted = judged = draft_forwards = 0
 
     last, _ = prefill(run, target, target_cache)
