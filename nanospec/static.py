@@ -19,8 +19,8 @@ Example, max_len 6, the cache holds 2 tokens:
                                                   node 2   1 1 1 . 1 .
 
 `StaticGPT` is called exactly like the model on one cache (model(idx, pos, cache, mask, heads, layers, hidden_in)),
-so a method swaps it in for its forwards and reads the same; `runtime_model` picks the path and gives the cache. GPT.forward stays
-the oracle: tests/test_static.py holds this path to it.
+so a method swaps it in for its forwards and reads the same; `runtime_model` picks the path and hands out the
+cache. GPT.forward stays the oracle: tests/test_static.py holds this path to it.
 """
 import weakref
 
@@ -91,7 +91,8 @@ class StaticGPT:
 
 # StaticGPTs kept from one generation to the next, so each shape is captured once per process, not once per
 # generation (a capture costs a few forwards). Per model, role (a model may be both target and draft) and where
-# its weights live: moving the model (.to, .half) makes new weights, which old graphs would not read.
+# its weights live: moving the model (.to, .half) makes new weights, which old graphs would not read. A kept
+# StaticGPT refers to its model through a weak proxy, so dropping the model drops its graphs too.
 KEPT = weakref.WeakKeyDictionary()  # model -> {(role, weight address, dtype): StaticGPT}
 
 
@@ -109,7 +110,7 @@ def runtime_model(model, runtime="auto", role="target"):
     kept = KEPT.setdefault(model, {})
     key = (role, w.data_ptr(), w.dtype)
     if key not in kept:
-        kept[key] = StaticGPT(model, model.new_cache(), capture=cuda)
+        kept[key] = StaticGPT(weakref.proxy(model), model.new_cache(), capture=cuda)
     static = kept[key]
     static.cache.lengths = [0] * len(static.cache.lengths)  # a new generation: every slot free (stale ones masked)
     return static, static.cache, "graph" if cuda else "static"

@@ -4,6 +4,7 @@ make after verifying, give the same logits (fp32, allclose). The mask is checked
 a forward's shapes are shown to depend on T alone: one recorded entry per T, whatever the cache's length.
 Then the methods wired to it (`ar`, `speculative`) give the plain path's ids with --runtime static: greedy and,
 seeded, at temperature 1; and speculative's sampling-law test passes through the static path."""
+import gc
 import random
 from functools import partial
 
@@ -14,7 +15,7 @@ import test_device
 import test_speculative
 from nanospec.decoding import METHODS
 from nanospec.parts import Models
-from nanospec.static import StaticGPT, runtime_model, static_mask
+from nanospec.static import KEPT, StaticGPT, runtime_model, static_mask
 from nanospec.tree import tree_mask, tree_positions
 from test_model import random_ids, tiny_gpt
 
@@ -203,3 +204,12 @@ def test_static_path_makes_every_tensor_on_the_models_device(method, temperature
         ids, _ = METHODS[method](models, random_ids(6, seed=3), 10, temperature=temperature, seed=0,
                                  runtime="static")
     assert len(ids) == 10
+
+
+def test_a_dropped_model_drops_its_kept_static_forwards():
+    model = tiny_gpt(0)
+    runtime_model(model, "static")
+    n = len(KEPT)
+    del model
+    gc.collect()
+    assert len(KEPT) == n - 1
