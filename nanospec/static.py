@@ -76,6 +76,8 @@ class StaticGPT:
         T, n = x.size(1), cache.lengths[start]
         if n + T > cache.max_len:
             raise ValueError(f"KV cache full: {n + T} tokens > {cache.max_len}; shorten the prompt or the generation")
+        if mask is not None and tuple(mask.shape) != (T, n + T):
+            raise ValueError(f"mask must be (T, cached + T) = ({T}, {n + T}), got {tuple(mask.shape)}")
         slots = torch.arange(n, n + T, device=cache.device)  # (T,)
         pos = slots if pos is None else pos.reshape(T)  # (T,) a chain's positions are its slots
         attend = (torch.ones(T, T, dtype=torch.bool, device=cache.device).tril() if mask is None

@@ -125,6 +125,8 @@ def test_bad_uses_are_clear_errors():
     model, plain, static, cache = model_pair()
     with pytest.raises(ValueError, match="the cache it was made with"):
         static(ids([1]), cache=plain)
+    with pytest.raises(ValueError, match="mask must be"):
+        static(ids([1, 2]), cache=cache, mask=torch.ones(2, 3, dtype=torch.bool))
     cache.advance(62)  # 62 of 64 slots taken: 4 more tokens do not fit
     with pytest.raises(ValueError, match="KV cache full"):
         static(ids([1] * 4), cache=cache)
