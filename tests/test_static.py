@@ -14,9 +14,11 @@ import torch
 import test_device
 import test_speculative
 from nanospec.decoding import METHODS
+from nanospec.decoding.chain_step import accept_greedy
 from nanospec.parts import Models
 from nanospec.static import KEPT, StaticGPT, runtime_model, static_mask
 from nanospec.tree import tree_mask, tree_positions
+from nanospec.verify import verify_chain_greedy
 from test_model import random_ids, tiny_gpt
 
 ATOL = 1e-5  # fp32: the static path sums over max_len slots, masked ones add exact zeros, so only order differs
@@ -215,3 +217,18 @@ def test_a_dropped_model_drops_its_kept_static_forwards():
     del model
     gc.collect()
     assert len(KEPT) == n - 1
+
+
+def test_accept_greedy_is_verify_chain_greedy_on_the_device():
+    logits = torch.full((4, 12), -1.0)
+    logits[[0, 1, 2, 3], [5, 9, 7, 3]] = 1.0  # target argmax [5, 9, 7, 3]
+    n, nxt = accept_greedy(logits, torch.tensor([5, 9, 2]))  # the docstring's example
+    assert (n.item(), nxt.item()) == (2, 7) == verify_chain_greedy(logits, [5, 9, 2])
+    g = torch.Generator().manual_seed(0)
+    for k in range(6):
+        logits = torch.randint(0, 3, (k + 1, 5), generator=g).float()  # many ties: the first maximum wins
+        drafts = logits.argmax(-1)[:k].clone()
+        if k:
+            drafts[torch.randint(0, k, (1,), generator=g)] = torch.randint(0, 5, (1,), generator=g)
+        n, nxt = accept_greedy(logits, drafts)
+        assert (n.item(), nxt.item()) == verify_chain_greedy(logits, drafts.tolist())

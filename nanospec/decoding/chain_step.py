@@ -47,10 +47,10 @@ def chain_verify(run, cache, n_before, logits, drafts, q_draft=None):
     else:
         draft_ids = torch.tensor(list(drafts), dtype=torch.long, device=logits.device)  # (k,)
         if run.sampling.greedy:  # both rules reduce to "accept while guess == argmax"; skip building p
-            n, nxt = verify_chain_greedy(logits, list(drafts))  # a list: its one read is the argmax
-        elif q_draft is None:
+            n, nxt = verify_chain_greedy(logits, list(drafts))  # given a list, its one read is the argmax
+        elif q_draft is None:  # warp(logits): the target's law (k+1, V) after last, d1, ..., dk
             n, nxt = verify_chain_point_mass(warp(logits, *run.sampling), draft_ids, run.generator)
-        else:  # warp(logits): the target's law (k+1, V) after last, d1, ..., dk
+        else:
             n, nxt = verify_chain(warp(logits, *run.sampling), q_draft, draft_ids, run.generator)
         emitted = list(drafts[:n]) + [int(nxt)]
     cache.rollback(n_before + 1 + n)  # keep last and the accepted drafts
