@@ -9,8 +9,8 @@ and hands back the same output tensors every time. Shapes are part of the record
 (nanospec/static.py makes a forward's shapes depend only on its number of new tokens).
 
     graphs = Graphs(capture=True, protect=(cache.k, cache.v))
-    logits, = graphs(fn, idx, pos)   # first call with these shapes: fn run on static buffers
-    logits, = graphs(fn, idx, pos)   # second: warm up, capture, replay
+    logits, = graphs(fn, idx, pos)   # first call with these shapes: just fn(idx, pos)
+    logits, = graphs(fn, idx, pos)   # second: static buffers made, warm up, capture, replay
     logits, = graphs(fn, idx, pos)   # later: copy idx, pos into the buffers, replay; the same `logits` tensor
 
 On a CPU (capture=False) the function is simply called, on the same static buffers, so the buffer handling is
@@ -66,19 +66,23 @@ class Graphs:
         if capture and not torch.cuda.is_available():
             raise ValueError("CUDA graphs need a CUDA device; this machine has none")
         self.capture, self.protect, self.warmup_runs = capture, tuple(protect), warmup_runs
-        self.entries = {}  # (key, input shapes and dtypes) -> Entry
+        self.entries = {}  # (key, input shapes and dtypes) -> Entry, for those called more than once
+        self.seen = set()  # the keys called once so far
 
     def __call__(self, fn, *inputs, key=()):
         """fn's outputs for `inputs`. `key` names what is not a tensor but changes fn (e.g. the layer range).
-        The first call of a key and shapes just runs fn on the buffers: a one-off shape (a prompt) is not worth
-        a graph. The second one records it, and every later one replays it."""
+        The first call of a key and shapes just calls fn: a one-off shape (a prompt) is worth neither buffers nor
+        a graph. The second one makes the buffers and, capturing, records the graph; later ones replay it."""
         full_key = (key, tuple((tuple(x.shape), x.dtype, x.device) for x in inputs))
         entry = self.entries.get(full_key)
         if entry is None:
+            if full_key not in self.seen:
+                self.seen.add(full_key)
+                return tuple(fn(*inputs))
             entry = self.entries[full_key] = Entry(inputs=[x.clone() for x in inputs])
+            if self.capture:
+                self.record(fn, entry)
         copy_into(entry.inputs, inputs)
-        if self.capture and entry.graph is None and entry.outputs is not None:  # the shape came back
-            self.record(fn, entry)
         if entry.graph is not None:
             entry.graph.replay()  # one launch: every kernel of fn, on the recorded buffers
         elif entry.outputs is None:

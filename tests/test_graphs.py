@@ -1,5 +1,5 @@
 """nanospec/graphs.py on the CPU: the passthrough gives what calling the function gives, through buffers that
-keep their addresses; one entry per key and shapes; warm-up calls leave protected state as it was. The capture
+keep their addresses from a shape's second call on; one entry per key and shapes called twice; warm-up calls leave protected state as it was. The capture
 itself needs CUDA: its test is skipped here and runs on a GPU machine."""
 import pytest
 import torch
@@ -25,13 +25,15 @@ def test_passthrough_equals_calling_the_function():
 def test_buffers_keep_their_addresses():
     graphs = Graphs()
     w = torch.randn(4, 3)
-    first = graphs(affine, torch.randn(2, 4), w)[0]
+    graphs(affine, torch.randn(2, 4), w)  # the first call of a shape just calls the function
+    assert not graphs.entries
+    second = graphs(affine, torch.randn(2, 4), w)[0]  # the second makes the buffers
     (entry,) = graphs.entries.values()
     inputs = [t.data_ptr() for t in entry.inputs]
     for _ in range(3):
         x = torch.randn(2, 4)
         y = graphs(affine, x, w)[0]
-        assert y is first and y.data_ptr() == first.data_ptr()  # the same output tensor, rewritten in place
+        assert y is second and y.data_ptr() == second.data_ptr()  # the same output tensor, rewritten in place
         assert [t.data_ptr() for t in entry.inputs] == inputs and torch.equal(entry.inputs[0], x)
     assert graphs.captured == 0
 
@@ -39,11 +41,12 @@ def test_buffers_keep_their_addresses():
 def test_one_entry_per_key_and_shape():
     graphs = Graphs()
     w = torch.randn(4, 3)
-    a = graphs(affine, torch.ones(2, 4), w)[0].clone()
-    graphs(affine, torch.ones(5, 4), w)  # a new shape: a new entry
-    b = graphs(affine, torch.ones(2, 4), w, key="other")[0]  # same shapes, another key: another entry
-    graphs(affine, torch.ones(2, 4), w)
-    assert len(graphs.entries) == 3 and torch.equal(a, b)
+    calls = [(torch.ones(2, 4), ()), (torch.ones(5, 4), ()), (torch.ones(2, 4), "other")]
+    for x, key in calls + calls:  # each twice: the second call of each makes its entry
+        graphs(affine, x, w, key=key)
+    graphs(affine, torch.ones(7, 4), w)  # once only: no entry
+    assert len(graphs.entries) == 3 and len(graphs.seen) == 4
+    assert torch.equal(graphs(affine, torch.ones(2, 4), w)[0], graphs(affine, torch.ones(2, 4), w, key="other")[0])
 
 
 def test_warm_up_leaves_protected_state_untouched():
@@ -75,7 +78,7 @@ def test_capture_replays_and_protects_state():
         return affine(x, w)[0], cache * 1
 
     graphs = Graphs(capture=True, protect=[cache])
-    for i in range(3):
+    for i in range(4):  # called once, then captured, then replayed
         x = torch.randn(2, 4, device="cuda")
         y, seen = graphs(step, x, torch.tensor([i], device="cuda"))
         torch.testing.assert_close(y, affine(x, w)[0])
