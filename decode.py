@@ -125,6 +125,8 @@ def main(argv=None):
     print(prompt + grouped(models.tokenizer, ids, stats["accepted_per_step"], colour))
     notes = {"context": " (stopped: the model's context is full)", "eot": " (stopped at end-of-text)"}
     note = notes.get(stats["stop"], "")
+    if "runtime" in stats:  # which forwards ran: eager PyTorch, static, or static replayed from CUDA graphs
+        note += f" [runtime {stats['runtime']}]"
     print(f"\n--- {args.method}: {stats['new_tokens']} tokens, {stats['target_forwards']} target forwards, "
           f"{stats['tokens_per_forward']:.2f} tokens/forward, {stats['wall_time']:.2f}s "
           f"({stats['new_tokens'] / max(stats['wall_time'], 1e-9):.1f} tokens/s){note}")

@@ -76,6 +76,15 @@ class KVCache:
         self.v[layer, :, :, start:end] = v_new
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, nh, start+T, hs)
 
+    def write(self, layer, slots, k_new, v_new):
+        """The shape-static `update` (nanospec/static.py): write the new keys/values (B, nh, T, hs) of one layer
+        at `slots` (T,), a LongTensor on the device, and return every slot (B, nh, max_len, hs), for attention
+        under a mask that hides the unused ones. No Python int enters the shapes, and `lengths` is left to the
+        caller (a replayed CUDA graph runs no Python)."""
+        self.k[layer].index_copy_(2, slots, k_new)
+        self.v[layer].index_copy_(2, slots, v_new)
+        return self.k[layer], self.v[layer]  # (B, nh, max_len, hs)
+
     def advance(self, T, layers=None):
         """Make the T tokens just written part of the cache, in `layers` (default: all of them)."""
         for i in range(len(self.lengths)) if layers is None else layers:
@@ -117,11 +126,13 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.n_head, self.dropout = config.n_head, config.dropout
 
-    def forward(self, x, mask, cache=None, layer=0):
+    def forward(self, x, mask, cache=None, layer=0, slots=None):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        if cache is not None:
+        if slots is not None:  # static forward: write at slot tensors, attend over all max_len slots
+            k, v = cache.write(layer, slots, k, v)  # (B, nh, max_len, hs)
+        elif cache is not None:
             k, v = cache.update(layer, k, v)  # (B, nh, S, hs), S = cached + T
         p = self.dropout if self.training else 0.0
         if mask is None:  # plain causal attention over T == S tokens (training, no cache)
@@ -150,8 +161,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, mask, cache=None, layer=0):
-        x = x + self.attn(self.ln_1(x), mask, cache, layer)
+    def forward(self, x, mask, cache=None, layer=0, slots=None):
+        x = x + self.attn(self.ln_1(x), mask, cache, layer, slots)
         return x + self.mlp(self.ln_2(x))
 
 

@@ -24,19 +24,24 @@ Cost per step: k draft forwards + 1 target forward for 1..k+1 tokens. If each gu
 probability a, independently, a step yields (1 - a^(k+1)) / (1 - a) tokens on average. The stats'
 `acceptance_rate` estimates that a: accepted / judged, where a guess is judged if every guess before it was
 accepted (guesses after a rejection are never looked at, so they say nothing about a).
+
+The guesses stay on the device: each draft forward reads the previous one's sampled token there, and the step's
+one host read brings back the guesses, the accepted count and the target's token together (chain_step.py). On
+CUDA both models' forwards are replayed from CUDA graphs (nanospec/static.py) unless --runtime eager.
 """
 import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
 from nanospec.decoding.chain_step import chain_step
-from nanospec.decoding.options import Option, Sampling, read_options
+from nanospec.decoding.options import RUNTIME_OPTION, Option, Sampling, read_options
 from nanospec.decoding.run import prefill, start, tensor
+from nanospec.static import runtime_model
 from nanospec.verify import sample, warp
 
 NEEDS = ("draft",)  # model parts beyond the target
 USES = ()  # parts used when present
 OPTIONS = {"draft_len": Option(int, 4, "tokens the draft guesses per target forward (k)", low=1, high=64),
-           **ADAPTIVE_OPTIONS}
+           **ADAPTIVE_OPTIONS, **RUNTIME_OPTION}
 
 
 def check_draft(target, draft):
@@ -52,11 +57,11 @@ def check_draft(target, draft):
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
     o = read_options(OPTIONS, options)
-    target, draft = models.target, models.draft
-    check_draft(target, draft)
+    check_draft(models.target, models.draft)
     length = draft_length(o, o.draft_len)  # k per step: draft_len, or adaptive
     run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
-    target_cache, draft_cache = target.new_cache(), draft.new_cache()
+    target, target_cache, runtime = runtime_model(models.target, o.runtime)  # the model, or its static forwards
+    draft, draft_cache, _ = runtime_model(models.draft, o.runtime, role="draft")
     drafted = accepted = judged = draft_forwards = 0
 
     last, _ = prefill(run, target, target_cache)
@@ -65,18 +70,19 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         seq = run.seq
         k = run.draft_room(length.k)  # fewer guesses near the context end or the token budget
         # Draft k tokens autoregressively, keeping each q row: Leviathan's rule needs the law each came from.
-        x, drafts, q_rows = seq[draft_cache.length:], [], []  # x: what the draft has not read yet
+        x, drafts, q_rows = tensor(seq[draft_cache.length:], draft_cache.device), [], []  # what it has not read
         for _ in range(k):
             with run.drafting():
-                logits = draft(tensor(x, draft_cache.device), cache=draft_cache).logits[0, -1]  # (V,)
+                logits = draft(x, cache=draft_cache).logits[0, -1]  # (V,)
                 q_rows.append(warp(logits, *run.sampling))  # (V,)
-                drafts.append(sample(q_rows[-1], run.generator).item())
-            x = [drafts[-1]]
+                drafts.append(sample(q_rows[-1], run.generator))  # () on the device: no host read
+            x = drafts[-1].view(1, 1)  # (1, 1) the next draft forward reads it there
             if length.stop(logits, drafts[-1]):  # the draft is unsure: check what we have
                 break
         k = len(drafts)
         draft_forwards += k
         q_draft = torch.stack(q_rows) if k else None  # (k, V); k == 0: no guesses, the target just samples
+        drafts = torch.stack(drafts) if k else torch.zeros(0, dtype=torch.long, device=draft_cache.device)  # (k,)
 
         # One target forward over [last, d1..dk]; the target cache rolls back to last + accepted drafts.
         emitted, n, _ = chain_step(run, target, target_cache, seq[-1], drafts, q_draft=q_draft)
@@ -88,4 +94,5 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         done = run.emit(emitted)
 
     return run.out, run.stats(drafted=drafted, accepted=accepted, judged=judged,
-                              acceptance_rate=accepted / max(1, judged), draft_forwards=draft_forwards)
+                              acceptance_rate=accepted / max(1, judged), draft_forwards=draft_forwards,
+                              runtime=runtime)
