@@ -29,7 +29,10 @@ import torch
 from nanospec.graphs import Graphs
 from nanospec.model import Output
 
-RUNTIMES = ("auto", "eager", "static")  # auto: static (graphs replayed) on CUDA, eager elsewhere
+RUNTIMES = ("auto", "eager", "static")  # auto: eager for now (below); static: graphs replayed on CUDA
+# auto stays eager on CUDA too until the graph path has run on a GPU (tests/test_graphs.py's capture test and
+# make gpu-check): it was written on a machine without one. Then auto becomes "static on CUDA".
+AUTO_STATIC_ON_CUDA = False
 
 
 def static_mask(slots, attend, max_len):
@@ -101,13 +104,14 @@ KEPT = weakref.WeakKeyDictionary()  # model -> {(role, weight address, dtype): S
 def runtime_model(model, runtime="auto", role="target"):
     """An empty KV cache for `model` and what runs its forwards on it: (forward, cache, path), path "eager"
     (forward = the model itself, the oracle), "static" (a StaticGPT that just calls its function: the CPU,
-    to test it) or "graph" (a StaticGPT replaying CUDA graphs). runtime: "auto" (graph on CUDA, eager
-    elsewhere), "eager" or "static" (graph on CUDA). role: a name per model a method runs (target, draft)."""
+    to test it) or "graph" (a StaticGPT replaying CUDA graphs). runtime: "auto" (eager, until the graph path has
+    been checked on a GPU: AUTO_STATIC_ON_CUDA), "eager" or "static" (graph on CUDA). role: a name per model a
+    method runs (target, draft)."""
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
     w = model.wte.weight
     cuda = w.device.type == "cuda"
-    if runtime == "eager" or (runtime == "auto" and not cuda):
+    if runtime == "eager" or (runtime == "auto" and not (cuda and AUTO_STATIC_ON_CUDA)):
         return model, model.new_cache(), "eager"
     kept = KEPT.setdefault(model, {})
     key = (role, w.data_ptr(), w.dtype)
