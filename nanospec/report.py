@@ -335,10 +335,11 @@ def leviathan_section(m, summaries):
                          f"{summaries[t]['speculative'][group]['speedup']:.2f}x"])
     head = ["temperature", "category", "a", "tokens/step predicted", "measured", "speedup predicted (Leviathan)",
             "c_step", "predicted (c_step, verify cost)", "measured"]
-    return [f"## speculative: predicted against measured (k = {k}, c = draft/target forward time = {c_forward:.2f})",
+    return [f"## speculative: predicted against measured (k = {k}, c_forward = bare draft forward / bare target "
+            f"forward = {c_forward:.2f}; the header's c is the draft's whole pass in decoding)",
             "", table(head, rows), "",
             "a: acceptance rate per draft token (maximum likelihood from the accepted counts). Predicted "
-            "tokens/step: (1 - a^(k+1)) / (1 - a). Leviathan et al.'s speedup: that / (k c + 1), with c the "
+            "tokens/step: (1 - a^(k+1)) / (1 - a). Leviathan et al.'s speedup: that / (k c + 1), with c = c_forward, the "
             "ratio of bare forwards over 1 token. The next prediction prices what the formula leaves out: "
             "c_step is the ratio of whole decoding steps (forward + warp + sample: per token, the draft pays "
             f"the same Python and sampling overhead as the target), and the verify forward over k+1 tokens "
