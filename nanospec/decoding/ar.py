@@ -8,8 +8,9 @@ Each step feeds the last token to the model, which attends to the KV cache of ev
 `generate_nocache` is the slow, obvious path: a full forward over the whole sequence for every token, no cache.
 It is kept as the oracle that the cached path (and through it every fast method) is tested against.
 
---runtime picks how the forwards run (nanospec/static.py): on CUDA, by default, each one-token forward is replayed
-from a CUDA graph; `--runtime eager` is plain PyTorch. One host read per token either way: the sampled id.
+--runtime picks how the forwards run (nanospec/static.py): `static` runs shape-static forwards, on CUDA each
+one-token forward replayed from a CUDA graph; `eager` (what `auto` means for now) is plain PyTorch. One host
+read per token either way: the sampled id.
 """
 import torch
 

@@ -26,8 +26,8 @@ probability a, independently, a step yields (1 - a^(k+1)) / (1 - a) tokens on av
 accepted (guesses after a rejection are never looked at, so they say nothing about a).
 
 The guesses stay on the device: each draft forward reads the previous one's sampled token there, and the step's
-one host read brings back the guesses, the accepted count and the target's token together (chain_step.py). On
-CUDA both models' forwards are replayed from CUDA graphs (nanospec/static.py) unless --runtime eager.
+one host read brings back the guesses, the accepted count and the target's token together (chain_step.py). With
+--runtime static both models' forwards are shape-static, replayed from CUDA graphs on CUDA (nanospec/static.py).
 """
 import torch
 
