@@ -46,6 +46,7 @@ from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.decoding.options import DRAFT_SAMPLING
 from nanospec.device import pick_device
 from nanospec.parts import load_models
+from nanospec.static import RUNTIMES, runtime_model
 from nanospec.verify import sample, warp
 
 
@@ -80,6 +81,13 @@ def parse_args(argv=None):
                    help="float64 is slow but rules out near-ties when checking greedy equality (tests)")
     p.add_argument("--quick", action="store_true", help="smoke run: 2 prompts per category, 16 tokens (unless "
                    "those flags are given), forward costs for n = 1..8 only")
+    p.add_argument("--runtime", default="auto", choices=RUNTIMES,
+                   help="how the forwards run, passed to every method that takes the option (nanospec/static.py): "
+                        "eager = plain PyTorch; static = shape-static forwards, replayed from CUDA graphs on CUDA; "
+                        "auto = each method's default. On CUDA, auto compares the two (--compare-runtimes)")
+    p.add_argument("--compare-runtimes", action="store_true",
+                   help="run every method that takes --runtime static, plus an eager row \"name (eager)\" of each; "
+                        "forward costs and drafter costs both ways (the default with --runtime auto on CUDA)")
     p.add_argument("--out", default="bench_results.md", help="the report is also written here")
     args = p.parse_args(argv)
     if args.prompts_per_category is None:
@@ -104,6 +112,8 @@ def check_args(args):
                              ("--threads", args.threads, 0)):
         if value < low:
             raise ValueError(f"{flag} must be at least {low}, got {value}")
+    if args.compare_runtimes and args.runtime == "eager":
+        raise ValueError("--compare-runtimes runs the static path beside the eager one; drop --runtime eager")
     if args.prompts_per_category == 0 or args.prompts_per_category < -1:
         raise ValueError(f"--prompts-per-category must be at least 1 (or -1 = all), got {args.prompts_per_category}")
     folder = os.path.dirname(os.path.abspath(args.out))
@@ -219,8 +229,9 @@ def prepare(args):
         notes.append(f"- {cut} prompt(s) kept only their last {block - args.max_new_tokens} tokens, to fit "
                      f"the context ({block}) with {args.max_new_tokens} new tokens")
     categories = list(dict.fromkeys(q["category"] for q in prompts))
+    compare = args.compare_runtimes or (args.runtime == "auto" and device.startswith("cuda"))
     return dict(device=device, models=models, names=names, notes=notes, prompts=prompts, categories=categories,
-                temperatures=temperatures)
+                temperatures=temperatures, compare=compare)
 
 
 # ----------------------------------------------------------------------------- running the methods
@@ -236,17 +247,29 @@ def timed(fn, *args, **kwargs):
     return result, time.perf_counter() - t
 
 
-def table_rows(names, temperature):
-    """The rows of one temperature's table, row label -> (method, options): every method with its defaults; when
-    sampling, also each method that has a --draft-sampling switch in its other mode, labelled like "eagle (topk)",
-    so that the two ways of drafting show side by side (at temperature 0 they are the same thing)."""
+def takes_runtime(name):
+    """Whether the method takes the --runtime option (nanospec/decoding/options.py's RUNTIME_OPTION)."""
+    return "runtime" in MODULES[name].OPTIONS
+
+
+def table_rows(names, temperature, runtime="auto", compare=False):
+    """The rows of one temperature's table, row label -> (method, options): every method with its defaults, and
+    `runtime` for each method that takes the option (static when comparing; auto, each method's default, is not
+    passed). Comparing, each of those also has an eager row "name (eager)" right after it, so that eager and
+    replayed show side by side. When sampling, also each method that has a --draft-sampling switch in its other
+    mode, labelled like "eagle (topk)", so that the two ways of drafting show side by side (at temperature 0
+    they are the same thing)."""
     rows = {}
     for name in names:
-        rows[name] = (name, {})
+        chosen = "static" if compare else runtime
+        path = {"runtime": chosen} if takes_runtime(name) and chosen != "auto" else {}
+        rows[name] = (name, dict(path))
+        if compare and path:
+            rows[f"{name} (eager)"] = (name, {"runtime": "eager"})
         default = MODULES[name].OPTIONS.get("draft_sampling", (None, None))[1]
         for mode in DRAFT_SAMPLING if default is not None and temperature > 0 else ():
             if mode != default:
-                rows[f"{name} ({mode})"] = (name, {"draft_sampling": mode})
+                rows[f"{name} ({mode})"] = (name, {"draft_sampling": mode, **path})
     return rows
 
 
@@ -319,57 +342,63 @@ def fastest(calls, reps):
     return [min(t) for t in times]
 
 
-def cached(model, prefix_len, gen):
+def cached(model, prefix_len, gen, runtime="auto"):
     """A KV cache of `model` holding prefix_len random tokens (as after a prompt) and 64 more random ids to feed,
-    (1, prefix_len + 64), made on the model's device with `gen` (a generator on that device)."""
+    (1, prefix_len + 64), made on the model's device with `gen` (a generator on that device). Returns (forward,
+    cache, ids, path): what runs the model's forwards on that cache as `runtime` asks (nanospec/static.py's
+    runtime_model: the model itself, eager, or its static forwards) and which path that is."""
     device = model.wte.weight.device
     ids = torch.randint(0, model.config.vocab_size, (1, prefix_len + 64), generator=gen, device=device)
-    cache = model.new_cache()
-    model(ids[:, :prefix_len], cache=cache)
-    return cache, ids
+    forward, cache, path = runtime_model(model, runtime, role="bench")  # the bench's own cache, not a method's
+    forward(ids[:, :prefix_len], cache=cache)
+    return forward, cache, ids, path
 
 
 @torch.inference_mode()
-def step_calls(jobs, prefix_len):
+def step_calls(jobs, prefix_len, runtime="auto"):
     """A callable for each job (model, n, temperature): one forward of `model` over n new tokens on top of a
     cached prefix of prefix_len tokens, then, unless temperature is None, picking the next token from the
     last position as a decoding step does (warp + sample). `fastest` times them. Every tensor and generator
-    is made on the model's device (a CPU generator cannot sample CUDA probabilities)."""
+    is made on the model's device (a CPU generator cannot sample CUDA probabilities). The forwards run as
+    `runtime` asks (static: replayed from CUDA graphs on CUDA, from the second call of a shape on). Returns
+    (the callables, the path they run: eager, static or graph)."""
     gens, caches = {}, {}
     for model, _, _ in jobs:
         if id(model) not in caches:  # one cache per model, filled once with random tokens of its own seed
             device = model.wte.weight.device
             gens[id(model)] = torch.Generator(device=device).manual_seed(0)
-            caches[id(model)] = cached(model, prefix_len, gens[id(model)])
+            caches[id(model)] = cached(model, prefix_len, gens[id(model)], runtime)
 
     def call(model, n, temperature):
-        cache, ids = caches[id(model)]
+        forward, cache, ids, _ = caches[id(model)]
 
         def run():
             cache.rollback(prefix_len)
-            logits = model(ids[:, prefix_len:prefix_len + n], cache=cache).logits[0, -1]  # (V,)
+            logits = forward(ids[:, prefix_len:prefix_len + n], cache=cache).logits[0, -1]  # (V,)
             if temperature is not None:
                 sample(warp(logits, temperature, None, None), gens[id(model)])
         return run
-    return [call(*job) for job in jobs]
+    paths = {c[3] for c in caches.values()}
+    return [call(*job) for job in jobs], "/".join(sorted(paths))
 
 
-def forward_costs(models, names, temperatures, quick):
+def forward_costs(models, names, temperatures, quick, runtime="auto"):
     """Target forward cost against n, on top of a ~100-token cached prefix (as after a prompt); and, for
     Leviathan's model of `speculative`, the draft's forward and decoding step (forward + warp + sample) against
-    the target's, timed in turns. Returns (cost {n: seconds}, step {(is draft, temperature or None): seconds},
-    prefix length, repetitions)."""
+    the target's, timed in turns; the forwards run as `runtime` asks. Returns (cost {n: seconds}, step
+    {(is draft, temperature or None): seconds}, prefix length, repetitions, the path: eager, static or graph)."""
     sizes = list(range(1, 9 if quick else 65))
     prefix = min(100, models.target.config.block_size - max(sizes))
-    reps = 3 if quick else 21
+    reps = 3 if quick else 21  # the first timed round of a static shape captures its graph: min() leaves it out
     jobs = [(models.target, n, None) for n in sizes]
     if "speculative" in names:
         jobs += [(m, 1, t) for t in temperatures for m in (models.target, models.draft)] + [(models.draft, 1, None)]
-    log(f"timing target forwards over n = 1..{max(sizes)} tokens")
-    seconds = fastest(step_calls(jobs, prefix), reps)
+    calls, path = step_calls(jobs, prefix, runtime)
+    log(f"timing target forwards over n = 1..{max(sizes)} tokens ({path})")
+    seconds = fastest(calls, reps)
     cost = dict(zip(sizes, seconds))
     step = {(job[0] is models.draft, job[2]): s for job, s in zip(jobs[len(sizes):], seconds[len(sizes):])}
-    return cost, step, prefix, reps
+    return cost, step, prefix, reps, path
 
 
 def drafting(stats):
@@ -378,13 +407,14 @@ def drafting(stats):
     return stats.get("draft_time", 0.0), stats.get("drafter_passes", 0)
 
 
-def drafter_costs(results, names, cost_1):
+def drafter_costs(results, names, cost_1, suffix=""):
     """{method: c} for every method that drafts with a trained part: its own drafting seconds per drafter pass,
-    summed over its timed runs at every temperature, over one target forward over 1 token (cost_1 seconds);
-    None for a method that made no drafter pass."""
+    summed over its timed runs at every temperature (the rows labelled name + suffix, e.g. " (eager)"), over one
+    target forward over 1 token (cost_1 seconds, on the same path); None for a method that made no drafter pass."""
     c = {}
     for name in (n for n in names if parts_for([n])):
-        runs = [drafting(r["stats"]) for by_prompt in results.values() for r in by_prompt.get(name, {}).values()]
+        runs = [drafting(r["stats"]) for by_prompt in results.values()
+                for r in by_prompt.get(name + suffix, {}).values()]
         seconds, passes = sum(r[0] for r in runs), sum(r[1] for r in runs)
         c[name] = seconds / passes / cost_1 if passes else None
     return c
@@ -392,41 +422,62 @@ def drafter_costs(results, names, cost_1):
 
 # ----------------------------------------------------------------------------- the whole bench
 
+def costs(models, names, temperatures, args, compare):
+    """The forward costs (bench.forward_costs) on the path the table's rows ran, and, comparing, eager too.
+    Returns {"": (cost, step, prefix, reps, path)} plus " (eager)": the same on the eager path, when comparing."""
+    got = {"": forward_costs(models, names, temperatures, args.quick, "static" if compare else args.runtime)}
+    if compare:
+        got[" (eager)"] = forward_costs(models, names, temperatures, args.quick, "eager")
+    return got
+
+
+def measure(args, argv, setup, rows):
+    """Time every row at every temperature, then the forward costs; everything the report reads, as a Measured."""
+    models, names, temperatures = setup["models"], setup["names"], setup["temperatures"]
+    failed, results = {}, {}
+    t_start, load_before = time.perf_counter(), report.load_average()
+    for t in temperatures:
+        results[t] = run_all(models, rows[t], setup["prompts"], t, args.max_new_tokens, args.repeats, args.seed,
+                             failed)
+    by_path = costs(models, names, temperatures, args, setup["compare"])
+    cost, step, prefix, reps, path = by_path[""]
+    eager = by_path.get(" (eager)")
+    return report.Measured(
+        args=args, command=" ".join(argv if argv is not None else sys.argv[1:]), models=models,
+        device=setup["device"], prompts=setup["prompts"], categories=setup["categories"], temperatures=temperatures,
+        names=names, rows=rows, results=results, notes=setup["notes"], failed=failed, cost=cost, prefix=prefix,
+        reps=reps, step=step, c=drafter_costs(results, names, cost[1]), seconds=time.perf_counter() - t_start,
+        loads=(load_before, report.load_average()), cost_path=path, cost_eager=eager and eager[0],
+        c_eager=eager and drafter_costs(results, [n for n in names if takes_runtime(n)], eager[0][1], " (eager)"))
+
+
 def main(argv=None):
     args = parse_args(argv)
     try:
         setup = prepare(args)
     except (ValueError, FileNotFoundError, CheckpointError) as e:
         sys.exit(f"error: {e}")
-    models, names, prompts, temperatures = setup["models"], setup["names"], setup["prompts"], setup["temperatures"]
+    names, prompts, compare = setup["names"], setup["prompts"], setup["compare"]
     log(f"settings: {len(prompts)} prompts ({args.prompts_per_category} per category), {args.max_new_tokens} new "
         f"tokens, temperatures {args.temperatures}, {args.repeats} repeat(s), device {setup['device']}, "
-        f"{args.dtype}, {torch.get_num_threads()} thread(s), methods {', '.join(names)}")
+        f"{args.dtype}, {torch.get_num_threads()} thread(s), runtime {args.runtime}"
+        f"{' (comparing static with eager)' if compare else ''}, methods {', '.join(names)}")
     for line in setup["notes"]:
         log(line[2:])
     try:
-        rows = warm_up(models, {t: table_rows(names, t) for t in temperatures}, prompts[0]["ids"],
-                       args.max_new_tokens, setup["notes"])
+        rows = warm_up(setup["models"], {t: table_rows(names, t, args.runtime, compare) for t in setup["temperatures"]},
+                       prompts[0]["ids"], args.max_new_tokens, setup["notes"])
     except ValueError as e:
         sys.exit(f"error: {e}")
-    names = [n for n in names if all(n in rows_t for rows_t in rows.values())]
-    failed, results = {}, {}
-    t_start, load_before = time.perf_counter(), report.load_average()
-    for t in temperatures:
-        results[t] = run_all(models, rows[t], prompts, t, args.max_new_tokens, args.repeats, args.seed, failed)
-    cost, step, prefix, reps = forward_costs(models, names, temperatures, args.quick)
-    measured = report.Measured(
-        args=args, command=" ".join(argv if argv is not None else sys.argv[1:]), models=models,
-        device=setup["device"], prompts=prompts, categories=setup["categories"], temperatures=temperatures,
-        names=names, rows=rows, results=results, notes=setup["notes"], failed=failed, cost=cost, prefix=prefix,
-        reps=reps, step=step, c=drafter_costs(results, names, cost[1]), seconds=time.perf_counter() - t_start,
-        loads=(load_before, report.load_average()))
+    setup["names"] = [n for n in names if all(n in rows_t for rows_t in rows.values())]
+    measured = measure(args, argv, setup, rows)
     text, summaries = report.build(measured)
     print(text)
     with open(args.out, "w", encoding="utf-8") as f:
         f.write(text)
     log(f"wrote {args.out}")
-    return dict(summaries=summaries, skipped=setup["notes"], failed=failed, report=text, results=results)
+    return dict(summaries=summaries, skipped=setup["notes"], failed=measured.failed, report=text,
+                results=measured.results)
 
 
 if __name__ == "__main__":

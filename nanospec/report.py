@@ -43,6 +43,9 @@ class Measured:
     c: dict  # method with a trained drafter -> c from its own drafting time, or None if it never drafted
     seconds: float  # of measurements
     loads: tuple  # load average before and after
+    cost_path: str = "eager"  # the path `cost` and `step` ran: eager, static (just called) or graph (replayed)
+    cost_eager: dict = None  # comparing runtimes: `cost` on the eager path (cost_path is then static or graph)
+    c_eager: dict = None  # comparing runtimes: c of each drafter that takes --runtime, from its "(eager)" rows
 
 
 # ----------------------------------------------------------------------------- the conditions
@@ -240,6 +243,35 @@ def bar_chart(summary, names, width=40):
 
 # ----------------------------------------------------------------------------- the sections
 
+PATHS = {"eager": "eager (plain PyTorch)", "static": "static (shape-static forwards, just called)",
+         "graph": "graph (shape-static forwards replayed from CUDA graphs)"}
+
+
+def row_paths(m):
+    """{row label: the paths its timed runs took, as their stats["runtime"] say ("eager" when a method does not
+    say), joined by "/"}, over every temperature."""
+    seen = {}
+    for t in m.temperatures:
+        for label, by_prompt in m.results[t].items():
+            paths = seen.setdefault(label, set())
+            paths.update(r["stats"].get("runtime", "eager") for r in by_prompt.values())
+    return {label: "/".join(sorted(p)) for label, p in seen.items() if p}
+
+
+def runtime_line(m):
+    """Which path the forwards ran: one line, each path with its rows when they differ."""
+    by_path = {}
+    for label, path in row_paths(m).items():
+        by_path.setdefault(path, []).append(label)
+    if len(by_path) == 1:
+        (path,) = by_path
+        which = f"{PATHS.get(path, path)} for every row"
+    else:
+        which = "; ".join(f"{PATHS.get(p, p)}: {', '.join(labels)}" for p, labels in by_path.items())
+    compare = " (comparing static with eager: each \"name (eager)\" row is that method on the eager path)"
+    return (f"- runtime: --runtime {m.args.runtime}{compare if m.cost_eager else ''}; the forwards ran {which}; "
+            f"forward costs below: {m.cost_path}" + (" and eager" if m.cost_eager else ""))
+
 def header(m):
     """The conditions every figure below depends on: machine, model, prompts, settings, drafter costs."""
     args, models = m.args, m.models
@@ -247,7 +279,9 @@ def header(m):
     draft = f"; draft {describe(models.draft)}" if models.draft is not None else ""
     if models.target.config.n_future:
         draft += "; MTP heads " + ("retrained alone (heads.pt)" if models.tuned_heads else "as trained with the target")
-    measured = ", ".join(f"{name} {c:.2f}" for name, c in m.c.items() if c is not None)
+    eager = m.c_eager or {}
+    measured = ", ".join(f"{name} {c:.2f}" + (f" (eager {eager[name]:.2f})" if eager.get(name) else "")
+                         for name, c in m.c.items() if c is not None)
     idle = [name for name, c in m.c.items() if c is None]
     costs = (measured or ("none drafted" if m.c else "no method with a trained drafter ran")) + (
         f"; {', '.join(idle)} made no drafter pass" if idle else "")
@@ -262,7 +296,8 @@ def header(m):
             f"{', '.join(f'{t:g}' for t in m.temperatures)}, {args.repeats} timed run(s) per prompt and method "
             f"after a warm-up, seed {args.seed} + prompt index, each method with its default options",
             "- drafter cost c = seconds per drafter pass inside the method's own drafting timer (its timed runs) / "
-            "one target forward over 1 token (fastest of the cost runs): " + costs,
+            "one target forward over 1 token (fastest of the cost runs), each on its own path: " + costs,
+            runtime_line(m),
             f"- command: python -m nanospec.bench {m.command}".rstrip(),
             f"- time: {m.seconds:.0f}s of measurements; load average (1 min) before {m.loads[0]}, after "
             f"{m.loads[1]} (other work on the machine makes every timing noisy)", ""]
@@ -279,7 +314,7 @@ def temperature_section(m, t):
         out += ["A row \"method (topk)\" or \"method (sample)\" is that method with --draft-sampling set the other "
                 "way: its guesses are the drafter's top-k (verified as point masses) or draws from its q.", ""]
     if greedy:
-        bad = mismatches(m.results[t], [n for n in m.names if n not in m.failed], m.prompts, m.models)
+        bad = mismatches(m.results[t], [n for n in m.rows[t] if n not in m.failed], m.prompts, m.models)
         out += (bad or ["Every greedy output equals ar's token for token."]) + [""]
     return out, summary
 
@@ -303,15 +338,23 @@ def repetition_section(m):
 
 
 def cost_section(m):
-    cost = m.cost
-    rows = [[f"{n0}-{n0 + 7}"] + [f"{cost[n] / cost[1]:.2f}" for n in range(n0, n0 + 8) if n in cost]
-            for n0 in range(1, max(cost) + 1, 8)]
-    return ["## Cost of one target forward over n new tokens, relative to n = 1", "",
-            table(["n", *[f"+{i}" for i in range(8)]], rows), "",
-            f"cost(1) = {cost[1] * 1e3:.2f} ms: one target forward over 1 token after a {m.prefix}-token cached "
-            f"prefix (fastest of {m.reps} runs). Row '9-16', column '+3' is n = 12. A method that produces t tokens "
-            f"per forward while verifying n positions gains at most about t / (cost(n)/cost(1)), before its own "
-            f"drafting overhead: that is why speedups fall short of tokens/forward.", ""]
+    """cost(n)/cost(1) on the rows' path; comparing runtimes, the eager costs too, and each path's cost(1)."""
+    both = [(m.cost_path, m.cost)] + ([("eager", m.cost_eager)] if m.cost_eager else [])
+    out = [f"## Cost of one target forward over n new tokens, relative to n = 1 ({' and '.join(p for p, _ in both)})",
+           ""]
+    for path, cost in both:
+        rows = [[f"{n0}-{n0 + 7}"] + [f"{cost[n] / cost[1]:.2f}" for n in range(n0, n0 + 8) if n in cost]
+                for n0 in range(1, max(cost) + 1, 8)]
+        out += ([f"{PATHS.get(path, path)}: cost(1) = {cost[1] * 1e3:.3f} ms", ""] if m.cost_eager else [])
+        out += [table(["n", *[f"+{i}" for i in range(8)]], rows), ""]
+    if m.cost_eager:
+        out += [f"The same forward costs {m.cost_eager[1] / m.cost[1]:.2f}x as much eager as {m.cost_path} over 1 "
+                f"token, {m.cost_eager[max(m.cost)] / m.cost[max(m.cost)]:.2f}x over {max(m.cost)}.", ""]
+    return out + [
+        f"cost(1) = {m.cost[1] * 1e3:.2f} ms: one target forward over 1 token after a {m.prefix}-token cached "
+        f"prefix (fastest of {m.reps} runs). Row '9-16', column '+3' is n = 12. A method that produces t tokens "
+        f"per forward while verifying n positions gains at most about t / (cost(n)/cost(1)), before its own "
+        f"drafting overhead: that is why speedups fall short of tokens/forward.", ""]
 
 
 def leviathan_section(m, summaries):

@@ -127,7 +127,7 @@ def test_forward_costs_make_every_tensor_and_generator_on_the_models_device(toy_
     monkeypatch.setattr(torch, "Generator", spy)
     torch.set_default_device("meta")
     try:
-        cost, step, _, _ = bench.forward_costs(models, ["ar", "speculative"], [0.0, 1.0], quick=True)
+        cost, step, _, _, _ = bench.forward_costs(models, ["ar", "speculative"], [0.0, 1.0], quick=True)
     finally:
         torch.set_default_device(None)
     assert sorted(cost) == list(range(1, 9)) and (True, 1.0) in step and (False, None) not in step
