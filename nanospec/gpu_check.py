@@ -5,7 +5,12 @@
        seeds (which path a run takes, and so which tensors it makes, varies with the seed);
     2. every method's greedy output equal to `ar`'s, token for token (every method is lossless with its default
        options; fp32 by default, as the README's figures);
-    3. the bench's `--quick` run to completion: no method failed or skipped.
+    3. the bench's `--quick` run to completion: no method failed or skipped;
+    4. (--runtime static, the default) the static path against eager: every method that takes the --runtime
+       option runs every setting again with --runtime static (a row "name (static)"), reports that it ran the
+       replayed path ("graph" on CUDA; "static", just called, on a CPU), and its greedy output equals its own
+       eager output token for token; the other rows then run with --runtime eager, and the quick bench
+       compares the two paths (--compare-runtimes).
 
 It prints a grid (method x setting: ok or FAIL), one line per failure, and a last line with the count; the
 exit status is 0 when everything passed. Without a GPU it says so in one line and exits 0, so that `make
@@ -14,6 +19,7 @@ checkpoints).
 
     python -m nanospec.gpu_check                                  # `make gpu-check`: CUDA, out/
     python -m nanospec.gpu_check --device cpu --ckpt /tmp/run/out --dtype float64
+    python -m nanospec.gpu_check --runtime eager                  # the methods' default options, no comparison
 """
 import argparse
 import contextlib
@@ -48,6 +54,9 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=32, help="tokens per run (default 32)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per prompt and setting (default 3)")
     p.add_argument("--prompts", default="data/prompts.json", help="the bench's prompt file")
+    p.add_argument("--runtime", default="static", choices=["static", "eager"],
+                   help="static (default): also run every method that takes --runtime on the static path and "
+                        "compare it with eager; eager: each method's default options only")
     args = p.parse_args(argv)
     for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--seeds", args.seeds)):
         if value < 1:
@@ -64,36 +73,63 @@ def no_gpu(device):
     return None
 
 
+def takes_runtime(name):
+    return "runtime" in MODULES[name].OPTIONS
+
+
+def rows_of(name, runtime):
+    """The grid's rows for one method, label -> options: the method itself (eager when comparing) and, when
+    runtime is static and the method takes the option, "name (static)"."""
+    if runtime != "static" or not takes_runtime(name):
+        return {name: {}}
+    return {name: {"runtime": "eager"}, f"{name} (static)": {"runtime": "static"}}
+
+
 def run_methods(models, args):
-    """grid[method][setting] = None (passed) or the first failure, as one line."""
+    """grid[row][setting] = None (passed) or the first failure, as one line; rows as rows_of gives them."""
     encoded = [models.tokenizer.encode(text) for text in PROMPTS]
     reference = {}  # (prompt index, seed) -> ar's greedy output
+    replayed = "graph" if args.device.startswith("cuda") else "static"  # the path a static run must report
     grid = {}
     for name in MODULES:  # ar first: the reference
-        grid[name] = {}
+        rows = rows_of(name, args.runtime)
         try:
             check_method(name, models)
         except ValueError as e:
-            grid[name] = {label: f"cannot run: {e}" for label, _ in SETTINGS}
+            grid.update({label: {s: f"cannot run: {e}" for s, _ in SETTINGS} for label in rows})
             continue
-        for label, sampling in SETTINGS:
-            grid[name][label] = first_failure(name, models, encoded, sampling, args, reference)
+        eager = {}  # (prompt index, seed) -> this method's greedy output on the eager path
+        for label, options in rows.items():
+            static = options.get("runtime") == "static"
+            grid[label] = {s: first_failure(name, models, encoded, dict(sampling, **options), args,
+                                            eager if static else reference, None if static else eager,
+                                            replayed if static else None)
+                           for s, sampling in SETTINGS}
     return grid
 
 
-def first_failure(name, models, encoded, sampling, args, reference):
-    """Run one method at one setting over every prompt and seed; the first error or greedy mismatch, or None."""
+def first_failure(name, models, encoded, options, args, reference, record=None, path=None):
+    """Run one method with `options` (sampling keywords, maybe runtime) over every prompt and seed; the first
+    error or greedy mismatch, or None. reference: (prompt index, seed) -> the greedy output to equal (ar's; a
+    static run's: the same method's eager output); a key it lacks is set by this run. record: where to keep
+    this run's greedy outputs. path: the stats["runtime"] every run must report (a static run), or None."""
+    against = "eager's" if path else "ar's"
     for i, ids in enumerate(encoded):
         for seed in range(args.seeds):
             try:
-                out, _ = METHODS[name](models, ids, args.max_new_tokens, seed=seed, **sampling)
+                out, stats = METHODS[name](models, ids, args.max_new_tokens, seed=seed, **options)
             except Exception as e:
                 return f"prompt {i}, seed {seed}: {bench.one_line(e)}"
-            if sampling["temperature"] == 0:
+            if path and stats.get("runtime") != path:
+                return f"prompt {i}, seed {seed}: ran the {stats.get('runtime', 'eager')} path, not {path}"
+            if options["temperature"] == 0:
                 want = reference.setdefault((i, seed), out)  # ar runs first and sets it
+                if record is not None:
+                    record[(i, seed)] = out
                 if out != want:
                     at = next((j for j, (a, b) in enumerate(zip(out, want)) if a != b), min(len(out), len(want)))
-                    return f"prompt {i}, seed {seed}: greedy output differs from ar's at token {at}"
+                    where = " on the static path" if path else ""
+                    return f"prompt {i}, seed {seed}: greedy output{where} differs from {against} at token {at}"
     return None
 
 
@@ -101,7 +137,7 @@ def run_bench(args):
     """The bench's --quick run on this device. Returns None when it completed with every method, else why not."""
     out = os.path.join(tempfile.mkdtemp(prefix="gpu_check_"), "bench_results.md")
     argv = ["--quick", "--device", args.device, "--ckpt", args.ckpt, "--dtype", args.dtype, "--prompts",
-            args.prompts, "--out", out]
+            args.prompts, "--out", out] + (["--compare-runtimes"] if args.runtime == "static" else [])
     log = io.StringIO()
     try:
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
@@ -133,7 +169,9 @@ def main(argv=None):
     failures = [f"part {part}: {reason}" for part, reason in broken.items()]
     failures += [f"{name} at {label}: {why}" for name, row in grid.items() for label, why in row.items() if why]
     print(f"gpu-check on {bench.report.device_name(args.device)} ({args.dtype}, torch {torch.__version__}): every "
-          f"method x setting, {len(PROMPTS)} prompts x {args.seeds} seeds, {args.max_new_tokens} tokens")
+          f"method x setting, {len(PROMPTS)} prompts x {args.seeds} seeds, {args.max_new_tokens} tokens"
+          + ("; \"name (static)\": --runtime static, its greedy output against its eager one" if args.runtime ==
+             "static" else ""))
     print(bench.report.table(["method", *[label for label, _ in SETTINGS]],
                              [[name, *["FAIL" if row[label] else "ok" for label, _ in SETTINGS]]
                               for name, row in grid.items()]))

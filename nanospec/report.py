@@ -310,6 +310,11 @@ def temperature_section(m, t):
     head = (["method", *[f"{c}: speedup (tok/fwd)" for c in m.categories], "tokens/forward", "accepted/step",
              "tokens/s", "speedup"] + (["output = ar"] if greedy else []))
     out = [f"## {'greedy (temperature 0)' if greedy else f'temperature {t:g}'}", "", table(head, cells), ""]
+    if "ar (eager)" in summary:
+        ratio = 1 / summary["ar (eager)"]["all"]["speedup"]
+        out += [f"Every speedup here is against ar on the {m.cost_path} path ({PATHS.get(m.cost_path, m.cost_path)}), "
+                f"which runs {ratio:.2f}x as fast as eager ar (\"ar (eager)\"): a row \"name (eager)\" is that "
+                f"method with --runtime eager.", ""]
     if len(m.rows[t]) > len(m.names):
         out += ["A row \"method (topk)\" or \"method (sample)\" is that method with --draft-sampling set the other "
                 "way: its guesses are the drafter's top-k (verified as point masses) or draws from its q.", ""]

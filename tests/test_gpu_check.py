@@ -1,7 +1,9 @@
 """`make gpu-check` (nanospec/gpu_check.py), its logic on the CPU: on toy checkpoints every method passes at
 every setting and the quick bench completes; a method that crashes when sampling, or whose greedy output
 differs from ar's, is named (negative controls); without a GPU it prints one line and exits 0; without
-checkpoints one line says how to make them."""
+checkpoints one line says how to make them. With --runtime static (the default) every method that takes the
+option also runs on the static path, its greedy output held to its eager one; a static path that differs, or a
+method that ignores the option, is named (negative controls)."""
 import os
 import subprocess
 import sys
@@ -28,7 +30,10 @@ def test_every_method_passes_on_toy_checkpoints(toy_out, capsys):
     assert gpu_check.main(CPU + ["--ckpt", toy_out]) == 0
     out = capsys.readouterr().out
     assert "bench --quick: ok, every method ran" in out and "FAIL" not in out
-    assert out.strip().splitlines()[-1] == f"gpu-check: all {len(gpu_check.MODULES) * 3 + 1} checks passed"
+    takes = [name for name in gpu_check.MODULES if gpu_check.takes_runtime(name)]
+    assert takes and all(f"| {name} (static) " in out for name in takes)
+    rows = len(gpu_check.MODULES) + len(takes)  # every method, and again on the static path where it can
+    assert out.strip().splitlines()[-1] == f"gpu-check: all {rows * 3 + 1} checks passed"
 
 
 def test_a_crash_when_sampling_and_a_greedy_mismatch_are_named(toy_out, capsys, monkeypatch):
@@ -66,3 +71,49 @@ def test_without_checkpoints_one_line_says_how_to_make_them(tmp_path, capsys):
     assert gpu_check.main(["--device", "cpu", "--ckpt", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and "run `make train`" in out
+
+
+def grid_of(toy_out, monkeypatch, methods, *flags):
+    """gpu_check's grid over a few methods only (fast): the logic of `main` without the bench."""
+    monkeypatch.setattr(gpu_check, "MODULES", {name: gpu_check.MODULES[name] for name in methods})
+    args = gpu_check.parse_args(CPU + ["--ckpt", toy_out, *flags])
+    models, _ = gpu_check.bench.load_parts(args.ckpt, args.device, ("draft",), args.dtype)
+    return gpu_check.run_methods(models, args)
+
+
+def test_the_static_path_runs_every_setting_and_is_held_to_eager(toy_out, monkeypatch):
+    seen = []
+    real = gpu_check.METHODS["speculative"]
+
+    def spy(models, ids, n, **kw):
+        seen.append(kw.get("runtime"))
+        return real(models, ids, n, **kw)
+    monkeypatch.setitem(gpu_check.METHODS, "speculative", spy)
+    grid = grid_of(toy_out, monkeypatch, ["ar", "speculative"])
+    assert set(grid) == {"ar", "ar (static)", "speculative", "speculative (static)"}
+    assert all(why is None for row in grid.values() for why in row.values()), grid
+    assert seen.count("static") == seen.count("eager") == 3 * 3  # 3 settings x 3 prompts x 1 seed, both paths
+    plain = grid_of(toy_out, monkeypatch, ["ar", "speculative"], "--runtime", "eager")
+    assert set(plain) == {"ar", "speculative"} and seen.count(None) == 9  # eager: the method's own default
+
+
+def test_a_static_path_that_differs_or_is_not_taken_is_named(toy_out, monkeypatch):
+    real_spec, real_ar = gpu_check.METHODS["speculative"], gpu_check.METHODS["ar"]
+
+    def off_by_one_when_static(models, ids, n, **kw):
+        out, stats = real_spec(models, ids, n, **kw)
+        if kw.get("runtime") == "static":
+            out = out[:3] + [(t + 1) % models.target.config.vocab_size for t in out[3:]]
+        return out, stats
+
+    def ignores_the_option(models, ids, n, runtime="auto", **kw):
+        out, stats = real_ar(models, ids, n, runtime="eager", **kw)
+        return out, stats
+    monkeypatch.setitem(gpu_check.METHODS, "speculative", off_by_one_when_static)
+    monkeypatch.setitem(gpu_check.METHODS, "ar", ignores_the_option)
+    grid = grid_of(toy_out, monkeypatch, ["ar", "speculative"])
+    assert grid["speculative (static)"]["greedy"] == ("prompt 0, seed 0: greedy output on the static path differs "
+                                                     "from eager's at token 3")
+    assert grid["speculative"]["greedy"] is None and grid["speculative (static)"]["t=1"] is None  # sampled: no reference
+    assert grid["ar (static)"]["greedy"] == "prompt 0, seed 0: ran the eager path, not static"
+    assert grid["ar"]["greedy"] is None
