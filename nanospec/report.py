@@ -296,7 +296,9 @@ def header(m):
             f"{', '.join(f'{t:g}' for t in m.temperatures)}, {args.repeats} timed run(s) per prompt and method "
             f"after a warm-up, seed {args.seed} + prompt index, each method with its default options",
             "- drafter cost c = seconds per drafter pass inside the method's own drafting timer (its timed runs) / "
-            "one target forward over 1 token (fastest of the cost runs), each on its own path: " + costs,
+            "one target forward over 1 token (fastest of the cost runs), each on its own path"
+            + (" (the drafting timer reads the host clock: work still queued on the GPU when it stops is not "
+               "counted)" if m.device.startswith("cuda") else "") + ": " + costs,
             runtime_line(m),
             f"- command: python -m nanospec.bench {m.command}".rstrip(),
             f"- time: {m.seconds:.0f}s of measurements; load average (1 min) before {m.loads[0]}, after "
@@ -384,7 +386,7 @@ def leviathan_section(m, summaries):
     head = ["temperature", "category", "a", "tokens/step predicted", "measured", "speedup predicted (Leviathan)",
             "c_step", "predicted (c_step, verify cost)", "measured"]
     return [f"## speculative: predicted against measured (k = {k}, c_forward = bare draft forward / bare target "
-            f"forward = {c_forward:.2f}; the header's c is the draft's whole pass in decoding)",
+            f"forward = {c_forward:.2f}, {m.cost_path}; the header's c is the draft's whole pass in decoding)",
             "", table(head, rows), "",
             "a: acceptance rate per draft token (maximum likelihood from the accepted counts). Predicted "
             "tokens/step: (1 - a^(k+1)) / (1 - a). Leviathan et al.'s speedup: that / (k c + 1), with c = c_forward, the "
