@@ -229,9 +229,14 @@ def prepare(args):
         notes.append(f"- {cut} prompt(s) kept only their last {block - args.max_new_tokens} tokens, to fit "
                      f"the context ({block}) with {args.max_new_tokens} new tokens")
     categories = list(dict.fromkeys(q["category"] for q in prompts))
-    compare = args.compare_runtimes or (args.runtime == "auto" and device.startswith("cuda"))
     return dict(device=device, models=models, names=names, notes=notes, prompts=prompts, categories=categories,
-                temperatures=temperatures, compare=compare)
+                temperatures=temperatures, compare=compares(args, device))
+
+
+def compares(args, device):
+    """Whether the bench runs eager beside static: when asked (--compare-runtimes), and on CUDA with --runtime
+    auto, where the replayed path is the point of the runtime and eager `ar` is what it is measured against."""
+    return args.compare_runtimes or (args.runtime == "auto" and device.startswith("cuda"))
 
 
 # ----------------------------------------------------------------------------- running the methods

@@ -89,6 +89,14 @@ def test_comparing_runtimes_shows_eager_and_static_side_by_side(toy_out, tmp_pat
     assert args.runtime == "auto" and not args.compare_runtimes  # on a CPU, comparing is asked for, not a default
 
 
+def test_on_cuda_auto_compares_and_an_explicit_runtime_does_not():
+    assert bench.compares(bench.parse_args([]), "cuda") and bench.compares(bench.parse_args([]), "cuda:1")
+    assert not bench.compares(bench.parse_args([]), "cpu") and not bench.compares(bench.parse_args([]), "mps")
+    assert not bench.compares(bench.parse_args(["--runtime", "static"]), "cuda")
+    assert not bench.compares(bench.parse_args(["--runtime", "eager"]), "cuda")
+    assert bench.compares(bench.parse_args(["--compare-runtimes"]), "cpu")
+
+
 def test_compare_with_eager_only_is_a_one_line_error(toy_out, tmp_path):
     with pytest.raises(SystemExit) as e:
         quick(toy_out, tmp_path / "r.md", "--compare-runtimes", "--runtime", "eager")
