@@ -5,6 +5,7 @@ ways. On the CPU the static path is just called, not replayed: these tests check
 from pathlib import Path
 
 import pytest
+import torch
 
 from nanospec import bench
 from nanospec.decoding import MODULES
@@ -106,8 +107,13 @@ def test_compare_with_eager_only_is_a_one_line_error(toy_out, tmp_path):
 
 
 def test_static_forward_costs_run_on_the_static_path(toy_out):
+    """Every tensor on the model's device (a tensor made without naming it lands on `meta` and fails)."""
     from nanospec.parts import load_models
     models = load_models(str(toy_out), "cpu")
-    cost, step, prefix, reps, path = bench.forward_costs(models, ["ar", "speculative"], [0.0], True, "static")
+    torch.set_default_device("meta")
+    try:
+        cost, step, prefix, reps, path = bench.forward_costs(models, ["ar", "speculative"], [0.0], True, "static")
+    finally:
+        torch.set_default_device(None)
     assert path == "static" and sorted(cost) == list(range(1, 9)) and (True, 0.0) in step
     assert bench.forward_costs(models, ["ar"], [0.0], True, "eager")[4] == "eager"
