@@ -12,6 +12,10 @@ honest:
                      per drafter pass, over one target forward
     speculative      the speedup Leviathan's formula predicts from the measured acceptance rate a and draft cost
                      c, next to the measured one
+    runtime          which path the forwards ran (eager, or shape-static: replayed from CUDA graphs on CUDA,
+                     nanospec/static.py); on CUDA (or with --compare-runtimes) every method that takes --runtime
+                     runs static, with an eager row "name (eager)" beside it, speedups against the static `ar`,
+                     and the forward cost and c both ways
     repetitiveness   how much `ar`'s own output repeats itself: a small model's greedy text falls into loops,
                      where every guessing method looks brilliant. The temperature-1 table is the fairer test.
 
@@ -27,6 +31,7 @@ warm-up, becomes a "skipped" line with its reason, and the bench goes on with th
     python -m nanospec.bench                       # `make bench`: every method, data/prompts.json, out/
     python -m nanospec.bench --quick               # smoke run: 2 prompts per category, 16 tokens
     python -m nanospec.bench --methods speculative,mtp --categories repeat --temperatures 0 --repeats 3
+    python -m nanospec.bench --quick --compare-runtimes   # eager beside static on any device (the CUDA default)
 """
 import argparse
 import dataclasses
