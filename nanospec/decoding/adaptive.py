@@ -69,12 +69,14 @@ class DraftLength:
         return torch.softmax(logits.double(), -1)[guess].item() < self.threshold
 
     def cut(self, logits, guesses):
-        """For drafters that guess every position at once: logits (k, V), guesses (k,) -> the guesses up to
-        and including the first unconfident one. [0.9, 0.3, 0.8] with threshold 0.5 -> the first two."""
-        for i, guess in enumerate(guesses):
-            if self.stop(logits[i], guess):
-                return list(guesses[:i + 1])
-        return list(guesses)
+        """For drafters that guess every position at once: logits (k, V), guesses (k,) a list or a LongTensor
+        -> the guesses up to and including the first unconfident one. [0.9, 0.3, 0.8] with threshold 0.5 -> the
+        first two. Only the confidence rule looks at them (one host read per guess); the others keep them all."""
+        if self.rule == "confidence":
+            for i, guess in enumerate(guesses):
+                if self.stop(logits[i], guess):
+                    return guesses[:i + 1]
+        return guesses
 
     def update(self, drafted, accepted):
         """After a verification of `drafted` guesses, `accepted` of them kept: set next step's k."""

@@ -9,13 +9,15 @@ accepted. `tree_step.py` is the same step for a tree of guesses.
 The rule follows where the guesses came from: drafts DRAWN from a drafter's q_draft are checked with Leviathan's
 rule (verify.verify_chain), deterministic guesses with the point-mass rule (verify.verify_chain_point_mass);
 greedy, both reduce to "accept while the guess is the argmax" (verify.verify_chain_greedy, no law built).
-Guesses a drafter left on the device (speculative) are checked there (`verify_on_device`), and the guesses, the
-accepted count and the next token come back in one read.
+Either way a step reads the device once: on a GPU each read waits for every queued kernel. Greedy guesses made
+on the host (prompt-lookup's copies) go through verify_chain_greedy, whose one read is the target's argmax;
+guesses a drafter left on the device (speculative, jacobi, mtp, early-exit), and every guess when sampling, are
+checked there (`verify_on_device`, the batched rules), and the guesses, the accepted count and the next token
+come back in one read.
 """
 import torch
 
-from nanospec.verify import (verify_chain, verify_chain_batched, verify_chain_greedy, verify_chain_point_mass,
-                             verify_chain_point_mass_batched, warp)
+from nanospec.verify import verify_chain_batched, verify_chain_greedy, verify_chain_point_mass_batched, warp
 
 
 def chain_step(run, target, cache, last, drafts, q_draft=None, heads=False):
@@ -40,19 +42,14 @@ def chain_verify(run, cache, n_before, logits, drafts, q_draft=None):
     """The second half of `chain_step`, for a method that runs the verify forward its own way (`early-exit`
     runs only the upper layers): the chain rule on that forward's logits (k+1, V) over [last, d1..dk], then the
     cache rolled back to n_before (its length before last) + last + the accepted drafts.
-    Returns (emitted tokens, n_accepted). Guesses made on the host (a list) go through the rules as written in
-    verify.py; guesses left on the device (a tensor) through `verify_on_device`, which reads once."""
-    if torch.is_tensor(drafts):
-        emitted, n = verify_on_device(run, logits, drafts, q_draft)
-    else:
-        draft_ids = torch.tensor(list(drafts), dtype=torch.long, device=logits.device)  # (k,)
-        if run.sampling.greedy:  # both rules reduce to "accept while guess == argmax"; skip building p
-            n, nxt = verify_chain_greedy(logits, list(drafts))  # given a list, its one read is the argmax
-        elif q_draft is None:  # warp(logits): the target's law (k+1, V) after last, d1, ..., dk
-            n, nxt = verify_chain_point_mass(warp(logits, *run.sampling), draft_ids, run.generator)
-        else:
-            n, nxt = verify_chain(warp(logits, *run.sampling), q_draft, draft_ids, run.generator)
-        emitted = list(drafts[:n]) + [int(nxt)]
+    Returns (emitted tokens, n_accepted). Either way ONE host read: greedy guesses made on the host (a list) go
+    through verify_chain_greedy, whose one read is the argmax; everything else through `verify_on_device`."""
+    if run.sampling.greedy and not torch.is_tensor(drafts):  # "accept while guess == argmax"; skip building p
+        n, nxt = verify_chain_greedy(logits, list(drafts))
+        emitted = list(drafts[:n]) + [nxt]
+    else:  # host guesses go to the device (a copy, not a read): the rule runs there, one read brings all back
+        draft_ids = torch.as_tensor(drafts, dtype=torch.long, device=logits.device).reshape(-1)  # (k,)
+        emitted, n = verify_on_device(run, logits, draft_ids, q_draft)
     cache.rollback(n_before + 1 + n)  # keep last and the accepted drafts
     return emitted, n
 

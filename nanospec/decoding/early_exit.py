@@ -17,6 +17,11 @@ Per step: k+1 one-token passes through E layers + one pass through L-E layers ov
 tokens (`ar` pays L layers per token). Sampling uses Leviathan's rule with q_draft = the exit's law, warped
 like the target's, so the output follows the (warped) target exactly; greedy output is `ar`'s.
 
+The guesses stay on the device (each one feeds blocks 1..E there), and the step's one host read brings back the
+guesses, the accepted count and the target's token (chain_step.verify_on_device). --runtime static runs both
+layer ranges shape-static, replayed from CUDA graphs on CUDA (nanospec/static.py); the exit head (norm,
+unembedding, adapter) stays plain PyTorch. eager (what auto means for now) is plain PyTorch throughout.
+
 Papers: Elhoushi et al. 2024, LayerSkip, arXiv 2404.16710; Liu et al. 2024, Kangaroo, arXiv 2404.18911;
 Zhang et al. 2023, Draft & Verify, arXiv 2309.08168.
 """
@@ -24,9 +29,10 @@ import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
 from nanospec.decoding.chain_step import chain_verify
-from nanospec.decoding.options import Option, Sampling, read_options
+from nanospec.decoding.options import RUNTIME_OPTION, Option, Sampling, read_options
 from nanospec.decoding.run import prefill, start, tensor
 from nanospec.drafters.early_exit import exit_logits
+from nanospec.static import runtime_model
 from nanospec.verify import sample, warp
 
 NEEDS = ()
@@ -35,6 +41,7 @@ OPTIONS = {
     "exit_layer": Option(int, None, "blocks the draft runs before exiting, 1..n_layer-1 (None = default_exit_layer)"),
     "draft_len": Option(int, 4, "tokens the draft guesses per target forward (k)", low=1, high=64),
     **ADAPTIVE_OPTIONS,
+    **RUNTIME_OPTION,
 }
 
 
@@ -47,18 +54,19 @@ def default_exit_layer(n_layer):
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
     o = read_options(OPTIONS, options)
-    target, adapter = models.target, models.early_exit
-    L = target.config.n_layer
+    model, adapter = models.target, models.early_exit
+    L = model.config.n_layer
     E = default_exit_layer(L) if o.exit_layer is None else o.exit_layer
     if not 1 <= E < L:
         raise ValueError(f"exit_layer must be in 1..{L - 1} (the target has {L} layers), got {o.exit_layer}")
     length = draft_length(o, o.draft_len)
     run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
-    cache = target.new_cache()
+    target, cache, runtime = runtime_model(model, o.runtime)  # the model, or its static forwards
     drafted = accepted = judged = 0
 
-    def lower(token):  # blocks 1..E read one token; their cache advances, the upper layers' waits
-        return target(tensor([token], cache.device), cache=cache, layers=(0, E)).hidden  # (1, 1, C)
+    def lower(x):  # blocks 1..E read one token x (1, 1); their cache advances, the upper layers' waits
+        # (1, 1, C); a copy: the static path rewrites its output in the next call, and the verify needs them all
+        return target(x, cache=cache, layers=(0, E)).hidden.clone()
 
     last, _ = prefill(run, target, cache)  # the whole target reads the prompt
     done = run.emit([last])
@@ -66,20 +74,21 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         n_before, k = cache.length, run.draft_room(length.k)  # fewer guesses near the context end or budget
         # Draft: the exit reads block E's output for the newest token and guesses the next, k times. Each
         # guess goes through blocks 1..E too: the next guess and the verify pass both need its block-E output.
-        hidden, drafts, q_rows = [lower(run.seq[-1])], [], []
+        hidden, drafts, q_rows = [lower(tensor([run.seq[-1]], cache.device))], [], []
         while len(drafts) < k:
             with run.drafting():  # one drafter pass: the exit, then blocks 1..E over the guess
-                logits = exit_logits(target, adapter, E, hidden[-1])[0, -1]  # (V,)
+                logits = exit_logits(model, adapter, E, hidden[-1])[0, -1]  # (V,)
                 q_rows.append(warp(logits, *run.sampling))  # (V,) Leviathan's rule needs the law each came from
-                drafts.append(sample(q_rows[-1], run.generator).item())
-                hidden.append(lower(drafts[-1]))
+                drafts.append(sample(q_rows[-1], run.generator))  # () on the device: no host read
+                hidden.append(lower(drafts[-1].view(1, 1)))
             if length.stop(logits, drafts[-1]):
                 break
         # Verify: blocks E+1..L read the k+1 block-E outputs in one forward; the chain rule on its logits, then
         # every layer's cache rolls back to the newest token + the accepted guesses.
         out = target(None, cache=cache, layers=(E, L), hidden_in=torch.cat(hidden, dim=1))  # logits (1, k+1, V)
         q_draft = torch.stack(q_rows) if drafts else None  # (k, V); no guesses: the target just samples
-        emitted, n = chain_verify(run, cache, n_before, out.logits[0], drafts, q_draft)
+        draft_ids = torch.stack(drafts) if drafts else torch.zeros(0, dtype=torch.long, device=cache.device)  # (k,)
+        emitted, n = chain_verify(run, cache, n_before, out.logits[0], draft_ids, q_draft)
         # judged: guesses the rule looked at (the accepted ones and the first rejected one), as in speculative
         drafted, accepted, judged = drafted + len(drafts), accepted + n, judged + min(n + 1, len(drafts))
         length.update(len(drafts), n)
@@ -87,4 +96,4 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
 
     return run.out, run.stats(drafted=drafted, accepted=accepted, judged=judged,
                               acceptance_rate=accepted / max(1, judged),
-                              exit_layer=E, adapter=adapter is not None)
+                              exit_layer=E, adapter=adapter is not None, runtime=runtime)

@@ -25,6 +25,13 @@ verified against, given the guesses before it, because that q does not depend on
 draws). What the marginal costs is acceptance: the accept rate sum(min(p_i, q_i)) falls with the distance
 between the conditional p_i and the marginal q_i, which grows with i (docs/measurements.md, mtp).
 
+The guesses stay on the device: heads, warp and draw run there, and the verify step's one host read brings back
+the guesses, the accepted count and the target's token (chain_step.verify_on_device); the accepted count then
+picks the row of the heads for the next guesses without another read. --runtime static runs the target's
+forwards shape-static (nanospec/static.py), replayed from CUDA graphs on CUDA, with the heads inside the verify
+forward at every position (one graph; on a GPU the extra rows cost less than launching the heads apart); eager
+(what auto means for now) is plain PyTorch, the heads run on the one position they are needed at.
+
 Papers: Stern et al. 2018, Blockwise Parallel Decoding, arXiv 1811.03115; Gloeckle et al. 2024, Better &
 Faster Large Language Models via Multi-token Prediction, arXiv 2404.19737.
 """
@@ -32,8 +39,9 @@ import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
 from nanospec.decoding.chain_step import chain_step
-from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options
+from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, RUNTIME_OPTION, Option, Sampling, read_options
 from nanospec.decoding.run import prefill, start
+from nanospec.static import runtime_model
 from nanospec.verify import sample, warp
 
 NEEDS = ()  # the MTP heads are part of the target
@@ -42,56 +50,58 @@ OPTIONS = {
     "draft_len": Option(int, None, "tokens to guess per forward: MTP heads to use, 1..n_future (None = all heads)"),
     **ADAPTIVE_OPTIONS,  # confidence: a head's softmax probability of its guess
     **DRAFT_SAMPLING_OPTION,
+    **RUNTIME_OPTION,
 }
 
 
-def head_guesses(target, hidden, k, length, sampling=None, generator=None):
-    """hidden (1, 1, C) the trunk state at one position -> (guesses of heads 1..k (a list), q_draft). The guesses
-    are each head's top-1 (q_draft None), or with `sampling` set, draws from each head's warped law q_draft (k, V).
-    Cut after the first unconfident head when `length` (adaptive.DraftLength) uses the confidence rule."""
-    if k == 0:
-        return [], None
-    logits = target.head_logits(hidden, k)[0, :, 0]  # (k, V)
+def head_guesses(logits, length, sampling=None, generator=None):
+    """logits (k, V) of heads 1..k at one position -> (guesses (k,) a LongTensor on the device, q_draft). The
+    guesses are each head's top-1 (q_draft None), or with `sampling` set, draws from each head's warped law
+    q_draft (k, V). Cut after the first unconfident head when `length` (adaptive.DraftLength) uses the
+    confidence rule (which reads each guess's probability on the host); otherwise no host read."""
     if sampling is None:
-        return length.cut(logits, logits.argmax(-1).tolist()), None
+        return length.cut(logits, logits.argmax(-1)), None
     q_draft = warp(logits, *sampling)  # (k, V) warped like the target's p
-    guesses = length.cut(logits, sample(q_draft, generator).tolist())
+    guesses = length.cut(logits, sample(q_draft, generator))  # (k,)
     return guesses, q_draft[:len(guesses)]
 
 
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
     o = read_options(OPTIONS, options)
-    target = models.target
-    n_future = target.config.n_future
+    model = models.target
+    n_future = model.config.n_future
     k = n_future if o.draft_len is None else o.draft_len
     if not 1 <= k <= n_future:
         raise ValueError(f"draft_len must be in 1..{n_future} (the model's MTP heads), got {o.draft_len}")
     length = draft_length(o, k, most=n_future)  # k per step: fixed or adaptive
     run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     draw = (run.sampling, run.generator) if run.sampling.draws(o.draft_sampling) else ()  # else the top-1
-    cache = target.new_cache()
+    target, cache, runtime = runtime_model(model, o.runtime)  # the model, or its static forwards
+    in_forward = runtime != "eager"  # the heads run inside the (replayed) verify forward, at every position
 
     # prefill: the main head gives the first token, the heads at the last prompt position the first guesses
     last, out = prefill(run, target, cache)
     with run.drafting():  # one drafter pass: the heads over one trunk state
-        drafts, q_draft = head_guesses(target, out.hidden[:, -1:], length.k, length, *draw)
+        drafts, q_draft = head_guesses(model.head_logits(out.hidden[:, -1:], length.k)[0, :, 0], length, *draw)
     done = run.emit([last])
     drafted, accepted = [0] * n_future, [0] * n_future  # per head: guesses verified, guesses accepted
     while not done:
         drafts = drafts[:run.draft_room(len(drafts))]  # near the end of the budget or context, guess fewer
-        q_draft = q_draft[:len(drafts)] if q_draft is not None and drafts else None
-        emitted, n, out = chain_step(run, target, cache, last, drafts, q_draft)
+        q_draft = q_draft[:len(drafts)] if q_draft is not None and len(drafts) else None
+        emitted, n, out = chain_step(run, target, cache, last, drafts, q_draft, heads=in_forward)
         for i in range(len(drafts)):
             drafted[i] += 1
             accepted[i] += i < n
         length.update(len(drafts), n)
         done = run.emit(emitted)
         last = emitted[-1]
-        # out.hidden[:, n] is the position of the last accepted token, whose main head chose `last`:
-        # its heads guess the tokens after `last`
+        # position n is the last accepted token's, whose main head chose `last`: its heads guess the tokens after
         with run.drafting():
-            drafts, q_draft = head_guesses(target, out.hidden[:, n:n + 1], length.k, length, *draw)
+            logits = (out.head_logits[0, :length.k, n] if in_forward  # (k, V)
+                      else model.head_logits(out.hidden[:, n:n + 1], length.k)[0, :, 0])
+            drafts, q_draft = head_guesses(logits, length, *draw)
     return run.out, run.stats(drafted=sum(drafted), accepted=sum(accepted),
                               acceptance_rate=sum(accepted) / max(1, sum(drafted)),
-                              head_acceptance=[a / d for a, d in zip(accepted, drafted) if d])  # heads used
+                              head_acceptance=[a / d for a, d in zip(accepted, drafted) if d],  # heads used
+                              runtime=runtime)
