@@ -21,9 +21,9 @@ q (verify_tree_without_replacement); a rerank would bias that, so grow_sampled_t
 """
 import torch
 
-from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options
+from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, RUNTIME_OPTION, Option, Sampling, read_options
 from nanospec.decoding.run import prefill, start, tensor
-from nanospec.decoding.tree_step import tree_step
+from nanospec.decoding.tree_step import tree_runtime, tree_step
 from nanospec.decoding.trees import draw_tree
 from nanospec.model import Output
 from nanospec.tree import draw_rank_paths, frontier_mask
@@ -35,7 +35,7 @@ OPTIONS = {  # the defaults, and ACCEPT_GUESS below: docs/measurements.md (eagle
     "depth": Option(int, 2, "deepest guess below the root; the head runs this many passes per step", low=1, high=16),
     "width": Option(int, 4, "nodes expanded per level, children per node (EAGLE-2's top_k)", low=1, high=32),
     "total_tokens": Option(int, 8, "tree size verified per target forward, root included", low=2, high=256),
-    **DRAFT_SAMPLING_OPTION,
+    **DRAFT_SAMPLING_OPTION, **RUNTIME_OPTION,
 }
 ACCEPT_GUESS = 0.75  # shapes the drawn tree: the chance a draw is accepted, about sum(min(p, q)) of a trained head
 
@@ -122,12 +122,12 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     width = min(o.width, target.config.vocab_size)  # a node has at most V distinct children
     run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     drawn = run.sampling.draws(o.draft_sampling)
-    cache = target.new_cache()
+    forward, cache, runtime, budget = tree_runtime(target, o.runtime, o.total_tokens)  # forward: the target's
     dcache = eagle.new_cache(max_len=target.config.block_size + max(o.depth * width, o.total_tokens))  # + guesses
     steps, nodes = 0, 0
 
     # prefill: the target reads the prompt and picks the first root; the head reads x_1..x_P with f_0..f_{P-1}
-    last, out = prefill(run, target, cache)
+    last, out = prefill(run, forward, cache)
     with run.drafting():
         draft = refresh(eagle, target, dcache, run.prompt[1:] + [last], out.hidden[0])
     done = run.emit([last])
@@ -140,11 +140,11 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
                                                              run.sampling, run.generator)
             else:  # EAGLE-2's top-k tree: its guesses are point masses
                 (tokens, parents), q_draft = grow_tree(eagle, target, dcache, last, draft, d, width, size), None
-        emitted, path, out = tree_step(run, target, cache, tokens, parents, q_draft=q_draft)
+        emitted, path, out = tree_step(run, forward, cache, tokens, parents, q_draft=q_draft, budget=budget)
         steps, nodes = steps + 1, nodes + len(tokens) - 1
         done = run.emit(emitted)
         last = emitted[-1]
         if not done:  # the accepted nodes again, now with the target's features at the node before each
             with run.drafting():
                 draft = refresh(eagle, target, dcache, [tokens[n] for n in path] + [last], out.hidden[0, [0] + path])
-    return run.out, run.stats(tree_nodes=nodes / max(1, steps))
+    return run.out, run.stats(tree_nodes=nodes / max(1, steps), runtime=runtime)

@@ -19,10 +19,15 @@ The rule follows where the guesses came from:
   guesses DRAWN from the drafter's q_draft (--draft-sampling sample): verify.verify_tree_without_replacement,
       recursive rejection sampling against the q each child was drawn from.
   medusa's --verify typical: verify.typical_accept, LOSSY by design.
+
+On the static runtime (nanospec/static.py) a tree is padded to the method's fixed node budget, so every verify
+forward has one shape (one CUDA graph) whatever the tree's size: a padded node is a root of its own (parent -1),
+sees only the prefix and itself, no real node sees it, and its rows are cut off before the rule runs.
 """
 import torch
 
 from nanospec.decoding.run import tensor
+from nanospec.static import runtime_model
 from nanospec.tree import tree_mask, tree_positions
 from nanospec.verify import (typical_accept, verify_tree_descend, verify_tree_greedy, verify_tree_without_replacement,
                              warp)
@@ -30,11 +35,20 @@ from nanospec.verify import (typical_accept, verify_tree_descend, verify_tree_gr
 RULES = ("point-mass", "typical")  # lossless (greedy = its one-hot case), and Medusa's LOSSY typical acceptance
 
 
-def tree_step(run, target, cache, tokens, parents, rule="point-mass", heads=False, q_draft=None):
+def tree_runtime(model, runtime, budget):
+    """runtime_model for a tree method whose trees hold at most `budget` nodes, root included: (forward, cache,
+    path, the budget to pad to: None on the eager path, which runs each tree as it is). The cache has room for
+    a full padded tree after any prefix the context allows, on both paths (so they build the same trees)."""
+    forward, cache, path = runtime_model(model, runtime, max_len=model.config.block_size + budget)
+    return forward, cache, path, None if path == "eager" else budget
+
+
+def tree_step(run, target, cache, tokens, parents, rule="point-mass", heads=False, q_draft=None, budget=None):
     """One tree verify step. tokens, parents: the tree (tokens[0] = the root = the last emitted token);
     rule: "point-mass" (lossless) or "typical" (lossy, see verify.py); q_draft (N, V): for a tree whose children
     were DRAWN, the law node u's children were drawn from (without replacement, in index order); it is then
-    verified with verify_tree_without_replacement (lossless) instead.
+    verified with verify_tree_without_replacement (lossless) instead. budget: pad the forward to this many
+    nodes (see above), or None for exactly the tree.
 
     Returns (emitted, path, out): emitted = the accepted guesses + the target's next token; path = the accepted
     node indices (root excluded), so the last accepted node is path[-1] if path else 0; out = the forward's
@@ -43,19 +57,21 @@ def tree_step(run, target, cache, tokens, parents, rule="point-mass", heads=Fals
     """
     if rule not in RULES:
         raise ValueError(f"unknown tree rule {rule!r}; choose one of: {', '.join(RULES)}")
-    prefix, device = cache.length, cache.device
-    out = target(tensor(tokens, device), pos=tree_positions(parents, prefix, device), cache=cache,
-                 mask=tree_mask(parents, prefix, device), heads=heads)  # logits (1, N, V)
+    prefix, device, N = cache.length, cache.device, len(tokens)
+    pad = max(0, min(budget or 0, cache.max_len - prefix) - N)  # padded nodes: roots of their own, never read
+    out = target(tensor(tokens + [0] * pad, device), pos=tree_positions(parents + [-1] * pad, prefix, device),
+                 cache=cache, mask=tree_mask(parents + [-1] * pad, prefix, device), heads=heads)  # (1, N+pad, V)
+    logits = out.logits[0, :N]  # (N, V) the real nodes
     if run.sampling.greedy:  # every rule reduces to "follow the argmax"; skip building p
-        path, nxt = verify_tree_greedy(out.logits[0], tokens, parents)
+        path, nxt = verify_tree_greedy(logits, tokens, parents)
     else:
-        p_target = warp(out.logits[0], *run.sampling)  # (N, V): the target's law after each node's own path
+        p_target = warp(logits, *run.sampling)  # (N, V): the target's law after each node's own path
         if q_draft is not None:  # drawn children: recursive rejection sampling against the q they came from
             path, nxt = verify_tree_without_replacement(p_target, q_draft, tokens, parents, run.generator)
         elif rule == "point-mass":
             path, nxt = verify_tree_descend(p_target, tokens, parents, run.generator)
         else:
             path, nxt = typical_accept(p_target, tokens, parents, generator=run.generator)
-    # the forward wrote all N nodes after the prefix; keep the root and the accepted path, in order
+    # the forward wrote all N (+ pad) nodes after the prefix; keep the root and the accepted path, in order
     cache.compact(list(range(prefix)) + [prefix + n for n in [0] + path])
     return [tokens[n] for n in path] + [int(nxt)], path, out

@@ -1,0 +1,84 @@
+"""The tree methods (medusa, eagle, parallelspec, lookahead) on the static runtime (nanospec/static.py): with
+--runtime static each gives the plain path's ids token for token, greedy (and then `ar`'s) and, seeded, at
+temperature 1, up to the context's end. On the static path every tree verify forward is padded to the method's
+node budget (tree_step.tree_runtime), so the target's forwards come in few shapes: the prompt, the budget, and
+(parallelspec's chain) k + 1; the padded nodes are never accepted, which the equality with the plain path shows."""
+import pytest
+import torch
+
+from nanospec.decoding import METHODS
+from nanospec.decoding.tree_step import tree_step
+from nanospec.parts import Models
+from nanospec.static import KEPT, StaticGPT, runtime_model
+from test_eagle import random_head
+from test_model import random_ids, tiny_gpt
+from test_parallelspec import tiny_drafter
+
+# method, options, the node budget its static tree forwards are padded to
+CASES = [
+    ("medusa", {}, 4),  # the default tree within the 2 heads: 3 paths + the root
+    ("medusa", {"tree": "large", "draft_sampling": "topk"}, 13),  # 12 paths within the 2 heads + the root
+    ("medusa", {"verify": "typical"}, 4),
+    ("eagle", {}, 8),  # total_tokens
+    ("eagle", {"depth": 3, "width": 2, "total_tokens": 6, "draft_sampling": "topk"}, 6),
+    ("parallelspec", {}, 8),  # SMALL_TREE within 3 masks: 7 paths + the root
+    ("parallelspec", {"tree": "chain"}, None),  # chain_step: no padding, k + 1 tokens
+    ("lookahead", {}, 18),  # tree_size(3, 4, 3)
+    ("lookahead", {"window": 2, "ngram": 3, "guesses": 2}, 8),
+]
+
+
+def tree_models(seed):
+    target = tiny_gpt(seed)
+    return Models(target=target, eagle=random_head(target, seed), parallelspec=tiny_drafter(target, seed))
+
+
+def both_runtimes(method, models, prompt, n, **kw):
+    return [METHODS[method](models, prompt, n, runtime=r, **kw) for r in ("static", "eager")]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("method, options, budget", CASES)
+def test_static_tree_method_equals_plain(method, options, budget, temperature):
+    for seed in range(2):
+        models, prompt = tree_models(seed), random_ids(5 + 3 * seed, seed=seed)
+        n = models.target.config.block_size  # more than fits: the last steps run at the context's end
+        (ids, stats), (plain_ids, plain_stats) = both_runtimes(method, models, prompt, n, temperature=temperature,
+                                                               seed=seed, **options)
+        assert ids == plain_ids, (method, options, seed)
+        assert (stats["runtime"], plain_stats["runtime"]) == ("static", "eager")
+        assert stats["target_forwards"] == plain_stats["target_forwards"]
+        if temperature == 0 and options.get("verify") != "typical":
+            assert ids == METHODS["ar"](models, prompt, n)[0]
+
+
+@pytest.mark.parametrize("method, options, budget", [c for c in CASES if c[2] is not None])
+def test_static_tree_forwards_have_one_shape(method, options, budget):
+    """Every target forward after the prompt has the budget's shape (T = budget), however big each tree was."""
+    models = tree_models(0)
+    prompt = random_ids(6, seed=3)
+    METHODS[method](models, prompt, 30, runtime="static", **options)
+    (static,) = KEPT[models.target].values()  # the one StaticGPT the method ran on
+    shapes = {key[1][0][0] for key in static.graphs.entries} | {key[1][0][0] for key in static.graphs.seen}
+    assert shapes <= {(1, len(prompt)), (1, budget)} and (1, budget) in shapes
+
+
+@torch.inference_mode()
+def test_padded_tree_step_is_the_plain_tree_step():
+    """tree_step with a budget on a StaticGPT: the same emitted tokens, path and cache as without padding on the
+    plain model, on a tree with a branch; the forward ran over budget nodes."""
+    from nanospec.decoding.run import start
+    target = tiny_gpt(2)
+    static, cache, _ = runtime_model(target, "static", max_len=target.config.block_size + 9)
+    plain = target.new_cache(max_len=target.config.block_size + 9)
+    run = start(Models(target=target), [1, 2, 3], 5)
+    target(torch.tensor([[1, 2, 3]]), cache=plain), static(torch.tensor([[1, 2, 3]]), cache=cache)
+    best = target(torch.tensor([[1, 2, 3, 4]])).logits[0, -1].argmax().item()  # the target's token after 4
+    tokens, parents = [4, best, (best + 1) % 11, 7], [-1, 0, 0, 1]
+    got = tree_step(run, static, cache, tokens, parents, budget=9)
+    expected = tree_step(run, target, plain, tokens, parents)
+    assert got[:2] == expected[:2] and got[1][0] == 1 and got[2].logits.shape[1] == 9
+    assert cache.lengths == plain.lengths
+    n = plain.length
+    torch.testing.assert_close(cache.k[:, :, :, :n], plain.k[:, :, :, :n], atol=1e-12, rtol=0)
+    assert isinstance(static, StaticGPT)
