@@ -273,8 +273,11 @@ def _walk_tree(p_target, tokens, parents, proposal, generator):
     return path, sample(P, generator)
 
 
-def _path_list(path_row):
-    return [int(v) for v in path_row if v >= 0]
+def _path_list(path_row, next_token):
+    """path (D,) padded with -1 and next_token () -> (path as a list without the padding, next token as an int),
+    in ONE host read: on a GPU each read waits for every queued kernel."""
+    *path, nxt = torch.cat([path_row, next_token.reshape(1)]).tolist()
+    return [v for v in path if v >= 0], nxt
 
 
 def verify_tree_point_mass_batched(p_target, tokens, parents, generator=None):
@@ -305,7 +308,7 @@ def verify_tree_point_mass(p_target, tokens, parents, generator=None):
     """
     tokens = torch.as_tensor(tokens, device=p_target.device)  # (N,)
     path, nxt = verify_tree_point_mass_batched(p_target[None], tokens[None], parents, generator)
-    return _path_list(path[0]), int(nxt[0])
+    return _path_list(path[0], nxt[0])
 
 
 def verify_tree_descend(p_target, tokens, parents, generator=None):
@@ -333,6 +336,29 @@ def verify_tree_greedy(logits, tokens, parents):
     """
     best = logits.argmax(-1).tolist()  # same tie-break as warp(logits, 0): the first maximum
     return _descend(tokens, parents, best.__getitem__)
+
+
+def verify_tree_greedy_on_device(logits, tokens, parents):
+    """verify_tree_greedy with the walk on the device, for the static runtime: logits (N, V), tokens (N,) a list or
+    a LongTensor on the device, parents a list. Returns path (D,) LongTensor padded with -1 (D = the tree's depth)
+    and the next token (), both on the device: no host read. The same walk as _descend: at node u the argmax y,
+    then the first child of u holding y, over D fixed steps (a walk that stopped stays put).
+    Example: tokens [0, 5, 8, 9], parents [-1, 0, 0, 1], argmax after nodes 0..3 = [8, 1, 7, 4] -> ([2, -1], 7)."""
+    parents, _, depth = _layout(parents)
+    N, device = len(parents), logits.device
+    best = logits.argmax(-1)  # (N,) same tie-break as warp(logits, 0)
+    tokens = torch.as_tensor(tokens, dtype=torch.long, device=device)  # (N,)
+    par = torch.tensor(parents, dtype=torch.long, device=device)  # (N,)
+    # match[u, c]: node c is a child of u and holds u's argmax; the first such c is where the walk goes from u
+    match = (par[None, :] == torch.arange(N, device=device)[:, None]) & (tokens[None, :] == best[:, None])  # (N, N)
+    has, first = match.any(-1), match.long().argmax(-1)  # (N,), (N,) argmax: the first True
+    node, path = torch.zeros((), dtype=torch.long, device=device), []
+    for _ in range(max(depth)):
+        step = has[node]  # () does the walk go on from here?
+        node = torch.where(step, first[node], node)
+        path.append(torch.where(step, node, -1))
+    path = torch.stack(path) if path else torch.zeros(0, dtype=torch.long, device=device)  # (D,)
+    return path, best[node]
 
 
 def _descend(tokens, parents, pick):
@@ -381,7 +407,7 @@ def verify_tree_sampled(p_target, q_draft, tokens, parents, generator=None):
     path, nxt = verify_tree_sampled_batched(
         p_target[None], q_draft[None], torch.as_tensor(tokens, device=p_target.device)[None], parents, generator
     )
-    return _path_list(path[0]), int(nxt[0])
+    return _path_list(path[0], nxt[0])
 
 
 def without_replacement_proposals(q, drawn):
@@ -438,7 +464,7 @@ def verify_tree_without_replacement(p_target, q_draft, tokens, parents, generato
     path, nxt = verify_tree_without_replacement_batched(
         p_target[None], q_draft[None], torch.as_tensor(tokens, device=p_target.device)[None], parents, generator
     )
-    return _path_list(path[0]), int(nxt[0])
+    return _path_list(path[0], nxt[0])
 
 
 def typical_accept_batched(p_target, tokens, parents, posterior_threshold=0.09, posterior_alpha=0.3, generator=None):
@@ -487,4 +513,4 @@ def typical_accept(p_target, tokens, parents, posterior_threshold=0.09, posterio
         p_target[None], torch.as_tensor(tokens, device=p_target.device)[None], parents, posterior_threshold,
         posterior_alpha, generator
     )
-    return _path_list(path[0]), int(nxt[0])
+    return _path_list(path[0], nxt[0])

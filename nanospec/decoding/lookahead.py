@@ -24,7 +24,6 @@ column i (level 1 under the chain's column i). For W = 3, N = 3, one candidate n
 
 After the forward the window moves one Jacobi step: level 0 := level 1 without its first column, each level moves
 down one, the top level := the argmaxes at the old top level. Any window is a valid guess, never "wrong".
-
 Every node is a guess fixed before the step draws anything (the Jacobi iterates take the argmax even when
 sampling), so `tree_step`'s point-mass rule checks the whole tree, losslessly. The trie comes first in node order,
 so it wins over a window node holding the same token; the window's chains are extra guesses at no extra cost.
@@ -133,11 +132,12 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         grams = [g[:depth] for g in reversed(pool.get(root, []))]  # newest first: tried first
         use_window = W + N - 3 <= run.room()  # its deepest node's position must exist: none near the context end
         tokens, parents, where, chain = build_tree(root, grams, levels if use_window else [])
-        emitted, path, out = tree_step(run, forward, cache, tokens, parents, budget=budget)  # keeps root + path
+        top = where[-1] if use_window else []  # the window's top level: (W,) guesses for t+N-1+i, read with the step
+        emitted, path, _, new = tree_step(run, forward, cache, tokens, parents, budget=budget,
+                                          also=lambda out: out.logits[0, top].argmax(-1))  # keeps root + path
         accepted += len(path)
         accepted_window += len(path) if path and path[0] >= len(tokens) - sum(map(len, where)) else 0
         if use_window:  # one Jacobi step of the window, and its fresh n-grams into the pool
-            new = out.logits[0, where[-1]].argmax(-1).tolist()  # (W,) top level's guesses for t+N-1+i
             if step >= N - 2:
                 for i in range(W):
                     remember(pool, tokens[chain[i]], tuple(lv[i] for lv in levels[1:]) + (new[i],), G)

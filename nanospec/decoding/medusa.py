@@ -49,6 +49,7 @@ OPTIONS = {
 def print_tree(step, tokens, parents, paths, path, emitted, tokenizer, drawn=False):
     """What the heads proposed and what the target kept, for a student to read."""
     nodes, depth = tree_from_paths(paths)[1], depths(parents)  # node -> its path of ranks, as ordered in tokens
+    tokens = tokens.tolist() if torch.is_tensor(tokens) else tokens  # (the static runtime leaves them on the device)
 
     def rank(n):  # drawn children are draws 1, 2, ... in order (fill_tree drops those q cannot give)
         return [c for c in range(1, n + 1) if parents[c] == parents[n]].index(n) if drawn else nodes[n][-1]
@@ -87,7 +88,8 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         step_paths = [p for p in paths if len(p) <= d][:slots]
         with run.drafting():  # one drafter pass: the heads over one trunk state, then the tree from their laws
             logits = target.head_logits(hidden, d)[0, :, 0] if d else None  # (d, V) head i's logits at depth i
-            tokens, parents, q_draft = fill_tree(last, logits, step_paths, run.sampling, drawn, run.generator)
+            tokens, parents, q_draft = fill_tree(last, logits, step_paths, run.sampling, drawn, run.generator,
+                                                 on_device=budget is not None)  # static: tokens stay there
         emitted, path, out = tree_step(run, forward, cache, tokens, parents, o.verify, q_draft=q_draft, budget=budget)
         steps, guesses, accepted = steps + 1, guesses + len(tokens) - 1, accepted + len(path)
         if o.show_tree and steps <= 2:

@@ -77,7 +77,8 @@ def tree_step_guesses(run, target, cache, last, guesses, paths, drawn, budget=No
     Returns (emitted, guesses verified, accepted)."""
     slots = cache.max_len - cache.length - 1  # cache slots left for guesses in this forward
     step_paths = [p for p in paths if len(p) <= guesses.size(0)][:slots]
-    tokens, parents, q_draft = fill_tree(last, guesses, step_paths, run.sampling, drawn, run.generator)
+    tokens, parents, q_draft = fill_tree(last, guesses, step_paths, run.sampling, drawn, run.generator,
+                                         on_device=budget is not None)  # static: tokens stay on the device
     emitted, path, _ = tree_step(run, target, cache, tokens, parents, q_draft=q_draft, budget=budget)
     return emitted, len(tokens) - 1, len(path)
 

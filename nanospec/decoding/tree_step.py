@@ -29,8 +29,8 @@ import torch
 from nanospec.decoding.run import tensor
 from nanospec.static import runtime_model
 from nanospec.tree import tree_mask, tree_positions
-from nanospec.verify import (typical_accept, verify_tree_descend, verify_tree_greedy, verify_tree_without_replacement,
-                             warp)
+from nanospec.verify import (typical_accept, verify_tree_descend, verify_tree_greedy, verify_tree_greedy_on_device,
+                             verify_tree_without_replacement, warp)
 
 RULES = ("point-mass", "typical")  # lossless (greedy = its one-hot case), and Medusa's LOSSY typical acceptance
 
@@ -43,25 +43,43 @@ def tree_runtime(model, runtime, budget):
     return forward, cache, path, None if path == "eager" else budget
 
 
-def tree_step(run, target, cache, tokens, parents, rule="point-mass", heads=False, q_draft=None, budget=None):
+def tree_step(run, target, cache, tokens, parents, rule="point-mass", heads=False, q_draft=None, budget=None,
+              also=None):
     """One tree verify step. tokens, parents: the tree (tokens[0] = the root = the last emitted token);
     rule: "point-mass" (lossless) or "typical" (lossy, see verify.py); q_draft (N, V): for a tree whose children
     were DRAWN, the law node u's children were drawn from (without replacement, in index order); it is then
     verified with verify_tree_without_replacement (lossless) instead. budget: pad the forward to this many
-    nodes (see above), or None for exactly the tree.
+    nodes (see above), or None for exactly the tree. tokens may be a (N,) LongTensor left on the device.
 
     Returns (emitted, path, out): emitted = the accepted guesses + the target's next token; path = the accepted
     node indices (root excluded), so the last accepted node is path[-1] if path else 0; out = the forward's
-    Output (out.hidden[:, node] is the trunk state there, for drafting the next tree).
+    Output (out.hidden[:, node] is the trunk state there, for drafting the next tree). also(out) -> a LongTensor
+    (K,) the caller needs on the host: it comes back in the step's read, as a fourth item (a list).
     Afterwards the cache holds the prefix, the root and the accepted guesses; the next token is not in it yet.
     """
     if rule not in RULES:
         raise ValueError(f"unknown tree rule {rule!r}; choose one of: {', '.join(RULES)}")
     prefix, device, N = cache.length, cache.device, len(tokens)
     pad = max(0, min(budget or 0, cache.max_len - prefix) - N)  # padded nodes: roots of their own, never read
-    out = target(tensor(tokens + [0] * pad, device), pos=tree_positions(parents + [-1] * pad, prefix, device),
+    x = torch.as_tensor(tokens, dtype=torch.long, device=device)  # (N,)
+    out = target(torch.cat([x, x.new_zeros(pad)])[None], pos=tree_positions(parents + [-1] * pad, prefix, device),
                  cache=cache, mask=tree_mask(parents + [-1] * pad, prefix, device), heads=heads)  # (1, N+pad, V)
     logits = out.logits[0, :N]  # (N, V) the real nodes
+    extra = also(out) if also is not None else x[:0]  # (K,)
+    if run.sampling.greedy and (budget is not None or torch.is_tensor(tokens)):  # the walk on the device
+        emitted, path, extra = read_greedy_walk(logits, x, parents, extra)
+    else:
+        if torch.is_tensor(tokens) or also is not None:  # one read brings back both
+            values = torch.cat([x, extra]).tolist()
+            tokens, extra = values[:N], values[N:]
+        emitted, path = verify_on_host(run, logits, tokens, parents, rule, q_draft)
+    # the forward wrote all N (+ pad) nodes after the prefix; keep the root and the accepted path, in order
+    cache.compact(list(range(prefix)) + [prefix + n for n in [0] + path])
+    return (emitted, path, out) if also is None else (emitted, path, out, extra)
+
+
+def verify_on_host(run, logits, tokens, parents, rule, q_draft):
+    """The tree rules as verify.py writes them, on logits (N, V) and host tokens: (emitted, path)."""
     if run.sampling.greedy:  # every rule reduces to "follow the argmax"; skip building p
         path, nxt = verify_tree_greedy(logits, tokens, parents)
     else:
@@ -72,6 +90,14 @@ def tree_step(run, target, cache, tokens, parents, rule="point-mass", heads=Fals
             path, nxt = verify_tree_descend(p_target, tokens, parents, run.generator)
         else:
             path, nxt = typical_accept(p_target, tokens, parents, generator=run.generator)
-    # the forward wrote all N (+ pad) nodes after the prefix; keep the root and the accepted path, in order
-    cache.compact(list(range(prefix)) + [prefix + n for n in [0] + path])
-    return [tokens[n] for n in path] + [int(nxt)], path, out
+    return [tokens[n] for n in path] + [int(nxt)], path
+
+
+def read_greedy_walk(logits, tokens, parents, extra):
+    """The greedy rule on the device (verify.verify_tree_greedy_on_device) and ONE host read of what the step
+    needs: the path, its tokens, the next token and `extra` (K,). Returns (emitted, path, extra as a list)."""
+    path, nxt = verify_tree_greedy_on_device(logits, tokens, parents)  # (D,), ()
+    D = path.numel()
+    values = torch.cat([path, tokens[path.clamp(min=0)], nxt.view(1), extra]).tolist()  # the one read
+    n = sum(v >= 0 for v in values[:D])  # accepted nodes: the path's entries before its -1 padding
+    return values[D:D + n] + [values[2 * D]], values[:n], values[2 * D + 1:]

@@ -49,7 +49,7 @@ def parse_tree(tree, max_depth, vocab_size):
     return tree_from_paths(paths)[1][1:]
 
 
-def fill_tree(root, logits, paths, sampling, drawn=False, generator=None):
+def fill_tree(root, logits, paths, sampling, drawn=False, generator=None, on_device=False):
     """A Medusa-style tree from a drafter whose guess for the token d after the root does not depend on the guesses
     before it (MTP heads, ParallelSpec's masks): logits (D, V), row d-1 for depth d; paths of ranks as in
     tree.medusa_tree ((1, 0) = depth 1's candidate 1, then depth 2's candidate 0).
@@ -63,12 +63,14 @@ def fill_tree(root, logits, paths, sampling, drawn=False, generator=None):
               leave its sibling verified against the wrong q), and ranks beyond q's support are dropped.
     Example: root 7, paths [(0,), (1,), (0, 0)], top-2 of row 0 = [5, 3], top-1 of row 1 = [9]
              -> tokens [7, 5, 3, 9], parents [-1, 0, 0, 1], q_draft None.
+    on_device (top-k only, the static runtime): tokens come back as a (N,) LongTensor on the device, no host read.
     Returns (tokens, parents, q_draft)."""
     if not paths:
         return [int(root)], [-1], None
     D, width = max(map(len, paths)), max(max(p) for p in paths) + 1
     if not drawn:
-        tokens, parents = medusa_tree(root, logits[:D].topk(width, dim=-1).indices, paths)
+        top = logits[:D].topk(width, dim=-1).indices  # (D, width) each depth's candidates, best first
+        tokens, parents = top_tree_on_device(root, top, paths) if on_device else medusa_tree(root, top, paths)
         return tokens, parents, None
     have = set(paths)
     for p in paths:
@@ -82,6 +84,16 @@ def fill_tree(root, logits, paths, sampling, drawn=False, generator=None):
     tokens, parents = medusa_tree(root, draws, paths)
     q_rows = torch.cat([q, torch.zeros_like(q[:1])])  # (D+1, V): a node at depth d draws from row d; D: none
     return tokens, parents, q_rows[depths(parents)]
+
+
+def top_tree_on_device(root, candidates, paths):
+    """tree.medusa_tree with the tokens left on the device: candidates (D, K) -> ((N,) LongTensor, parents).
+    Node of path (.., r) at depth d holds candidates[d-1, r], gathered there."""
+    parents, nodes = tree_from_paths(paths)
+    device = candidates.device
+    at = torch.tensor([[len(n) - 1, n[-1]] for n in nodes[1:]], dtype=torch.long, device=device)  # (N-1, 2)
+    root = torch.tensor([int(root)], dtype=torch.long, device=device)  # (1,)
+    return torch.cat([root, candidates[at[:, 0], at[:, 1]]]), parents
 
 
 def draw_tree(root, paths, q_root, next_q, generator=None):
