@@ -90,12 +90,19 @@ def sample_without_replacement(probs, k, generator=None):
     Every row needs at least k tokens of nonzero probability (a ValueError otherwise): a token of probability 0
     is never drawn.
     """
-    u = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)  # (..., V)
-    gumbel = -torch.log(-torch.log(u.clamp(min=torch.finfo(probs.dtype).tiny)))  # (..., V) Gumbel(0, 1) noise
-    top = (torch.log(probs) + gumbel).topk(k, dim=-1)  # log 0 = -inf: never among the k largest if k fit
+    top = gumbel_top_k(probs, k, generator)
     if not torch.isfinite(top.values).all():
         raise ValueError(f"cannot draw {k} distinct tokens from a distribution with fewer than {k} possible ones")
     return top.indices
+
+
+def gumbel_top_k(probs, k, generator=None):
+    """`sample_without_replacement`'s draws without its check (no host read): the k largest of log probs + Gumbel
+    noise, as (values, indices) (..., k). Where a row has fewer than k possible tokens, the values past them are
+    -inf and their indices meaningless: the caller drops them (trees.fill_tree knows each row's support)."""
+    u = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)  # (..., V)
+    gumbel = -torch.log(-torch.log(u.clamp(min=torch.finfo(probs.dtype).tiny)))  # (..., V) Gumbel(0, 1) noise
+    return (torch.log(probs) + gumbel).topk(k, dim=-1)  # log 0 = -inf: never among the k largest if k fit
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -265,9 +272,7 @@ def _walk_tree(p_target, tokens, parents, proposal, generator):
             chosen = torch.where(trying & ok, child, chosen)
             P = torch.where((trying & ~ok)[:, None], residual(P, q), P)
         alive = chosen >= 0
-        path[:, d] = chosen
-        if not alive.any():  # every walk has stopped: P is final (also saves the deeper levels' work)
-            break
+        path[:, d] = chosen  # all D levels run, stopped walks too (their draws unused): no host read per level
         node = torch.where(alive, chosen, node)
         P = torch.where(alive[:, None], p_target[rows, node], P)
     return path, sample(P, generator)
@@ -311,7 +316,7 @@ def verify_tree_point_mass(p_target, tokens, parents, generator=None):
     return _path_list(path[0], nxt[0])
 
 
-def verify_tree_descend(p_target, tokens, parents, generator=None):
+def verify_tree_descend(p_target, tokens, parents, generator=None, draws=None):
     """The tree point-mass rule as sample-and-match, what tree_step runs. p_target (N, V): the target's law
     after each node.
 
@@ -320,11 +325,14 @@ def verify_tree_descend(p_target, tokens, parents, generator=None):
     none is, y follows p_u without the children's tokens: exactly verify_tree_point_mass's law. (The draw y
     is both the test and the emitted token; drawing a FRESH token after a mismatch would be biased.)
     Greedy: p is one-hot, y is the argmax. Returns (path: accepted node indices, root excluded; next_token).
+    Every node's y is drawn at once, before the walk, and read in one transfer: a node the walk never reaches
+    leaves its draw unused, and each visited node's y is still a fresh draw of its own p_u. draws: those y (a
+    list), when the caller drew sample(p_target, generator) itself to read it with its own tensors in one transfer.
     Example: tokens [0, 5, 8, 9], parents [-1, 0, 0, 1], greedy argmax after nodes 0..3 = [8, 1, 7, 4]
     -> y = 8 at the root: node 2; no child of node 2 holds y = 7 -> ([2], 7).
     """
-    # the draw is both the test and, at the end, the output
-    return _descend(tokens, parents, lambda node: int(sample(p_target[node], generator)))
+    draws = sample(p_target, generator).tolist() if draws is None else draws  # (N,) y at every node, one read
+    return _descend(tokens, parents, draws.__getitem__)  # the draw is both the test and, at the end, the output
 
 
 def verify_tree_greedy(logits, tokens, parents):

@@ -26,11 +26,10 @@ sees only the prefix and itself, no real node sees it, and its rows are cut off 
 """
 import torch
 
-from nanospec.decoding.run import tensor
 from nanospec.static import runtime_model
 from nanospec.tree import tree_mask, tree_positions
-from nanospec.verify import (typical_accept, verify_tree_descend, verify_tree_greedy, verify_tree_greedy_on_device,
-                             verify_tree_without_replacement, warp)
+from nanospec.verify import (sample, typical_accept, verify_tree_descend, verify_tree_greedy,
+                             verify_tree_greedy_on_device, verify_tree_without_replacement, warp)
 
 RULES = ("point-mass", "typical")  # lossless (greedy = its one-hot case), and Medusa's LOSSY typical acceptance
 
@@ -69,28 +68,32 @@ def tree_step(run, target, cache, tokens, parents, rule="point-mass", heads=Fals
     if run.sampling.greedy and (budget is not None or torch.is_tensor(tokens)):  # the walk on the device
         emitted, path, extra = read_greedy_walk(logits, x, parents, extra)
     else:
-        if torch.is_tensor(tokens) or also is not None:  # one read brings back both
-            values = torch.cat([x, extra]).tolist()
-            tokens, extra = values[:N], values[N:]
-        emitted, path = verify_on_host(run, logits, tokens, parents, rule, q_draft)
+        emitted, path, extra = verify_on_host(run, logits, tokens, parents, rule, q_draft, extra)
     # the forward wrote all N (+ pad) nodes after the prefix; keep the root and the accepted path, in order
     cache.compact(list(range(prefix)) + [prefix + n for n in [0] + path])
     return (emitted, path, out) if also is None else (emitted, path, out, extra)
 
 
-def verify_on_host(run, logits, tokens, parents, rule, q_draft):
-    """The tree rules as verify.py writes them, on logits (N, V) and host tokens: (emitted, path)."""
-    if run.sampling.greedy:  # every rule reduces to "follow the argmax"; skip building p
+def verify_on_host(run, logits, tokens, parents, rule, q_draft, extra):
+    """The tree rules as verify.py writes them, on logits (N, V). What the host needs of the device (tokens left
+    there, the point-mass rule's draws, the caller's extra (K,)) comes back in one read. Returns (emitted, path,
+    extra as a list)."""
+    N, p_target = len(parents), None if run.sampling.greedy else warp(logits, *run.sampling)  # (N, V)
+    point_mass = p_target is not None and q_draft is None and rule == "point-mass"
+    draws = sample(p_target, run.generator) if point_mass else extra[:0]  # (N,) y at every node (verify_tree_descend)
+    on_device = ([tokens] if torch.is_tensor(tokens) else []) + [draws, extra]
+    values = torch.cat(on_device).tolist() if sum(t.numel() for t in on_device) else []  # the one read
+    n, m = (N if torch.is_tensor(tokens) else 0), draws.numel()  # values = [tokens if on the device, draws, extra]
+    tokens, draws, extra = values[:n] if n else tokens, values[n:n + m], values[n + m:]
+    if p_target is None:  # every rule reduces to "follow the argmax"; skip building p
         path, nxt = verify_tree_greedy(logits, tokens, parents)
+    elif q_draft is not None:  # drawn children: recursive rejection sampling against the q they came from
+        path, nxt = verify_tree_without_replacement(p_target, q_draft, tokens, parents, run.generator)
+    elif point_mass:
+        path, nxt = verify_tree_descend(p_target, tokens, parents, draws=draws)
     else:
-        p_target = warp(logits, *run.sampling)  # (N, V): the target's law after each node's own path
-        if q_draft is not None:  # drawn children: recursive rejection sampling against the q they came from
-            path, nxt = verify_tree_without_replacement(p_target, q_draft, tokens, parents, run.generator)
-        elif rule == "point-mass":
-            path, nxt = verify_tree_descend(p_target, tokens, parents, run.generator)
-        else:
-            path, nxt = typical_accept(p_target, tokens, parents, generator=run.generator)
-    return [tokens[n] for n in path] + [int(nxt)], path
+        path, nxt = typical_accept(p_target, tokens, parents, generator=run.generator)
+    return [tokens[n] for n in path] + [int(nxt)], path, extra
 
 
 def read_greedy_walk(logits, tokens, parents, extra):

@@ -13,7 +13,7 @@ the root, then the first candidate below it.
 import torch
 
 from nanospec.tree import children, depths, medusa_tree, tree_from_paths
-from nanospec.verify import sample_without_replacement, warp
+from nanospec.verify import gumbel_top_k, sample_without_replacement, warp
 
 # medusa's default: 4 paths chosen by scripts/medusa_tree.py on the trained model (docs/measurements.md has the
 # figures); "large" is the best 16 paths of the same measurement.
@@ -78,10 +78,11 @@ def fill_tree(root, logits, paths, sampling, drawn=False, generator=None, on_dev
             raise ValueError(f"with drawn guesses tree path {p} needs {p[:-1] + (p[-1] - 1,)} too: rank r is the "
                              f"(r+1)-th draw, and each node's children must be draws 1..m in order")
     q = warp(logits[:D], *sampling)  # (D, V) the law each depth's candidates are drawn from
-    support = (q > 0).sum(-1).tolist()  # top-k / top-p may leave fewer tokens than the tree has ranks
+    draws = gumbel_top_k(q, width, generator).indices  # (D, width) each row's draws without replacement, in order
+    values = torch.cat([(q > 0).sum(-1), draws.flatten()]).tolist()  # one read: supports, then the draws
+    support = values[:D]  # top-k / top-p may leave fewer tokens than the tree has ranks: those draws are dropped
     paths = [p for p in paths if all(r < support[d] for d, r in enumerate(p))]
-    draws = [sample_without_replacement(q[d], min(width, support[d]), generator).tolist() for d in range(D)]
-    tokens, parents = medusa_tree(root, draws, paths)
+    tokens, parents = medusa_tree(root, [values[D + d * width:D + (d + 1) * width] for d in range(D)], paths)
     q_rows = torch.cat([q, torch.zeros_like(q[:1])])  # (D+1, V): a node at depth d draws from row d; D: none
     return tokens, parents, q_rows[depths(parents)]
 
