@@ -82,3 +82,31 @@ def test_padded_tree_step_is_the_plain_tree_step():
     n = plain.length
     torch.testing.assert_close(cache.k[:, :, :, :n], plain.k[:, :, :, :n], atol=1e-12, rtol=0)
     assert isinstance(static, StaticGPT)
+
+
+@torch.inference_mode()
+def test_static_eagle_head_is_the_plain_head():
+    """StaticEagle against the head's plain forward on its own cache: a refresh over a few tokens, then frontier
+    passes under tree masks (as expand runs them), then a rollback to the accepted slots, several times."""
+    from nanospec.drafters.eagle import StaticEagle
+    from nanospec.tree import frontier_mask
+    target = tiny_gpt(1).float()
+    head = random_head(target, 1).float()
+    plain, cache = head.new_cache(max_len=64), head.new_cache(max_len=64)
+    static = StaticEagle(head, cache)
+    g = torch.Generator().manual_seed(0)
+    for step in range(4):
+        m = 3 if step == 0 else 1 + step % 2  # a refresh: the accepted tokens with true features
+        tokens, feats = torch.randint(0, 11, (1, m), generator=g), torch.randn(1, m, 16, generator=g)
+        expected, got = head(target, tokens, feats, cache=plain), static(target, tokens, feats, cache=cache)
+        torch.testing.assert_close(got.logits, expected.logits, atol=1e-5, rtol=0)
+        L, fed, parent = plain.length, {}, [-1, -1, 0, 1]
+        for frontier, d in (([0, 1], 1), ([2, 3], 2)):  # two frontier passes of a tree of depth 2
+            mask = frontier_mask(L, fed, frontier, parent)
+            pos = torch.full((2,), L + d)
+            tok, f = torch.randint(0, 11, (1, 2), generator=g), torch.randn(1, 2, 16, generator=g)
+            expected = head(target, tok, f, pos, plain, mask)
+            got = static(target, tok, f, pos, cache, mask)
+            torch.testing.assert_close(got.hidden, expected.hidden, atol=1e-5, rtol=0)
+            torch.testing.assert_close(got.logits, expected.logits, atol=1e-5, rtol=0)
+        plain.rollback(L), cache.rollback(L)

@@ -25,6 +25,7 @@ from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, RUNTIME_OPTION, Opt
 from nanospec.decoding.run import prefill, start, tensor
 from nanospec.decoding.tree_step import tree_runtime, tree_step
 from nanospec.decoding.trees import draw_tree
+from nanospec.drafters.eagle import StaticEagle
 from nanospec.model import Output
 from nanospec.tree import draw_rank_paths, frontier_mask
 from nanospec.verify import warp
@@ -44,7 +45,7 @@ def refresh(eagle, target, dcache, tokens, features):
     """Feed accepted tokens (m,) with the target's true features before each (m, C) to the head, appended to
     its cache; returns its Output at the last one, which drafts the token after it (logits (1, 1, V))."""
     hidden = eagle(target, tensor(tokens, dcache.device), features[None], cache=dcache, logits=False).hidden
-    return Output(logits=eagle.unembed(target, hidden[:, -1:]), hidden=hidden[:, -1:])  # only the last is needed
+    return Output(logits=eagle.unembed(target, hidden[:, -1:]), hidden=hidden[:, -1:].clone())  # only the last
 
 
 def expand(eagle, target, dcache, L, d, frontier, cand_tok, cand_parent, fed, feats):
@@ -119,12 +120,12 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     target, eagle = models.target, models.eagle
     if eagle.config.n_embd != target.config.n_embd or eagle.config.vocab_size != target.config.vocab_size:
         raise ValueError("the eagle head was trained for another target: run `python train_tiny.py --stage eagle`")
-    width = min(o.width, target.config.vocab_size)  # a node has at most V distinct children
+    width, size = min(o.width, target.config.vocab_size), o.total_tokens  # a node has at most V distinct children
     run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
-    drawn = run.sampling.draws(o.draft_sampling)
+    drawn, steps, nodes = run.sampling.draws(o.draft_sampling), 0, 0
     forward, cache, runtime, budget = tree_runtime(target, o.runtime, o.total_tokens)  # forward: the target's
     dcache = eagle.new_cache(max_len=target.config.block_size + max(o.depth * width, o.total_tokens))  # + guesses
-    steps, nodes = 0, 0
+    eagle = eagle if runtime == "eager" else StaticEagle(eagle, dcache, capture=runtime == "graph")  # its forwards
 
     # prefill: the target reads the prompt and picks the first root; the head reads x_1..x_P with f_0..f_{P-1}
     last, out = prefill(run, forward, cache)
@@ -133,7 +134,6 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     done = run.emit([last])
     while not done:
         d = run.draft_room(o.depth)  # near the end of the budget or context, a shallower tree
-        size = min(o.total_tokens, cache.max_len - cache.length)
         with run.drafting(passes=max(d - 1, 0)):  # the tree's deeper levels, one head pass each
             if drawn:  # q_draft (N, V): the laws the drawn children came from
                 tokens, parents, q_draft = grow_sampled_tree(eagle, target, dcache, last, draft, d, width, size,

@@ -33,6 +33,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from nanospec.checkpoint import load_module
+from nanospec.graphs import Graphs
 from nanospec.model import Block, GPTConfig, KVCache, Output, causal_mask
 
 FEATURE_WEIGHT = 1.0  # SmoothL1 on features: what keeps the head's own features usable for deeper drafts
@@ -53,11 +54,12 @@ class Eagle(nn.Module):
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
 
-    def forward(self, target, tokens, features, pos=None, cache=None, mask=None, logits=True):
+    def forward(self, target, tokens, features, pos=None, cache=None, mask=None, logits=True, slots=None):
         """tokens (B, T): x_{t+1}; features (B, T, C): f_t (true or predicted); pos (T,): the positions of the
         tokens, default right after the cache (slot j holds position j+1); cache: this head's KVCache;
         mask (T, cached+T) bool, default causal. Returns Output(logits (B, T, V) for x_{t+2}, or None when not
-        asked for; hidden (B, T, C) = f̂_{t+1})."""
+        asked for; hidden (B, T, C) = f̂_{t+1}). slots (T,): the shape-static form (`StaticEagle`): keys written
+        there, mask (T, max_len) over every slot, the cache's length left to the caller."""
         B, T = tokens.shape
         n_cached = cache.length if cache is not None else 0
         if pos is None:
@@ -68,8 +70,8 @@ class Eagle(nn.Module):
         # the features at unit RMS: a target trained with Muon carries features of RMS ~8 beside embeddings of ~0.1
         features = F.rms_norm(features, (features.size(-1),))  # (B, T, C)
         x = self.fc(torch.cat([emb, features], dim=-1))  # (B, T, 2C) -> (B, T, C)
-        x = self.block(x, mask, cache, 0)  # (B, T, C) the predicted next feature
-        if cache is not None:
+        x = self.block(x, mask, cache, 0, slots)  # (B, T, C) the predicted next feature
+        if cache is not None and slots is None:
             cache.advance(T)
         return Output(logits=self.unembed(target, x) if logits else None, hidden=x)
 
@@ -80,6 +82,41 @@ class Eagle(nn.Module):
     def new_cache(self, max_len=None):
         w = self.fc.weight
         return KVCache(self.config, 1, w.device, w.dtype, max_len)
+
+
+class StaticEagle:
+    """The head's forwards on one cache, shape-static and, on CUDA, replayed from graphs (nanospec/static.py's
+    recipe: keys written at slot tensors, attention over every slot under a mask built on the device), so a
+    forward's shapes depend on T alone (the mask is padded to every slot on the way in). Called like the head;
+    its Output is rewritten by the next call of the same shape (clone what must outlive it)."""
+
+    def __init__(self, eagle, cache, capture=False):
+        self.eagle, self.cache = eagle, cache
+        self.graphs = Graphs(capture, protect=(cache.k, cache.v))
+
+    def unembed(self, target, hidden):
+        return self.eagle.unembed(target, hidden)
+
+    def __call__(self, target, tokens, features, pos=None, cache=None, mask=None, logits=True):
+        if cache is not self.cache:
+            raise ValueError("a StaticEagle runs on the cache it was made with")
+        T, n = tokens.size(1), cache.length
+        if n + T > cache.max_len:
+            raise ValueError(f"the eagle head's cache is full: {n + T} tokens > {cache.max_len}")
+        slots = torch.arange(n, n + T, device=cache.device)  # (T,)
+        pos = slots + 1 if pos is None else pos.reshape(T)  # (T,) slot j holds position j+1
+        # (T, max_len) over every slot: unlike a target's tree, a tree grown pass by pass hides earlier passes'
+        # nodes that are not a node's ancestors, so the whole given mask is kept, not only its new columns
+        full = torch.zeros(T, cache.max_len, dtype=torch.bool, device=cache.device)
+        full[:, :n + T] = causal_mask(n, T, cache.device) if mask is None else mask
+
+        def fn(tokens, features, pos, slots, full):  # tensors in, tensors out: what a graph records
+            out = self.eagle(target, tokens, features, pos, cache, full, logits, slots)
+            return out.logits, out.hidden
+
+        logits, hidden = self.graphs(fn, tokens, features, pos, slots, full, key=(logits,))
+        cache.advance(T)
+        return Output(logits=logits, hidden=hidden)
 
 
 def eagle_config(target_config):
