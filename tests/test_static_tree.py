@@ -47,7 +47,7 @@ def test_static_tree_method_equals_plain(method, options, budget, temperature):
                                                                seed=seed, **options)
         assert ids == plain_ids, (method, options, seed)
         assert (stats["runtime"], plain_stats["runtime"]) == ("static", "eager")
-        assert stats["target_forwards"] == plain_stats["target_forwards"]
+        assert stats["accepted_per_step"] == plain_stats["accepted_per_step"]  # the same drafts were made
         if temperature == 0 and options.get("verify") != "typical":
             assert ids == METHODS["ar"](models, prompt, n)[0]
 
@@ -110,3 +110,20 @@ def test_static_eagle_head_is_the_plain_head():
             torch.testing.assert_close(got.hidden, expected.hidden, atol=1e-5, rtol=0)
             torch.testing.assert_close(got.logits, expected.logits, atol=1e-5, rtol=0)
         plain.rollback(L), cache.rollback(L)
+
+
+@torch.inference_mode()
+def test_static_parallelspec_drafter_is_the_plain_drafter():
+    """StaticParallelSpec.draft against ParallelSpec.draft: passes over the prompt, then over 1..3 new tokens each,
+    with k masks (the masks' keys are written and forgotten): the same logits, the same cache lengths."""
+    from nanospec.drafters.parallelspec import StaticParallelSpec
+    target = tiny_gpt(2)
+    drafter = tiny_drafter(target, 2)
+    plain, cache = drafter.new_cache(), drafter.new_cache()
+    static = StaticParallelSpec(drafter, cache)
+    g = torch.Generator().manual_seed(1)
+    for m in [6, 1, 3, 2, 1, 1, 3]:
+        tokens, k = torch.randint(0, 11, (m,), generator=g).tolist(), 1 + m % 3
+        expected = drafter.draft(target, plain, tokens, k)
+        torch.testing.assert_close(static.draft(target, cache, tokens, k), expected, atol=1e-10, rtol=0)
+        assert cache.lengths == plain.lengths
