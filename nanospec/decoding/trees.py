@@ -13,7 +13,7 @@ the root, then the first candidate below it.
 import torch
 
 from nanospec.tree import children, depths, medusa_tree, tree_from_paths
-from nanospec.verify import gumbel_top_k, sample_without_replacement, warp
+from nanospec.verify import gumbel_top_k, warp
 
 # medusa's default: 4 paths chosen by scripts/medusa_tree.py on the trained model (docs/measurements.md has the
 # figures); "large" is the best 16 paths of the same measurement.
@@ -113,11 +113,16 @@ def draw_tree(root, paths, q_root, next_q, generator=None):
     q_draft[0] = q_root
     for d in range(max(map(len, nodes))):
         level = [u for u in range(N) if len(nodes[u]) == d and tokens[u] >= 0 and kids[u]]
-        if d > 0 and level:
+        if not level:
+            continue
+        if d > 0:
             q_draft[level] = next_q(d, level, tokens, parents)
-        for u in level:
-            m = min(len(kids[u]), int((q_draft[u] > 0).sum()))
-            for c, x in zip(kids[u], sample_without_replacement(q_draft[u], m, generator).tolist()):
+        K, width = len(level), max(len(kids[u]) for u in level)
+        draws = gumbel_top_k(q_draft[level], width, generator).indices  # (K, width) each node's draws, in order
+        values = torch.cat([(q_draft[level] > 0).sum(-1), draws.flatten()]).tolist()  # one read per level
+        for i, u in enumerate(level):  # where q allows fewer tokens than u has children, the rest stay undrawn
+            m = min(len(kids[u]), values[i])
+            for c, x in zip(kids[u][:m], values[K + i * width:K + i * width + m]):
                 tokens[c] = x
     keep = [u for u in range(N) if tokens[u] >= 0]
     index = {u: i for i, u in enumerate(keep)}
