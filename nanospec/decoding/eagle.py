@@ -15,9 +15,9 @@ through the target's own unembedding. Each step:
     children: after x: ")" 0.9, "," 0.05 -> -0.62, -3.51;  after self: ")" 0.5, "," 0.4 -> -1.89, -2.12
     best 3: x -0.51, ")"|x -0.62, self -1.20 -> tokens ["(", x, self, ")"], parents [-1, 0, 0, 1]
     target argmax after "(" = x, after x = ")", after ")" = ":"  ->  emit [x, ")", ":"] from one forward.
-
 When sampling (--draft-sampling sample, the default) the head DRAWS its guesses from its warped q, verified against
 q (verify_tree_without_replacement); a rerank would bias that, so grow_sampled_tree fixes the tree's shape first.
+--runtime static: target and head forwards shape-static (nanospec/static.py, StaticEagle), trees padded (tree_step).
 """
 import torch
 

@@ -27,7 +27,7 @@ down one, the top level := the argmaxes at the old top level. Any window is a va
 Every node is a guess fixed before the step draws anything (the Jacobi iterates take the argmax even when
 sampling), so `tree_step`'s point-mass rule checks the whole tree, losslessly. The trie comes first in node order,
 so it wins over a window node holding the same token; the window's chains are extra guesses at no extra cost.
-A forward holds `tree_size` tokens (18 by default: docs/measurements.md), bounded by the context (cache < 2x it).
+A forward holds `tree_size` tokens (18 by default: docs/measurements.md), the padded size with --runtime static.
 """
 import random
 

@@ -19,6 +19,8 @@ fine); with "topk" they are the heads' top-k, checked by the tree point-mass rul
 Medusa's typical acceptance judges the top-k guesses and is LOSSY: it accepts any plausible guess, so the
 output no longer follows the target's law. (A head's q is a marginal over the tokens before its own: see mtp.py.)
 The default tree was measured on the trained model (scripts/medusa_tree.py; trees.py, docs/measurements.md).
+--runtime static: the target's forwards shape-static (nanospec/static.py), every tree padded to the preset's
+node count (tree_step.py), its tokens left on the device; greedy, a step reads the host once (the accepted path).
 
 Papers: Cai et al. 2024, Medusa, arXiv 2401.10774; Stern et al. 2018, Blockwise Parallel Decoding,
 arXiv 1811.03115; Gloeckle et al. 2024, Multi-token Prediction, arXiv 2404.19737.

@@ -20,6 +20,8 @@ draft_sampling: "sample" (default) DRAWS mask j's guess from its warped law q_j 
 replacement per depth, tree_step.fill_tree) and verifies by rejection sampling against q (verify_chain, or
 verify_tree_without_replacement); "topk" takes each mask's top candidates and verifies them as point masses.
 Mask j never sees the guesses before it, so q_j is a marginal over them; mtp.py says why that stays lossless.
+--runtime static: the target's forwards and the drafter's pass shape-static (nanospec/static.py,
+drafters/parallelspec.StaticParallelSpec), each tree padded to the tree's node count; greedy, one host read a step.
 
 Paper: Xiao et al. 2024, ParallelSpec: Parallel Drafter for Efficient Speculative Decoding, arXiv 2410.05589.
 """
