@@ -127,3 +127,21 @@ def test_static_parallelspec_drafter_is_the_plain_drafter():
         expected = drafter.draft(target, plain, tokens, k)
         torch.testing.assert_close(static.draft(target, cache, tokens, k), expected, atol=1e-10, rtol=0)
         assert cache.lengths == plain.lengths
+
+
+@pytest.mark.parametrize("depth, width, total", [(1, 3, 4), (2, 4, 8), (3, 2, 6), (3, 3, 30), (4, 2, 9)])
+@torch.inference_mode()
+def test_grow_tree_on_device_is_exercise_9s_grow_tree(depth, width, total):
+    """The static runtime's top-k EAGLE tree (trees.grow_tree_on_device) is eagle.grow_tree's, node for node, and
+    leaves the head's cache as it found it."""
+    from nanospec.decoding.eagle import grow_tree, refresh
+    from nanospec.decoding.trees import grow_tree_on_device
+    for seed in range(3):
+        target = tiny_gpt(seed)
+        head = random_head(target, seed)
+        seq = random_ids(7, seed=seed)
+        dcache = head.new_cache(max_len=80)
+        draft = refresh(head, target, dcache, seq[1:], target(torch.tensor([seq])).hidden[0, :-1])
+        expected = grow_tree(head, target, dcache, seq[-1], draft, depth, width, total)
+        tokens, parents = grow_tree_on_device(head, target, dcache, seq[-1], draft, depth, width, total)
+        assert (tokens.tolist(), parents) == expected and dcache.length == 6

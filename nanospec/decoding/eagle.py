@@ -24,7 +24,7 @@ import torch
 from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, RUNTIME_OPTION, Option, Sampling, read_options
 from nanospec.decoding.run import prefill, start, tensor
 from nanospec.decoding.tree_step import tree_runtime, tree_step
-from nanospec.decoding.trees import draw_tree
+from nanospec.decoding.trees import draw_tree, grow_tree_on_device
 from nanospec.drafters.eagle import StaticEagle
 from nanospec.model import Output
 from nanospec.tree import draw_rank_paths, frontier_mask
@@ -116,14 +116,14 @@ def grow_sampled_tree(eagle, target, dcache, root, draft, depth, width, total_to
 
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
-    o = read_options(OPTIONS, options)
-    target, eagle = models.target, models.eagle
+    o, target, eagle = read_options(OPTIONS, options), models.target, models.eagle
     if eagle.config.n_embd != target.config.n_embd or eagle.config.vocab_size != target.config.vocab_size:
         raise ValueError("the eagle head was trained for another target: run `python train_tiny.py --stage eagle`")
     width, size = min(o.width, target.config.vocab_size), o.total_tokens  # a node has at most V distinct children
     run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     drawn, steps, nodes = run.sampling.draws(o.draft_sampling), 0, 0
     forward, cache, runtime, budget = tree_runtime(target, o.runtime, o.total_tokens)  # forward: the target's
+    grow = grow_tree if runtime == "eager" else grow_tree_on_device  # the same top-k tree, its tokens on the device
     dcache = eagle.new_cache(max_len=target.config.block_size + max(o.depth * width, o.total_tokens))  # + guesses
     eagle = eagle if runtime == "eager" else StaticEagle(eagle, dcache, capture=runtime == "graph")  # its forwards
 
@@ -139,12 +139,12 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
                 tokens, parents, q_draft = grow_sampled_tree(eagle, target, dcache, last, draft, d, width, size,
                                                              run.sampling, run.generator)
             else:  # EAGLE-2's top-k tree: its guesses are point masses
-                (tokens, parents), q_draft = grow_tree(eagle, target, dcache, last, draft, d, width, size), None
+                (tokens, parents), q_draft = grow(eagle, target, dcache, last, draft, d, width, size), None
         emitted, path, out = tree_step(run, forward, cache, tokens, parents, q_draft=q_draft, budget=budget)
         steps, nodes = steps + 1, nodes + len(tokens) - 1
         done = run.emit(emitted)
         last = emitted[-1]
         if not done:  # the accepted nodes again, now with the target's features at the node before each
             with run.drafting():
-                draft = refresh(eagle, target, dcache, [tokens[n] for n in path] + [last], out.hidden[0, [0] + path])
+                draft = refresh(eagle, target, dcache, emitted, out.hidden[0, [0] + path])  # emitted: path + last
     return run.out, run.stats(tree_nodes=nodes / max(1, steps), runtime=runtime)
