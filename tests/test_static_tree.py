@@ -2,7 +2,9 @@
 --runtime static each gives the plain path's ids token for token, greedy (and then `ar`'s) and, seeded, at
 temperature 1, up to the context's end. On the static path every tree verify forward is padded to the method's
 node budget (tree_step.tree_runtime), so the target's forwards come in few shapes: the prompt, the budget, and
-(parallelspec's chain) k + 1; the padded nodes are never accepted, which the equality with the plain path shows."""
+(parallelspec's chain) k + 1; the padded nodes are never accepted, which the equality with the plain path shows.
+The drafters' static forwards (StaticEagle, StaticParallelSpec) are held to their plain forwards, the top-k EAGLE
+tree grown on the device to exercise 9's grow_tree, and test_device's meta check runs on the static path."""
 import pytest
 import torch
 
@@ -145,3 +147,15 @@ def test_grow_tree_on_device_is_exercise_9s_grow_tree(depth, width, total):
         expected = grow_tree(head, target, dcache, seq[-1], draft, depth, width, total)
         tokens, parents = grow_tree_on_device(head, target, dcache, seq[-1], draft, depth, width, total)
         assert (tokens.tolist(), parents) == expected and dcache.length == 6
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle", "parallelspec", "lookahead"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_static_tree_path_makes_every_tensor_on_the_models_device(method, temperature):
+    """test_device.py's check (a tensor made without naming a device lands on meta and fails), on the static path."""
+    import test_device
+    models = tree_models(0)
+    with torch.device("meta"), test_device.on_meta_fails():
+        ids, _ = METHODS[method](models, random_ids(6, seed=3), 12, temperature=temperature, seed=0,
+                                 runtime="static")
+    assert len(ids) == 12
