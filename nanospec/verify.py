@@ -22,6 +22,7 @@ tree_step.py), each held by the tests to the exact law:
                              (`sample_without_replacement`; Jeon et al. 2024, arXiv 2402.14160)
   - verify_chain_greedy, verify_tree_greedy
                              the greedy case of the rules above, with no distribution built
+                             (verify_tree_greedy_on_device: the same walk as tensor ops, for the static runtime)
   - typical_accept           Medusa's typical acceptance (arXiv 2401.10774); LOSSY, kept as an option and
                              as a negative control for the tests.
 REFERENCE rules, which no method runs: the tests prove them exact on 1e5 rows at once and hold the rules above
