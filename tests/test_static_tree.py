@@ -159,3 +159,21 @@ def test_static_tree_path_makes_every_tensor_on_the_models_device(method, temper
         ids, _ = METHODS[method](models, random_ids(6, seed=3), 12, temperature=temperature, seed=0,
                                  runtime="static")
     assert len(ids) == 12
+
+
+def test_drafters_static_forwards_are_kept_from_one_generation_to_the_next():
+    """A second generation reuses the drafters' static forwards (each shape captured once per process on CUDA), on
+    emptied caches, and gives the same ids; a dropped drafter drops them."""
+    import gc
+    from nanospec.drafters import eagle as eagle_part, parallelspec as parallelspec_part
+    models = tree_models(1)
+    for method, part, kept in (("eagle", models.eagle, eagle_part.KEPT),
+                               ("parallelspec", models.parallelspec, parallelspec_part.KEPT)):
+        first = METHODS[method](models, [1, 2, 3], 20, runtime="static")[0]
+        (static,) = kept[part].values()
+        assert METHODS[method](models, [1, 2, 3], 20, runtime="static")[0] == first
+        assert list(kept[part].values()) == [static]
+    n = len(eagle_part.KEPT)
+    models = None
+    gc.collect()
+    assert len(eagle_part.KEPT) == n - 1

@@ -25,7 +25,7 @@ from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, RUNTIME_OPTION, Opt
 from nanospec.decoding.run import prefill, start, tensor
 from nanospec.decoding.tree_step import tree_runtime, tree_step
 from nanospec.decoding.trees import draw_tree, grow_tree_on_device
-from nanospec.drafters.eagle import StaticEagle
+from nanospec.drafters.eagle import head_runtime
 from nanospec.model import Output
 from nanospec.tree import draw_rank_paths, frontier_mask
 from nanospec.verify import warp
@@ -124,8 +124,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     drawn, steps, nodes = run.sampling.draws(o.draft_sampling), 0, 0
     forward, cache, runtime, budget = tree_runtime(target, o.runtime, o.total_tokens)  # forward: the target's
     grow = grow_tree if runtime == "eager" else grow_tree_on_device  # the same top-k tree, its tokens on the device
-    dcache = eagle.new_cache(max_len=target.config.block_size + max(o.depth * width, o.total_tokens))  # + guesses
-    eagle = eagle if runtime == "eager" else StaticEagle(eagle, dcache, capture=runtime == "graph")  # its forwards
+    eagle, dcache = head_runtime(eagle, target, runtime, target.config.block_size + max(o.depth * width, size))
 
     # prefill: the target reads the prompt and picks the first root; the head reads x_1..x_P with f_0..f_{P-1}
     last, out = prefill(run, forward, cache)

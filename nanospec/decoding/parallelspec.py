@@ -33,7 +33,7 @@ from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, RUNTIME_OPTION, Opt
 from nanospec.decoding.run import prefill, start
 from nanospec.decoding.tree_step import tree_runtime, tree_step
 from nanospec.decoding.trees import fill_tree, parse_tree
-from nanospec.drafters.parallelspec import StaticParallelSpec
+from nanospec.drafters.parallelspec import drafter_runtime
 from nanospec.verify import sample, warp
 
 # Paths of ranks: (1, 0) = mask 1's second choice, then mask 2's first. Top-3 for the next token, then a chain.
@@ -111,8 +111,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     drawn = run.sampling.draws(o.draft_sampling)
     forward, cache, runtime, budget = tree_runtime(target, o.runtime, 1 + (n_masks if paths is None else len(paths)))
-    draft_cache = drafter.new_cache()
-    drafter = drafter if runtime == "eager" else StaticParallelSpec(drafter, draft_cache, capture=runtime == "graph")
+    drafter, draft_cache = drafter_runtime(drafter, target, runtime)  # the drafter, or its static passes
 
     # prefill: the target gives the first token (the first root); the drafter's first pass reads the prompt too
     last, _ = prefill(run, forward, cache)

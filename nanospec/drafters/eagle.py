@@ -26,6 +26,7 @@ up across steps. Training is teacher-forced on true features (the frozen target 
 the second term with the target's full distribution as a soft label (EAGLE used weights 1.0 and 0.1; what
 other weights, input noise and a second unrolled step did: docs/training-notes.md).
 """
+import weakref
 from dataclasses import replace
 
 import torch
@@ -117,6 +118,24 @@ class StaticEagle:
         logits, hidden = self.graphs(fn, tokens, features, pos, slots, full, key=(logits,))
         cache.advance(T)
         return Output(logits=logits, hidden=hidden)
+
+
+KEPT = weakref.WeakKeyDictionary()  # head -> {(target weights, head weights, max_len): StaticEagle}
+
+
+def head_runtime(eagle, target, path, max_len):
+    """What runs the head's forwards and its cache of max_len slots, for the target's runtime path (static.py's
+    runtime_model): (the head, a new cache) on "eager", else a StaticEagle (graphs on "graph") on its emptied
+    cache, kept per head, target and size so that each shape is captured once per process, not per generation."""
+    if path == "eager":
+        return eagle, eagle.new_cache(max_len=max_len)
+    kept = KEPT.setdefault(eagle, {})
+    key = (target.wte.weight.data_ptr(), eagle.fc.weight.data_ptr(), eagle.fc.weight.dtype, max_len)
+    if key not in kept:  # a weak proxy: the kept StaticEagle does not keep its head alive
+        kept[key] = StaticEagle(weakref.proxy(eagle), eagle.new_cache(max_len=max_len), capture=path == "graph")
+    static = kept[key]
+    static.cache.lengths = [0] * len(static.cache.lengths)  # a new generation: every slot free
+    return static, static.cache
 
 
 def eagle_config(target_config):

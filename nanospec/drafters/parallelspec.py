@@ -32,6 +32,7 @@ the earlier guesses were right.
 
 Paper: Xiao et al. 2024, ParallelSpec: Parallel Drafter for Efficient Speculative Decoding, arXiv 2410.05589.
 """
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -166,6 +167,24 @@ class StaticParallelSpec:
         logits, = self.graphs(fn, ids, pos, slots, full, key=(k,))
         cache.advance(T)  # only the real tokens stay
         return logits
+
+
+KEPT = weakref.WeakKeyDictionary()  # drafter -> {(target weights, drafter weights): StaticParallelSpec}
+
+
+def drafter_runtime(drafter, target, path):
+    """What runs the drafter's passes and its cache, for the target's runtime path (static.py's runtime_model):
+    (the drafter, a new cache) on "eager", else a StaticParallelSpec (graphs on "graph") on its emptied cache,
+    kept per drafter and target so that each shape is captured once per process, not per generation."""
+    if path == "eager":
+        return drafter, drafter.new_cache()
+    kept = KEPT.setdefault(drafter, {})
+    key = (target.wte.weight.data_ptr(), drafter.mask_emb.data_ptr(), drafter.mask_emb.dtype)
+    if key not in kept:  # a weak proxy: the kept StaticParallelSpec does not keep its drafter alive
+        kept[key] = StaticParallelSpec(weakref.proxy(drafter), drafter.new_cache(), capture=path == "graph")
+    static = kept[key]
+    static.cache.lengths = [0] * len(static.cache.lengths)  # a new generation: every slot free
+    return static, static.cache
 
 
 def load_parallelspec(path, tokenizer_identity=None, device="cpu", target_id=None):
