@@ -134,10 +134,10 @@ def test_static_parallelspec_drafter_is_the_plain_drafter():
 @pytest.mark.parametrize("depth, width, total", [(1, 3, 4), (2, 4, 8), (3, 2, 6), (3, 3, 30), (4, 2, 9)])
 @torch.inference_mode()
 def test_grow_tree_on_device_is_exercise_9s_grow_tree(depth, width, total):
-    """The static runtime's top-k EAGLE tree (trees.grow_tree_on_device) is eagle.grow_tree's, node for node, and
-    leaves the head's cache as it found it."""
+    """The static runtime's top-k EAGLE tree (drafters/eagle.grow_tree_on_device) is eagle.grow_tree's, node for
+    node, and leaves the head's cache as it found it."""
     from nanospec.decoding.eagle import grow_tree, refresh
-    from nanospec.decoding.trees import grow_tree_on_device
+    from nanospec.drafters.eagle import grow_tree_on_device
     for seed in range(3):
         target = tiny_gpt(seed)
         head = random_head(target, seed)

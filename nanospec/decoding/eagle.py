@@ -24,8 +24,8 @@ import torch
 from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, RUNTIME_OPTION, Option, Sampling, read_options
 from nanospec.decoding.run import prefill, start, tensor
 from nanospec.decoding.tree_step import tree_runtime, tree_step
-from nanospec.decoding.trees import draw_tree, grow_tree_on_device
-from nanospec.drafters.eagle import head_runtime
+from nanospec.decoding.trees import draw_tree
+from nanospec.drafters.eagle import grow_tree_on_device, head_runtime
 from nanospec.model import Output
 from nanospec.tree import draw_rank_paths, frontier_mask
 from nanospec.verify import warp

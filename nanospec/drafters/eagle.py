@@ -138,6 +138,42 @@ def head_runtime(eagle, target, path, max_len):
     return static, static.cache
 
 
+def grow_tree_on_device(eagle, target, dcache, root, draft, depth, width, total_tokens):
+    """eagle.grow_tree's tree (exercise 9: EAGLE-2's confidence expansion, then the rerank) with every candidate
+    kept on the device, for the static runtime: the same head passes, topk calls and tie-breaks, and ONE host
+    read, of the kept nodes' parents. Frontier node i of pass d is fed at slot L + (d-1)*width + i, so a node's
+    mask is the prefix and one slot per pass, its ancestors' (`at`). Returns (tokens (N,) LongTensor, parents)."""
+    if depth < 1 or total_tokens < 2:
+        return [root], [-1]
+    device, L, K = dcache.device, dcache.length, width
+    score, tok = torch.log_softmax(draft.logits[0, -1], -1).topk(K)  # (K,) depth 1: scores and tokens
+    toks, pars, scores = [tok], [torch.full((K,), -1, device=device)], [score]  # every candidate, level by level
+    frontier, front_tok, front_score = torch.arange(K, device=device), tok, score  # (K,) candidate indices, ...
+    at = torch.zeros(K, 0, dtype=torch.long, device=device)  # (K, d-1) each frontier node's ancestors' slots
+    feats = draft.hidden[:, -1:].expand(1, K, -1)  # (1, K, C) each frontier node reads its parent's f̂
+    for d in range(1, depth):
+        at = torch.cat([at, L + (d - 1) * K + torch.arange(K, device=device)[:, None]], 1)  # (K, d) + itself
+        mask = torch.zeros(K, L + d * K, dtype=torch.bool, device=device)
+        mask[:, :L] = True
+        mask.scatter_(1, at, True)  # (K, L + d*K) the prefix, the node's ancestors and itself
+        out = eagle(target, front_tok[None], feats, torch.full((K,), L + d, device=device), dcache, mask)
+        s, t = torch.log_softmax(out.logits[0], -1).topk(K, dim=-1)  # (K, K) each frontier node's best children
+        s = (s + front_score[:, None]).flatten()  # (K*K,)
+        best = s.topk(K).indices  # (K,) the best width of the width^2 children
+        base = sum(x.numel() for x in toks)
+        toks.append(t.flatten()), pars.append(frontier.repeat_interleave(K)), scores.append(s)
+        frontier, front_tok, front_score = base + best, t.flatten()[best], s[best]
+        at, feats = at[best // K], out.hidden[:, best // K]  # (K, d), (1, K, C): from each one's parent
+    dcache.rollback(L)
+    tok, par, score = torch.cat(toks), torch.cat(pars), torch.cat(scores)  # (M,) every candidate
+    keep = torch.sort(-score, stable=True).indices[:total_tokens - 1].sort().values  # best first, ties: older
+    node = torch.zeros_like(par)  # candidate -> its node in the tree, 0 (the root) if not kept
+    node[keep] = torch.arange(1, keep.numel() + 1, device=device)
+    parents = torch.where(par[keep] >= 0, node[par[keep].clamp(min=0)], 0)  # (N-1,)
+    root = torch.tensor([int(root)], dtype=torch.long, device=device)
+    return torch.cat([root, tok[keep]]), [-1] + parents.tolist()
+
+
 def eagle_config(target_config):
     return replace(target_config, n_layer=1, n_future=0, dropout=0.0)
 
