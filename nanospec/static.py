@@ -101,22 +101,23 @@ class StaticGPT:
 KEPT = weakref.WeakKeyDictionary()  # model -> {(role, weight address, dtype): StaticGPT}
 
 
-def runtime_model(model, runtime="auto", role="target"):
+def runtime_model(model, runtime="auto", role="target", max_len=None):
     """An empty KV cache for `model` and what runs its forwards on it: (forward, cache, path), path "eager"
     (forward = the model itself, the oracle), "static" (a StaticGPT that just calls its function: the CPU,
     to test it) or "graph" (a StaticGPT replaying CUDA graphs). runtime: "auto" (eager, until the graph path has
     been checked on a GPU: AUTO_STATIC_ON_CUDA), "eager" or "static" (graph on CUDA). role: a name per model a
-    method runs (target, draft)."""
+    method runs (target, draft); max_len: the cache's slots (default the model's context; a tree method adds
+    room for its padded tree)."""
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
     w = model.wte.weight
     cuda = w.device.type == "cuda"
     if runtime == "eager" or (runtime == "auto" and not (cuda and AUTO_STATIC_ON_CUDA)):
-        return model, model.new_cache(), "eager"
+        return model, model.new_cache(max_len=max_len), "eager"
     kept = KEPT.setdefault(model, {})
-    key = (role, w.data_ptr(), w.dtype)
+    key = (role, w.data_ptr(), w.dtype, max_len)
     if key not in kept:
-        kept[key] = StaticGPT(weakref.proxy(model), model.new_cache(), capture=cuda)
+        kept[key] = StaticGPT(weakref.proxy(model), model.new_cache(max_len=max_len), capture=cuda)
     static = kept[key]
     static.cache.lengths = [0] * len(static.cache.lengths)  # a new generation: every slot free (stale ones masked)
     return static, static.cache, "graph" if cuda else "static"

@@ -22,6 +22,7 @@ tree_step.py), each held by the tests to the exact law:
                              (`sample_without_replacement`; Jeon et al. 2024, arXiv 2402.14160)
   - verify_chain_greedy, verify_tree_greedy
                              the greedy case of the rules above, with no distribution built
+                             (verify_tree_greedy_on_device: the same walk as tensor ops, for the static runtime)
   - typical_accept           Medusa's typical acceptance (arXiv 2401.10774); LOSSY, kept as an option and
                              as a negative control for the tests.
 REFERENCE rules, which no method runs: the tests prove them exact on 1e5 rows at once and hold the rules above
@@ -90,12 +91,19 @@ def sample_without_replacement(probs, k, generator=None):
     Every row needs at least k tokens of nonzero probability (a ValueError otherwise): a token of probability 0
     is never drawn.
     """
-    u = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)  # (..., V)
-    gumbel = -torch.log(-torch.log(u.clamp(min=torch.finfo(probs.dtype).tiny)))  # (..., V) Gumbel(0, 1) noise
-    top = (torch.log(probs) + gumbel).topk(k, dim=-1)  # log 0 = -inf: never among the k largest if k fit
+    top = gumbel_top_k(probs, k, generator)
     if not torch.isfinite(top.values).all():
         raise ValueError(f"cannot draw {k} distinct tokens from a distribution with fewer than {k} possible ones")
     return top.indices
+
+
+def gumbel_top_k(probs, k, generator=None):
+    """`sample_without_replacement`'s draws without its check (no host read): the k largest of log probs + Gumbel
+    noise, as (values, indices) (..., k). Where a row has fewer than k possible tokens, the values past them are
+    -inf and their indices meaningless: the caller drops them (trees.fill_tree knows each row's support)."""
+    u = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)  # (..., V)
+    gumbel = -torch.log(-torch.log(u.clamp(min=torch.finfo(probs.dtype).tiny)))  # (..., V) Gumbel(0, 1) noise
+    return (torch.log(probs) + gumbel).topk(k, dim=-1)  # log 0 = -inf: never among the k largest if k fit
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -265,16 +273,17 @@ def _walk_tree(p_target, tokens, parents, proposal, generator):
             chosen = torch.where(trying & ok, child, chosen)
             P = torch.where((trying & ~ok)[:, None], residual(P, q), P)
         alive = chosen >= 0
-        path[:, d] = chosen
-        if not alive.any():  # every walk has stopped: P is final (also saves the deeper levels' work)
-            break
+        path[:, d] = chosen  # all D levels run, stopped walks too (their draws unused): no host read per level
         node = torch.where(alive, chosen, node)
         P = torch.where(alive[:, None], p_target[rows, node], P)
     return path, sample(P, generator)
 
 
-def _path_list(path_row):
-    return [int(v) for v in path_row if v >= 0]
+def _path_list(path_row, next_token):
+    """path (D,) padded with -1 and next_token () -> (path as a list without the padding, next token as an int),
+    in ONE host read: on a GPU each read waits for every queued kernel."""
+    *path, nxt = torch.cat([path_row, next_token.reshape(1)]).tolist()
+    return [v for v in path if v >= 0], nxt
 
 
 def verify_tree_point_mass_batched(p_target, tokens, parents, generator=None):
@@ -305,10 +314,10 @@ def verify_tree_point_mass(p_target, tokens, parents, generator=None):
     """
     tokens = torch.as_tensor(tokens, device=p_target.device)  # (N,)
     path, nxt = verify_tree_point_mass_batched(p_target[None], tokens[None], parents, generator)
-    return _path_list(path[0]), int(nxt[0])
+    return _path_list(path[0], nxt[0])
 
 
-def verify_tree_descend(p_target, tokens, parents, generator=None):
+def verify_tree_descend(p_target, tokens, parents, generator=None, draws=None):
     """The tree point-mass rule as sample-and-match, what tree_step runs. p_target (N, V): the target's law
     after each node.
 
@@ -317,11 +326,14 @@ def verify_tree_descend(p_target, tokens, parents, generator=None):
     none is, y follows p_u without the children's tokens: exactly verify_tree_point_mass's law. (The draw y
     is both the test and the emitted token; drawing a FRESH token after a mismatch would be biased.)
     Greedy: p is one-hot, y is the argmax. Returns (path: accepted node indices, root excluded; next_token).
+    Every node's y is drawn at once, before the walk, and read in one transfer: a node the walk never reaches
+    leaves its draw unused, and each visited node's y is still a fresh draw of its own p_u. draws: those y (a
+    list), when the caller drew sample(p_target, generator) itself to read it with its own tensors in one transfer.
     Example: tokens [0, 5, 8, 9], parents [-1, 0, 0, 1], greedy argmax after nodes 0..3 = [8, 1, 7, 4]
     -> y = 8 at the root: node 2; no child of node 2 holds y = 7 -> ([2], 7).
     """
-    # the draw is both the test and, at the end, the output
-    return _descend(tokens, parents, lambda node: int(sample(p_target[node], generator)))
+    draws = sample(p_target, generator).tolist() if draws is None else draws  # (N,) y at every node, one read
+    return _descend(tokens, parents, draws.__getitem__)  # the draw is both the test and, at the end, the output
 
 
 def verify_tree_greedy(logits, tokens, parents):
@@ -333,6 +345,29 @@ def verify_tree_greedy(logits, tokens, parents):
     """
     best = logits.argmax(-1).tolist()  # same tie-break as warp(logits, 0): the first maximum
     return _descend(tokens, parents, best.__getitem__)
+
+
+def verify_tree_greedy_on_device(logits, tokens, parents):
+    """verify_tree_greedy with the walk on the device, for the static runtime: logits (N, V), tokens (N,) a list or
+    a LongTensor on the device, parents a list. Returns path (D,) LongTensor padded with -1 (D = the tree's depth)
+    and the next token (), both on the device: no host read. The same walk as _descend: at node u the argmax y,
+    then the first child of u holding y, over D fixed steps (a walk that stopped stays put).
+    Example: tokens [0, 5, 8, 9], parents [-1, 0, 0, 1], argmax after nodes 0..3 = [8, 1, 7, 4] -> ([2, -1], 7)."""
+    parents, _, depth = _layout(parents)
+    N, device = len(parents), logits.device
+    best = logits.argmax(-1)  # (N,) same tie-break as warp(logits, 0)
+    tokens = torch.as_tensor(tokens, dtype=torch.long, device=device)  # (N,)
+    par = torch.tensor(parents, dtype=torch.long, device=device)  # (N,)
+    # match[u, c]: node c is a child of u and holds u's argmax; the first such c is where the walk goes from u
+    match = (par[None, :] == torch.arange(N, device=device)[:, None]) & (tokens[None, :] == best[:, None])  # (N, N)
+    has, first = match.any(-1), match.long().argmax(-1)  # (N,), (N,) argmax: the first True
+    node, path = torch.zeros((), dtype=torch.long, device=device), []
+    for _ in range(max(depth)):
+        step = has[node]  # () does the walk go on from here?
+        node = torch.where(step, first[node], node)
+        path.append(torch.where(step, node, -1))
+    path = torch.stack(path) if path else torch.zeros(0, dtype=torch.long, device=device)  # (D,)
+    return path, best[node]
 
 
 def _descend(tokens, parents, pick):
@@ -381,7 +416,7 @@ def verify_tree_sampled(p_target, q_draft, tokens, parents, generator=None):
     path, nxt = verify_tree_sampled_batched(
         p_target[None], q_draft[None], torch.as_tensor(tokens, device=p_target.device)[None], parents, generator
     )
-    return _path_list(path[0]), int(nxt[0])
+    return _path_list(path[0], nxt[0])
 
 
 def without_replacement_proposals(q, drawn):
@@ -438,7 +473,7 @@ def verify_tree_without_replacement(p_target, q_draft, tokens, parents, generato
     path, nxt = verify_tree_without_replacement_batched(
         p_target[None], q_draft[None], torch.as_tensor(tokens, device=p_target.device)[None], parents, generator
     )
-    return _path_list(path[0]), int(nxt[0])
+    return _path_list(path[0], nxt[0])
 
 
 def typical_accept_batched(p_target, tokens, parents, posterior_threshold=0.09, posterior_alpha=0.3, generator=None):
@@ -487,4 +522,4 @@ def typical_accept(p_target, tokens, parents, posterior_threshold=0.09, posterio
         p_target[None], torch.as_tensor(tokens, device=p_target.device)[None], parents, posterior_threshold,
         posterior_alpha, generator
     )
-    return _path_list(path[0]), int(nxt[0])
+    return _path_list(path[0], nxt[0])

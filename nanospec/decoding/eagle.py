@@ -15,16 +15,17 @@ through the target's own unembedding. Each step:
     children: after x: ")" 0.9, "," 0.05 -> -0.62, -3.51;  after self: ")" 0.5, "," 0.4 -> -1.89, -2.12
     best 3: x -0.51, ")"|x -0.62, self -1.20 -> tokens ["(", x, self, ")"], parents [-1, 0, 0, 1]
     target argmax after "(" = x, after x = ")", after ")" = ":"  ->  emit [x, ")", ":"] from one forward.
-
 When sampling (--draft-sampling sample, the default) the head DRAWS its guesses from its warped q, verified against
 q (verify_tree_without_replacement); a rerank would bias that, so grow_sampled_tree fixes the tree's shape first.
+--runtime static: target and head forwards shape-static (nanospec/static.py, StaticEagle), trees padded (tree_step).
 """
 import torch
 
-from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options
+from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, RUNTIME_OPTION, Option, Sampling, read_options
 from nanospec.decoding.run import prefill, start, tensor
-from nanospec.decoding.tree_step import tree_step
+from nanospec.decoding.tree_step import tree_runtime, tree_step
 from nanospec.decoding.trees import draw_tree
+from nanospec.drafters.eagle import grow_tree_on_device, head_runtime
 from nanospec.model import Output
 from nanospec.tree import draw_rank_paths, frontier_mask
 from nanospec.verify import warp
@@ -35,7 +36,7 @@ OPTIONS = {  # the defaults, and ACCEPT_GUESS below: docs/measurements.md (eagle
     "depth": Option(int, 2, "deepest guess below the root; the head runs this many passes per step", low=1, high=16),
     "width": Option(int, 4, "nodes expanded per level, children per node (EAGLE-2's top_k)", low=1, high=32),
     "total_tokens": Option(int, 8, "tree size verified per target forward, root included", low=2, high=256),
-    **DRAFT_SAMPLING_OPTION,
+    **DRAFT_SAMPLING_OPTION, **RUNTIME_OPTION,
 }
 ACCEPT_GUESS = 0.75  # shapes the drawn tree: the chance a draw is accepted, about sum(min(p, q)) of a trained head
 
@@ -44,7 +45,7 @@ def refresh(eagle, target, dcache, tokens, features):
     """Feed accepted tokens (m,) with the target's true features before each (m, C) to the head, appended to
     its cache; returns its Output at the last one, which drafts the token after it (logits (1, 1, V))."""
     hidden = eagle(target, tensor(tokens, dcache.device), features[None], cache=dcache, logits=False).hidden
-    return Output(logits=eagle.unembed(target, hidden[:, -1:]), hidden=hidden[:, -1:])  # only the last is needed
+    return Output(logits=eagle.unembed(target, hidden[:, -1:]), hidden=hidden[:, -1:].clone())  # only the last
 
 
 def expand(eagle, target, dcache, L, d, frontier, cand_tok, cand_parent, fed, feats):
@@ -115,36 +116,34 @@ def grow_sampled_tree(eagle, target, dcache, root, draft, depth, width, total_to
 
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
-    o = read_options(OPTIONS, options)
-    target, eagle = models.target, models.eagle
+    o, target, eagle = read_options(OPTIONS, options), models.target, models.eagle
     if eagle.config.n_embd != target.config.n_embd or eagle.config.vocab_size != target.config.vocab_size:
         raise ValueError("the eagle head was trained for another target: run `python train_tiny.py --stage eagle`")
-    width = min(o.width, target.config.vocab_size)  # a node has at most V distinct children
+    width, size = min(o.width, target.config.vocab_size), o.total_tokens  # a node has at most V distinct children
     run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
-    drawn = run.sampling.draws(o.draft_sampling)
-    cache = target.new_cache()
-    dcache = eagle.new_cache(max_len=target.config.block_size + max(o.depth * width, o.total_tokens))  # + guesses
-    steps, nodes = 0, 0
+    drawn, steps, nodes = run.sampling.draws(o.draft_sampling), 0, 0
+    forward, cache, runtime, budget = tree_runtime(target, o.runtime, o.total_tokens)  # forward: the target's
+    grow = grow_tree if runtime == "eager" else grow_tree_on_device  # the same top-k tree, its tokens on the device
+    eagle, dcache = head_runtime(eagle, target, runtime, target.config.block_size + max(o.depth * width, size))
 
     # prefill: the target reads the prompt and picks the first root; the head reads x_1..x_P with f_0..f_{P-1}
-    last, out = prefill(run, target, cache)
+    last, out = prefill(run, forward, cache)
     with run.drafting():
         draft = refresh(eagle, target, dcache, run.prompt[1:] + [last], out.hidden[0])
     done = run.emit([last])
     while not done:
         d = run.draft_room(o.depth)  # near the end of the budget or context, a shallower tree
-        size = min(o.total_tokens, cache.max_len - cache.length)
         with run.drafting(passes=max(d - 1, 0)):  # the tree's deeper levels, one head pass each
             if drawn:  # q_draft (N, V): the laws the drawn children came from
                 tokens, parents, q_draft = grow_sampled_tree(eagle, target, dcache, last, draft, d, width, size,
                                                              run.sampling, run.generator)
             else:  # EAGLE-2's top-k tree: its guesses are point masses
-                (tokens, parents), q_draft = grow_tree(eagle, target, dcache, last, draft, d, width, size), None
-        emitted, path, out = tree_step(run, target, cache, tokens, parents, q_draft=q_draft)
+                (tokens, parents), q_draft = grow(eagle, target, dcache, last, draft, d, width, size), None
+        emitted, path, out = tree_step(run, forward, cache, tokens, parents, q_draft=q_draft, budget=budget)
         steps, nodes = steps + 1, nodes + len(tokens) - 1
         done = run.emit(emitted)
         last = emitted[-1]
         if not done:  # the accepted nodes again, now with the target's features at the node before each
             with run.drafting():
-                draft = refresh(eagle, target, dcache, [tokens[n] for n in path] + [last], out.hidden[0, [0] + path])
-    return run.out, run.stats(tree_nodes=nodes / max(1, steps))
+                draft = refresh(eagle, target, dcache, emitted, out.hidden[0, [0] + path])  # emitted: path + last
+    return run.out, run.stats(tree_nodes=nodes / max(1, steps), runtime=runtime)

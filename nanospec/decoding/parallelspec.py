@@ -20,6 +20,8 @@ draft_sampling: "sample" (default) DRAWS mask j's guess from its warped law q_j 
 replacement per depth, tree_step.fill_tree) and verifies by rejection sampling against q (verify_chain, or
 verify_tree_without_replacement); "topk" takes each mask's top candidates and verifies them as point masses.
 Mask j never sees the guesses before it, so q_j is a marginal over them; mtp.py says why that stays lossless.
+--runtime static: the target's forwards and the drafter's pass shape-static (nanospec/static.py,
+drafters/parallelspec.StaticParallelSpec), each tree padded to the tree's node count; greedy, one host read a step.
 
 Paper: Xiao et al. 2024, ParallelSpec: Parallel Drafter for Efficient Speculative Decoding, arXiv 2410.05589.
 """
@@ -27,10 +29,11 @@ import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
 from nanospec.decoding.chain_step import chain_step
-from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options
+from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, RUNTIME_OPTION, Option, Sampling, read_options
 from nanospec.decoding.run import prefill, start
-from nanospec.decoding.tree_step import tree_step
+from nanospec.decoding.tree_step import tree_runtime, tree_step
 from nanospec.decoding.trees import fill_tree, parse_tree
+from nanospec.drafters.parallelspec import drafter_runtime
 from nanospec.verify import sample, warp
 
 # Paths of ranks: (1, 0) = mask 1's second choice, then mask 2's first. Top-3 for the next token, then a chain.
@@ -45,7 +48,7 @@ OPTIONS = {
                               "chain (each mask's top-1), a medusa preset (default, wide) or paths like '0;1;0,0' "
                               "(None = small, or chain with --adaptive)"),
     **ADAPTIVE_OPTIONS,  # chain only; confidence: a mask's probability of its guess
-    **DRAFT_SAMPLING_OPTION,
+    **DRAFT_SAMPLING_OPTION, **RUNTIME_OPTION,
 }
 
 
@@ -71,13 +74,15 @@ def chain_step_guesses(run, target, cache, last, guesses, length, drawn):
     return emitted, len(drafts), n
 
 
-def tree_step_guesses(run, target, cache, last, guesses, paths, drawn):
+def tree_step_guesses(run, target, cache, last, guesses, paths, drawn, budget=None):
     """Tree mode: each mask's top candidates (or draws), Medusa-style (mask j's candidates sit at depth j),
-    verified by tree_step. guesses (d, V): the drafter's logits. Returns (emitted, guesses verified, accepted)."""
+    verified by tree_step (padded to `budget` nodes). guesses (d, V): the drafter's logits.
+    Returns (emitted, guesses verified, accepted)."""
     slots = cache.max_len - cache.length - 1  # cache slots left for guesses in this forward
     step_paths = [p for p in paths if len(p) <= guesses.size(0)][:slots]
-    tokens, parents, q_draft = fill_tree(last, guesses, step_paths, run.sampling, drawn, run.generator)
-    emitted, path, _ = tree_step(run, target, cache, tokens, parents, q_draft=q_draft)
+    tokens, parents, q_draft = fill_tree(last, guesses, step_paths, run.sampling, drawn, run.generator,
+                                         on_device=budget is not None)  # static: tokens stay on the device
+    emitted, path, _ = tree_step(run, target, cache, tokens, parents, q_draft=q_draft, budget=budget)
     return emitted, len(tokens) - 1, len(path)
 
 
@@ -105,25 +110,27 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     length = draft_length(o, k, most=n_masks)  # guesses per step: k, or adaptive
     run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     drawn = run.sampling.draws(o.draft_sampling)
-    cache, draft_cache = target.new_cache(), drafter.new_cache()
+    forward, cache, runtime, budget = tree_runtime(target, o.runtime, 1 + (n_masks if paths is None else len(paths)))
+    drafter, draft_cache = drafter_runtime(drafter, target, runtime)  # the drafter, or its static passes
 
     # prefill: the target gives the first token (the first root); the drafter's first pass reads the prompt too
-    last, _ = prefill(run, target, cache)
+    last, _ = prefill(run, forward, cache)
     new_tokens = run.prompt + [last]  # what the drafter has not read yet, ending with the root
     done = run.emit([last])
     drafted, accepted = 0, 0
     while not done:
         d = run.draft_room(length.k)  # near the end of the budget or context, guess fewer
         if d == 0:  # one token left to emit: nothing to guess (and this is the last step)
-            run.emit(chain_step(run, target, cache, last, [])[0])
+            run.emit(chain_step(run, forward, cache, last, [])[0])
             break
         with run.drafting():
             guesses = drafter.draft(target, draft_cache, new_tokens, d)  # (d, V): one pass, d guesses
         if paths is None:
-            emitted, m, n = chain_step_guesses(run, target, cache, last, guesses, length, drawn)
+            emitted, m, n = chain_step_guesses(run, forward, cache, last, guesses, length, drawn)
         else:
-            emitted, m, n = tree_step_guesses(run, target, cache, last, guesses, paths, drawn)
+            emitted, m, n = tree_step_guesses(run, forward, cache, last, guesses, paths, drawn, budget)
         drafted, accepted = drafted + m, accepted + n
         done = run.emit(emitted)
         last, new_tokens = emitted[-1], emitted  # the accepted guesses and the new root: the drafter's next read
-    return run.out, run.stats(drafted=drafted, accepted=accepted, acceptance_rate=accepted / max(1, drafted))
+    return run.out, run.stats(drafted=drafted, accepted=accepted, acceptance_rate=accepted / max(1, drafted),
+                              runtime=runtime)

@@ -19,43 +19,88 @@ The rule follows where the guesses came from:
   guesses DRAWN from the drafter's q_draft (--draft-sampling sample): verify.verify_tree_without_replacement,
       recursive rejection sampling against the q each child was drawn from.
   medusa's --verify typical: verify.typical_accept, LOSSY by design.
+
+On the static runtime (nanospec/static.py) a tree is padded to the method's fixed node budget, so every verify
+forward has one shape (one CUDA graph) whatever the tree's size: a padded node is a root of its own (parent -1),
+sees only the prefix and itself, no real node sees it, and its rows are cut off before the rule runs.
 """
 import torch
 
-from nanospec.decoding.run import tensor
+from nanospec.static import runtime_model
 from nanospec.tree import tree_mask, tree_positions
-from nanospec.verify import (typical_accept, verify_tree_descend, verify_tree_greedy, verify_tree_without_replacement,
-                             warp)
+from nanospec.verify import (sample, typical_accept, verify_tree_descend, verify_tree_greedy,
+                             verify_tree_greedy_on_device, verify_tree_without_replacement, warp)
 
 RULES = ("point-mass", "typical")  # lossless (greedy = its one-hot case), and Medusa's LOSSY typical acceptance
 
 
-def tree_step(run, target, cache, tokens, parents, rule="point-mass", heads=False, q_draft=None):
+def tree_runtime(model, runtime, budget):
+    """runtime_model for a tree method whose trees hold at most `budget` nodes, root included: (forward, cache,
+    path, the budget to pad to: None on the eager path, which runs each tree as it is). The cache has room for
+    a full padded tree after any prefix the context allows, on both paths (so they build the same trees)."""
+    forward, cache, path = runtime_model(model, runtime, max_len=model.config.block_size + budget)
+    return forward, cache, path, None if path == "eager" else budget
+
+
+def tree_step(run, target, cache, tokens, parents, rule="point-mass", heads=False, q_draft=None, budget=None,
+              also=None):
     """One tree verify step. tokens, parents: the tree (tokens[0] = the root = the last emitted token);
     rule: "point-mass" (lossless) or "typical" (lossy, see verify.py); q_draft (N, V): for a tree whose children
     were DRAWN, the law node u's children were drawn from (without replacement, in index order); it is then
-    verified with verify_tree_without_replacement (lossless) instead.
+    verified with verify_tree_without_replacement (lossless) instead. budget: pad the forward to this many
+    nodes (see above), or None for exactly the tree. tokens may be a (N,) LongTensor left on the device.
 
     Returns (emitted, path, out): emitted = the accepted guesses + the target's next token; path = the accepted
     node indices (root excluded), so the last accepted node is path[-1] if path else 0; out = the forward's
-    Output (out.hidden[:, node] is the trunk state there, for drafting the next tree).
+    Output (out.hidden[:, node] is the trunk state there, for drafting the next tree). also(out) -> a LongTensor
+    (K,) the caller needs on the host: it comes back in the step's read, as a fourth item (a list).
     Afterwards the cache holds the prefix, the root and the accepted guesses; the next token is not in it yet.
     """
     if rule not in RULES:
         raise ValueError(f"unknown tree rule {rule!r}; choose one of: {', '.join(RULES)}")
-    prefix, device = cache.length, cache.device
-    out = target(tensor(tokens, device), pos=tree_positions(parents, prefix, device), cache=cache,
-                 mask=tree_mask(parents, prefix, device), heads=heads)  # logits (1, N, V)
-    if run.sampling.greedy:  # every rule reduces to "follow the argmax"; skip building p
-        path, nxt = verify_tree_greedy(out.logits[0], tokens, parents)
+    prefix, device, N = cache.length, cache.device, len(tokens)
+    pad = max(0, min(budget or 0, cache.max_len - prefix) - N)  # padded nodes: roots of their own, never read
+    x = torch.as_tensor(tokens, dtype=torch.long, device=device)  # (N,)
+    out = target(torch.cat([x, x.new_zeros(pad)])[None], pos=tree_positions(parents + [-1] * pad, prefix, device),
+                 cache=cache, mask=tree_mask(parents + [-1] * pad, prefix, device), heads=heads)  # (1, N+pad, V)
+    logits = out.logits[0, :N]  # (N, V) the real nodes
+    extra = also(out) if also is not None else x[:0]  # (K,)
+    if run.sampling.greedy and (budget is not None or torch.is_tensor(tokens)):  # the walk on the device
+        emitted, path, extra = read_greedy_walk(logits, x, parents, extra)
     else:
-        p_target = warp(out.logits[0], *run.sampling)  # (N, V): the target's law after each node's own path
-        if q_draft is not None:  # drawn children: recursive rejection sampling against the q they came from
-            path, nxt = verify_tree_without_replacement(p_target, q_draft, tokens, parents, run.generator)
-        elif rule == "point-mass":
-            path, nxt = verify_tree_descend(p_target, tokens, parents, run.generator)
-        else:
-            path, nxt = typical_accept(p_target, tokens, parents, generator=run.generator)
-    # the forward wrote all N nodes after the prefix; keep the root and the accepted path, in order
+        emitted, path, extra = verify_on_host(run, logits, tokens, parents, rule, q_draft, extra)
+    # the forward wrote all N (+ pad) nodes after the prefix; keep the root and the accepted path, in order
     cache.compact(list(range(prefix)) + [prefix + n for n in [0] + path])
-    return [tokens[n] for n in path] + [int(nxt)], path, out
+    return (emitted, path, out) if also is None else (emitted, path, out, extra)
+
+
+def verify_on_host(run, logits, tokens, parents, rule, q_draft, extra):
+    """The tree rules as verify.py writes them, on logits (N, V). What the host needs of the device (tokens left
+    there, the point-mass rule's draws, the caller's extra (K,)) comes back in one read. Returns (emitted, path,
+    extra as a list)."""
+    N, p_target = len(parents), None if run.sampling.greedy else warp(logits, *run.sampling)  # (N, V)
+    point_mass = p_target is not None and q_draft is None and rule == "point-mass"
+    draws = sample(p_target, run.generator) if point_mass else extra[:0]  # (N,) y at every node (verify_tree_descend)
+    on_device = ([tokens] if torch.is_tensor(tokens) else []) + [draws, extra]
+    values = torch.cat(on_device).tolist() if sum(t.numel() for t in on_device) else []  # the one read
+    n, m = (N if torch.is_tensor(tokens) else 0), draws.numel()  # values = [tokens if on the device, draws, extra]
+    tokens, draws, extra = values[:n] if n else tokens, values[n:n + m], values[n + m:]
+    if p_target is None:  # every rule reduces to "follow the argmax"; skip building p
+        path, nxt = verify_tree_greedy(logits, tokens, parents)
+    elif q_draft is not None:  # drawn children: recursive rejection sampling against the q they came from
+        path, nxt = verify_tree_without_replacement(p_target, q_draft, tokens, parents, run.generator)
+    elif point_mass:
+        path, nxt = verify_tree_descend(p_target, tokens, parents, draws=draws)
+    else:
+        path, nxt = typical_accept(p_target, tokens, parents, generator=run.generator)
+    return [tokens[n] for n in path] + [int(nxt)], path, extra
+
+
+def read_greedy_walk(logits, tokens, parents, extra):
+    """The greedy rule on the device (verify.verify_tree_greedy_on_device) and ONE host read of what the step
+    needs: the path, its tokens, the next token and `extra` (K,). Returns (emitted, path, extra as a list)."""
+    path, nxt = verify_tree_greedy_on_device(logits, tokens, parents)  # (D,), ()
+    D = path.numel()
+    values = torch.cat([path, tokens[path.clamp(min=0)], nxt.view(1), extra]).tolist()  # the one read
+    n = sum(v >= 0 for v in values[:D])  # accepted nodes: the path's entries before its -1 padding
+    return values[D:D + n] + [values[2 * D]], values[:n], values[2 * D + 1:]

@@ -13,7 +13,7 @@ the root, then the first candidate below it.
 import torch
 
 from nanospec.tree import children, depths, medusa_tree, tree_from_paths
-from nanospec.verify import sample_without_replacement, warp
+from nanospec.verify import gumbel_top_k, warp
 
 # medusa's default: 4 paths chosen by scripts/medusa_tree.py on the trained model (docs/measurements.md has the
 # figures); "large" is the best 16 paths of the same measurement.
@@ -49,7 +49,7 @@ def parse_tree(tree, max_depth, vocab_size):
     return tree_from_paths(paths)[1][1:]
 
 
-def fill_tree(root, logits, paths, sampling, drawn=False, generator=None):
+def fill_tree(root, logits, paths, sampling, drawn=False, generator=None, on_device=False):
     """A Medusa-style tree from a drafter whose guess for the token d after the root does not depend on the guesses
     before it (MTP heads, ParallelSpec's masks): logits (D, V), row d-1 for depth d; paths of ranks as in
     tree.medusa_tree ((1, 0) = depth 1's candidate 1, then depth 2's candidate 0).
@@ -63,12 +63,14 @@ def fill_tree(root, logits, paths, sampling, drawn=False, generator=None):
               leave its sibling verified against the wrong q), and ranks beyond q's support are dropped.
     Example: root 7, paths [(0,), (1,), (0, 0)], top-2 of row 0 = [5, 3], top-1 of row 1 = [9]
              -> tokens [7, 5, 3, 9], parents [-1, 0, 0, 1], q_draft None.
+    on_device (top-k only, the static runtime): tokens come back as a (N,) LongTensor on the device, no host read.
     Returns (tokens, parents, q_draft)."""
     if not paths:
         return [int(root)], [-1], None
     D, width = max(map(len, paths)), max(max(p) for p in paths) + 1
     if not drawn:
-        tokens, parents = medusa_tree(root, logits[:D].topk(width, dim=-1).indices, paths)
+        top = logits[:D].topk(width, dim=-1).indices  # (D, width) each depth's candidates, best first
+        tokens, parents = top_tree_on_device(root, top, paths) if on_device else medusa_tree(root, top, paths)
         return tokens, parents, None
     have = set(paths)
     for p in paths:
@@ -76,12 +78,23 @@ def fill_tree(root, logits, paths, sampling, drawn=False, generator=None):
             raise ValueError(f"with drawn guesses tree path {p} needs {p[:-1] + (p[-1] - 1,)} too: rank r is the "
                              f"(r+1)-th draw, and each node's children must be draws 1..m in order")
     q = warp(logits[:D], *sampling)  # (D, V) the law each depth's candidates are drawn from
-    support = (q > 0).sum(-1).tolist()  # top-k / top-p may leave fewer tokens than the tree has ranks
+    draws = gumbel_top_k(q, width, generator).indices  # (D, width) each row's draws without replacement, in order
+    values = torch.cat([(q > 0).sum(-1), draws.flatten()]).tolist()  # one read: supports, then the draws
+    support = values[:D]  # top-k / top-p may leave fewer tokens than the tree has ranks: those draws are dropped
     paths = [p for p in paths if all(r < support[d] for d, r in enumerate(p))]
-    draws = [sample_without_replacement(q[d], min(width, support[d]), generator).tolist() for d in range(D)]
-    tokens, parents = medusa_tree(root, draws, paths)
+    tokens, parents = medusa_tree(root, [values[D + d * width:D + (d + 1) * width] for d in range(D)], paths)
     q_rows = torch.cat([q, torch.zeros_like(q[:1])])  # (D+1, V): a node at depth d draws from row d; D: none
     return tokens, parents, q_rows[depths(parents)]
+
+
+def top_tree_on_device(root, candidates, paths):
+    """tree.medusa_tree with the tokens left on the device: candidates (D, K) -> ((N,) LongTensor, parents).
+    Node of path (.., r) at depth d holds candidates[d-1, r], gathered there."""
+    parents, nodes = tree_from_paths(paths)
+    device = candidates.device
+    at = torch.tensor([[len(n) - 1, n[-1]] for n in nodes[1:]], dtype=torch.long, device=device)  # (N-1, 2)
+    root = torch.tensor([int(root)], dtype=torch.long, device=device)  # (1,)
+    return torch.cat([root, candidates[at[:, 0], at[:, 1]]]), parents
 
 
 def draw_tree(root, paths, q_root, next_q, generator=None):
@@ -100,11 +113,16 @@ def draw_tree(root, paths, q_root, next_q, generator=None):
     q_draft[0] = q_root
     for d in range(max(map(len, nodes))):
         level = [u for u in range(N) if len(nodes[u]) == d and tokens[u] >= 0 and kids[u]]
-        if d > 0 and level:
+        if not level:
+            continue
+        if d > 0:
             q_draft[level] = next_q(d, level, tokens, parents)
-        for u in level:
-            m = min(len(kids[u]), int((q_draft[u] > 0).sum()))
-            for c, x in zip(kids[u], sample_without_replacement(q_draft[u], m, generator).tolist()):
+        K, width = len(level), max(len(kids[u]) for u in level)
+        draws = gumbel_top_k(q_draft[level], width, generator).indices  # (K, width) each node's draws, in order
+        values = torch.cat([(q_draft[level] > 0).sum(-1), draws.flatten()]).tolist()  # one read per level
+        for i, u in enumerate(level):  # where q allows fewer tokens than u has children, the rest stay undrawn
+            m = min(len(kids[u]), values[i])
+            for c, x in zip(kids[u][:m], values[K + i * width:K + i * width + m]):
                 tokens[c] = x
     keep = [u for u in range(N) if tokens[u] >= 0]
     index = {u: i for i, u in enumerate(keep)}

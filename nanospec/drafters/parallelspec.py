@@ -32,6 +32,7 @@ the earlier guesses were right.
 
 Paper: Xiao et al. 2024, ParallelSpec: Parallel Drafter for Efficient Speculative Decoding, arXiv 2410.05589.
 """
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from nanospec.checkpoint import load_module
+from nanospec.graphs import Graphs
 from nanospec.model import Block, KVCache
 
 
@@ -130,6 +132,59 @@ class ParallelSpec(nn.Module):
     def new_cache(self):
         w = self.mask_emb
         return KVCache(self.config, 1, w.device, w.dtype, max_len=self.config.block_size + self.config.n_masks)
+
+
+class StaticParallelSpec:
+    """The drafter's inference pass (`ParallelSpec.draft`) shape-static and, on CUDA, replayed from graphs
+    (nanospec/static.py's recipe): the real tokens' and the masks' keys are written at slot tensors, attention runs
+    over every slot under group_layout's mask padded to all of them, so a pass's shapes depend only on its number
+    of new tokens and k. Its logits are rewritten by the next pass of the same shape (clone what must outlive it)."""
+
+    def __init__(self, drafter, cache, capture=False):
+        self.drafter, self.cache = drafter, cache
+        self.graphs = Graphs(capture, protect=(cache.k, cache.v))
+
+    def draft(self, target, cache, tokens, k):
+        """What ParallelSpec.draft returns, logits (k, V), and the same cache afterwards."""
+        if cache is not self.cache:
+            raise ValueError("a StaticParallelSpec runs on the cache it was made with")
+        ids = torch.tensor([tokens], dtype=torch.long, device=cache.device)  # (1, T)
+        T, n = ids.size(1), cache.length
+        if n + T + k > cache.max_len:
+            raise ValueError(f"the parallelspec drafter's cache is full: {n + T + k} tokens > {cache.max_len}")
+        mask, pos = group_layout(n, T, [n + T - 1], k, cache.device)  # (T+k, n+T+k), (T+k,): one group, at the root
+        full = torch.zeros(T + k, cache.max_len, dtype=torch.bool, device=cache.device)  # (T+k, max_len)
+        full[:, :n + T + k] = mask
+        slots = torch.arange(n, n + T + k, device=cache.device)  # (T+k,) the masks' slots are reused next pass
+
+        def fn(ids, pos, slots, full):  # ParallelSpec.inputs + trunk with the anchor = the last real token
+            real = target.wte(ids)  # (1, T, C)
+            x = torch.cat([real, self.drafter.mask_emb[:k][None] + real[:, -1:]], dim=1) + target.wpe(pos)
+            for i, block in enumerate(self.drafter.blocks):
+                x = block(x, full, cache, i, slots)  # (1, T+k, C)
+            return (target.lm_head(target.ln_f(x[:, T:]))[0],)  # (k, V)
+
+        logits, = self.graphs(fn, ids, pos, slots, full, key=(k,))
+        cache.advance(T)  # only the real tokens stay
+        return logits
+
+
+KEPT = weakref.WeakKeyDictionary()  # drafter -> {(target weights, drafter weights): StaticParallelSpec}
+
+
+def drafter_runtime(drafter, target, path):
+    """What runs the drafter's passes and its cache, for the target's runtime path (static.py's runtime_model):
+    (the drafter, a new cache) on "eager", else a StaticParallelSpec (graphs on "graph") on its emptied cache,
+    kept per drafter and target so that each shape is captured once per process, not per generation."""
+    if path == "eager":
+        return drafter, drafter.new_cache()
+    kept = KEPT.setdefault(drafter, {})
+    key = (target.wte.weight.data_ptr(), drafter.mask_emb.data_ptr(), drafter.mask_emb.dtype)
+    if key not in kept:  # a weak proxy: the kept StaticParallelSpec does not keep its drafter alive
+        kept[key] = StaticParallelSpec(weakref.proxy(drafter), drafter.new_cache(), capture=path == "graph")
+    static = kept[key]
+    static.cache.lengths = [0] * len(static.cache.lengths)  # a new generation: every slot free
+    return static, static.cache
 
 
 def load_parallelspec(path, tokenizer_identity=None, device="cpu", target_id=None):
