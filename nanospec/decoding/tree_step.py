@@ -28,7 +28,7 @@ import torch
 
 from nanospec.static import runtime_model
 from nanospec.tree import tree_mask, tree_positions
-from nanospec.verify import (sample, typical_accept, verify_tree_descend, verify_tree_greedy,
+from nanospec.verify import (draw_rows, typical_accept, verify_tree_descend, verify_tree_greedy,
                              verify_tree_greedy_on_device, verify_tree_without_replacement, warp)
 
 RULES = ("point-mass", "typical")  # lossless (greedy = its one-hot case), and Medusa's LOSSY typical acceptance
@@ -80,7 +80,7 @@ def verify_on_host(run, logits, tokens, parents, rule, q_draft, extra):
     extra as a list)."""
     N, p_target = len(parents), None if run.sampling.greedy else warp(logits, *run.sampling)  # (N, V)
     point_mass = p_target is not None and q_draft is None and rule == "point-mass"
-    draws = sample(p_target, run.generator) if point_mass else extra[:0]  # (N,) y at every node (verify_tree_descend)
+    draws = draw_rows(p_target, run.generator) if point_mass else extra[:0]  # (N,) y at every node (verify_tree_descend)
     on_device = ([tokens] if torch.is_tensor(tokens) else []) + [draws, extra]
     values = torch.cat(on_device).tolist() if sum(t.numel() for t in on_device) else []  # the one read
     n, m = (N if torch.is_tensor(tokens) else 0), draws.numel()  # values = [tokens if on the device, draws, extra]
