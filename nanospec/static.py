@@ -94,11 +94,31 @@ class StaticGPT:
         return Output(logits=logits, hidden=hidden, head_logits=head_logits)
 
 
-# StaticGPTs kept from one generation to the next, so each shape is captured once per process, not once per
-# generation (a capture costs a few forwards). Per model, role (a model may be both target and draft) and where
-# its weights live: moving the model (.to, .half) makes new weights, which old graphs would not read. A kept
-# StaticGPT refers to its model through a weak proxy, so dropping the model drops its graphs too.
-KEPT = weakref.WeakKeyDictionary()  # model -> {(role, weight address, dtype): StaticGPT}
+# Static runners (StaticGPT, drafters/eagle.StaticEagle, drafters/parallelspec.StaticParallelSpec) kept from one
+# generation to the next, so each shape is captured once per process, not once per generation (a capture costs a
+# few forwards). Keyed per model and by where its weights live: moving a model (.to, .half) makes new weights,
+# which old graphs would not read. A kept runner refers to its model through a weak proxy, so dropping the model
+# drops its graphs too.
+KEPT = weakref.WeakKeyDictionary()  # model -> {key: static runner}
+
+
+def kept(model, key, make):
+    """The static runner kept for `model` under `key`, made by make(a weak proxy of model) the first time, with
+    its cache emptied for a new generation (every slot free: stale ones are masked)."""
+    runners = KEPT.setdefault(model, {})
+    if key not in runners:
+        runners[key] = make(weakref.proxy(model))
+    runner = runners[key]
+    runner.cache.lengths = [0] * len(runner.cache.lengths)
+    return runner
+
+
+def padded_mask(mask, max_len):
+    """A (T, n) attention mask over n slots -> (T, max_len), False past n: a static forward attends to every slot
+    of its cache, so its mask's shape depends on T alone."""
+    full = torch.zeros(mask.size(0), max_len, dtype=torch.bool, device=mask.device)
+    full[:, :mask.size(1)] = mask
+    return full
 
 
 def runtime_model(model, runtime="auto", role="target", max_len=None):
@@ -114,10 +134,6 @@ def runtime_model(model, runtime="auto", role="target", max_len=None):
     cuda = w.device.type == "cuda"
     if runtime == "eager" or (runtime == "auto" and not (cuda and AUTO_STATIC_ON_CUDA)):
         return model, model.new_cache(max_len=max_len), "eager"
-    kept = KEPT.setdefault(model, {})
-    key = (role, w.data_ptr(), w.dtype, max_len)
-    if key not in kept:
-        kept[key] = StaticGPT(weakref.proxy(model), model.new_cache(max_len=max_len), capture=cuda)
-    static = kept[key]
-    static.cache.lengths = [0] * len(static.cache.lengths)  # a new generation: every slot free (stale ones masked)
+    static = kept(model, (role, w.data_ptr(), w.dtype, max_len),
+                  lambda proxy: StaticGPT(proxy, model.new_cache(max_len=max_len), capture=cuda))
     return static, static.cache, "graph" if cuda else "static"

@@ -26,7 +26,6 @@ up across steps. Training is teacher-forced on true features (the frozen target 
 the second term with the target's full distribution as a soft label (EAGLE used weights 1.0 and 0.1; what
 other weights, input noise and a second unrolled step did: docs/training-notes.md).
 """
-import weakref
 from dataclasses import replace
 
 import torch
@@ -36,6 +35,7 @@ from torch.nn import functional as F
 from nanospec.checkpoint import load_module
 from nanospec.graphs import Graphs
 from nanospec.model import Block, GPTConfig, KVCache, Output, causal_mask
+from nanospec.static import kept, padded_mask
 
 FEATURE_WEIGHT = 1.0  # SmoothL1 on features: what keeps the head's own features usable for deeper drafts
 DIST_WEIGHT = 0.3  # soft cross-entropy to the target's next-token law: what acceptance needs (0.1-1.0 all fine)
@@ -108,8 +108,7 @@ class StaticEagle:
         pos = slots + 1 if pos is None else pos.reshape(T)  # (T,) slot j holds position j+1
         # (T, max_len) over every slot: unlike a target's tree, a tree grown pass by pass hides earlier passes'
         # nodes that are not a node's ancestors, so the whole given mask is kept, not only its new columns
-        full = torch.zeros(T, cache.max_len, dtype=torch.bool, device=cache.device)
-        full[:, :n + T] = causal_mask(n, T, cache.device) if mask is None else mask
+        full = padded_mask(causal_mask(n, T, cache.device) if mask is None else mask, cache.max_len)
 
         def fn(tokens, features, pos, slots, full):  # tensors in, tensors out: what a graph records
             out = self.eagle(target, tokens, features, pos, cache, full, logits, slots)
@@ -120,21 +119,15 @@ class StaticEagle:
         return Output(logits=logits, hidden=hidden)
 
 
-KEPT = weakref.WeakKeyDictionary()  # head -> {(target weights, head weights, max_len): StaticEagle}
-
-
 def head_runtime(eagle, target, path, max_len):
     """What runs the head's forwards and its cache of max_len slots, for the target's runtime path (static.py's
     runtime_model): (the head, a new cache) on "eager", else a StaticEagle (graphs on "graph") on its emptied
     cache, kept per head, target and size so that each shape is captured once per process, not per generation."""
     if path == "eager":
         return eagle, eagle.new_cache(max_len=max_len)
-    kept = KEPT.setdefault(eagle, {})
     key = (target.wte.weight.data_ptr(), eagle.fc.weight.data_ptr(), eagle.fc.weight.dtype, max_len)
-    if key not in kept:  # a weak proxy: the kept StaticEagle does not keep its head alive
-        kept[key] = StaticEagle(weakref.proxy(eagle), eagle.new_cache(max_len=max_len), capture=path == "graph")
-    static = kept[key]
-    static.cache.lengths = [0] * len(static.cache.lengths)  # a new generation: every slot free
+    static = kept(eagle, key, lambda proxy: StaticEagle(proxy, eagle.new_cache(max_len=max_len),
+                                                        capture=path == "graph"))
     return static, static.cache
 
 

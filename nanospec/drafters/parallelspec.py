@@ -32,7 +32,6 @@ the earlier guesses were right.
 
 Paper: Xiao et al. 2024, ParallelSpec: Parallel Drafter for Efficient Speculative Decoding, arXiv 2410.05589.
 """
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +41,7 @@ from torch.nn import functional as F
 from nanospec.checkpoint import load_module
 from nanospec.graphs import Graphs
 from nanospec.model import Block, KVCache
+from nanospec.static import kept, padded_mask
 
 
 @dataclass
@@ -153,8 +153,7 @@ class StaticParallelSpec:
         if n + T + k > cache.max_len:
             raise ValueError(f"the parallelspec drafter's cache is full: {n + T + k} tokens > {cache.max_len}")
         mask, pos = group_layout(n, T, [n + T - 1], k, cache.device)  # (T+k, n+T+k), (T+k,): one group, at the root
-        full = torch.zeros(T + k, cache.max_len, dtype=torch.bool, device=cache.device)  # (T+k, max_len)
-        full[:, :n + T + k] = mask
+        full = padded_mask(mask, cache.max_len)  # (T+k, max_len)
         slots = torch.arange(n, n + T + k, device=cache.device)  # (T+k,) the masks' slots are reused next pass
 
         def fn(ids, pos, slots, full):  # ParallelSpec.inputs + trunk with the anchor = the last real token
@@ -169,21 +168,14 @@ class StaticParallelSpec:
         return logits
 
 
-KEPT = weakref.WeakKeyDictionary()  # drafter -> {(target weights, drafter weights): StaticParallelSpec}
-
-
 def drafter_runtime(drafter, target, path):
     """What runs the drafter's passes and its cache, for the target's runtime path (static.py's runtime_model):
     (the drafter, a new cache) on "eager", else a StaticParallelSpec (graphs on "graph") on its emptied cache,
     kept per drafter and target so that each shape is captured once per process, not per generation."""
     if path == "eager":
         return drafter, drafter.new_cache()
-    kept = KEPT.setdefault(drafter, {})
     key = (target.wte.weight.data_ptr(), drafter.mask_emb.data_ptr(), drafter.mask_emb.dtype)
-    if key not in kept:  # a weak proxy: the kept StaticParallelSpec does not keep its drafter alive
-        kept[key] = StaticParallelSpec(weakref.proxy(drafter), drafter.new_cache(), capture=path == "graph")
-    static = kept[key]
-    static.cache.lengths = [0] * len(static.cache.lengths)  # a new generation: every slot free
+    static = kept(drafter, key, lambda proxy: StaticParallelSpec(proxy, drafter.new_cache(), capture=path == "graph"))
     return static, static.cache
 
 
