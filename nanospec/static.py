@@ -93,6 +93,44 @@ class StaticGPT:
         cache.advance(T, range(start, end))
         return Output(logits=logits, hidden=hidden, head_logits=head_logits)
 
+    def chain(self, body, x, noise=None, *, fed, key=(), end=None):
+        """A chain of forwards and what lies between them as ONE function of tensors, one graph per key and shapes
+        on CUDA (nanospec/draft_chain.py: a drafter's k guesses in one launch). body(step, x, noise) -> a tuple of
+        tensors, where step(x) is the static forward (an Output) of blocks 0..end-1 over token ids x (1, T) at
+        the T slots after the previous step's, the first at the cache's length: slots and positions are counted
+        on the device (`chained`), so a replay finds them without Python. noise (k, V) or None, x (1, T): the
+        inputs; key: every setting body closes over; fed: the tokens body's steps read in all, by which the
+        cache's lengths advance afterwards. The returned tensors are rewritten by the next call of this key."""
+        cache, end = self.cache, end or self.model.config.n_layer
+        n = cache.lengths[0]
+        if n + fed > cache.max_len:
+            raise ValueError(f"KV cache full: {n + fed} tokens > {cache.max_len}; shorten the prompt or the generation")
+        first = torch.full((1,), n, dtype=torch.long, device=cache.device)  # (1,) the first free slot
+
+        def fn(first, x, *noise):  # what the graph records: tensors in, tensors out
+            return tuple(body(chained(self.model, cache, first, end), x, *noise))
+
+        out = self.graphs(fn, first, x, *([] if noise is None else [noise]), key=("chain", end, *key))
+        cache.advance(fed, range(end))
+        return out
+
+
+def chained(model, cache, first, end):
+    """step(x): the static forward (an Output) of blocks 0..end-1 over token ids x (1, T) at the T slots after the
+    previous step's, the first step's at first (1,). Slots, positions and masks are tensors made on the device:
+    a chain of steps is a function of tensors, which a graph can replay. The cache's lengths are not touched."""
+    free = [first]  # (1,) the next free slot
+
+    def step(x):
+        T = x.size(1)
+        slots = free[0] + torch.arange(T, device=first.device)  # (T,) a chain's positions are its slots
+        free[0] = slots[-1:] + 1
+        attend = torch.ones(T, T, dtype=torch.bool, device=first.device).tril()  # (T, T) causal among the new
+        logits, hidden, _ = forward(model, cache, x, slots, slots, attend, layers=(0, end))
+        return Output(logits=logits, hidden=hidden)
+
+    return step
+
 
 # Static runners (StaticGPT, drafters/eagle.StaticEagle, drafters/parallelspec.StaticParallelSpec) kept from one
 # generation to the next, so each shape is captured once per process, not once per generation (a capture costs a

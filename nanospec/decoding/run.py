@@ -10,6 +10,7 @@ guesses plus the target's own next token); `emit` keeps what fits and says when 
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 
@@ -32,6 +33,7 @@ class Run:
     t0: float = field(default_factory=time.perf_counter)
     draft_time: float = 0.0  # seconds inside `with run.drafting():`: the drafter's share of the wall time
     drafter_passes: int = 0  # drafter passes counted by `run.drafting(passes)`: draft_time / passes is its cost
+    draft_events: list = field(default_factory=list)  # CUDA: (begin, end) event pairs of drafting, for stats()
 
     @property
     def seq(self):
@@ -70,16 +72,32 @@ class Run:
 
     @contextmanager
     def drafting(self, passes=1):
-        """`with run.drafting(passes):` around a drafter's work adds its wall time to draft_time and `passes`
-        (the drafter forwards inside) to drafter_passes; the benchmark's drafter cost c is read from the two."""
+        """`with run.drafting(passes) as timer:` around a drafter's work adds its time to draft_time and `passes`
+        (the drafter forwards inside; set timer.passes inside when known only then) to drafter_passes; the
+        benchmark's drafter cost c is read from the two. On CUDA the work inside is only queued (no sync), so a
+        host clock would time the queueing: a pair of CUDA events brackets it on the GPU instead, read once by
+        stats() after one synchronize (the run is over then). The CUDA branch runs on a GPU only, not in CI."""
+        timer = SimpleNamespace(passes=passes)
+        cuda = self.generator.device.type == "cuda"
+        if cuda:
+            events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            events[0].record()
         t = time.perf_counter()
         try:
-            yield
+            yield timer
         finally:
-            self.draft_time += time.perf_counter() - t
-            self.drafter_passes += passes
+            if cuda:
+                events[1].record()
+                self.draft_events.append(events)
+            else:
+                self.draft_time += time.perf_counter() - t
+            self.drafter_passes += timer.passes
 
     def stats(self, **extra):
+        if self.draft_events:  # CUDA: the drafting's GPU time, read once the run is over
+            torch.cuda.synchronize()
+            self.draft_time += sum(begin.elapsed_time(end) for begin, end in self.draft_events) / 1000  # ms -> s
+            self.draft_events.clear()
         n = len(self.out)
         return {"new_tokens": n, "target_forwards": self.target_forwards,
                 "tokens_per_forward": n / max(1, self.target_forwards),

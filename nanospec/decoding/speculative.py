@@ -25,9 +25,10 @@ probability a, independently, a step yields (1 - a^(k+1)) / (1 - a) tokens on av
 `acceptance_rate` estimates that a: accepted / judged, where a guess is judged if every guess before it was
 accepted (guesses after a rejection are never looked at, so they say nothing about a).
 
-The guesses stay on the device: each draft forward reads the previous one's sampled token there, and the step's
+The guesses stay on the device: each draft forward reads the previous one's drawn token there, and the step's
 one host read brings back the guesses, the accepted count and the target's token together (chain_step.py). With
---runtime static both models' forwards are shape-static, replayed from CUDA graphs on CUDA (nanospec/static.py).
+--runtime static both models' forwards are shape-static (nanospec/static.py), and the draft's k forwards and k
+draws run as one function of tensors, on CUDA one graph replayed per step (nanospec/draft_chain.py).
 """
 import torch
 
@@ -35,8 +36,8 @@ from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
 from nanospec.decoding.chain_step import chain_step
 from nanospec.decoding.options import RUNTIME_OPTION, Option, Sampling, read_options
 from nanospec.decoding.run import prefill, start, tensor
+from nanospec.draft_chain import chain_noise, draft_chain, run_chain
 from nanospec.static import runtime_model
-from nanospec.verify import sample, warp
 
 NEEDS = ("draft",)  # model parts beyond the target
 USES = ()  # parts used when present
@@ -54,6 +55,27 @@ def check_draft(target, draft):
                          f"({target.config.block_size}): retrain the draft with the target's block_size")
 
 
+def draft_guesses(run, draft, cache, x, k, length, model):
+    """The draft reads x (1, T) and guesses k tokens autoregressively, each drawn from its warped law:
+    (drafts (k,), q_draft (k, V)) on the device, q_draft None when k == 0 (the target then just samples).
+    With a fixed k the chain is one function of tensors (on CUDA one graph, draft_chain.run_chain); the
+    confidence rule decides on the host after each guess, so it runs forward by forward. Either way the guesses
+    and their draws are the same (draft_chain.py): one sampler for both runtimes."""
+    if k == 0:
+        return torch.zeros(0, dtype=torch.long, device=cache.device), None
+    stop = length.stop if length.rule == "confidence" else None
+    noise = chain_noise(run, k, model)  # (k, V) the draws' randomness, or None (greedy)
+
+    def body(step, x, noise=None):  # k draft forwards over the last guess, k draws
+        return draft_chain(lambda x: step(x).logits[0, -1], x, k, run.sampling, noise, stop)
+
+    with run.drafting(0) as timer:
+        drafts, q_draft = run_chain(draft, cache, body, x, noise, fed=x.size(1) + k - 1, key=(k, run.sampling),
+                                    whole=stop is None)
+        timer.passes = len(drafts)
+    return drafts, q_draft
+
+
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
     o = read_options(OPTIONS, options)
@@ -65,24 +87,15 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     drafted = accepted = judged = draft_forwards = 0
 
     last, _ = prefill(run, target, target_cache)
+    draft(tensor(run.prompt, draft_cache.device), cache=draft_cache)  # the draft reads the prompt too, once
     done = run.emit([last])
     while not done:
         seq = run.seq
         k = run.draft_room(length.k)  # fewer guesses near the context end or the token budget
-        # Draft k tokens autoregressively, keeping each q row: Leviathan's rule needs the law each came from.
-        x, drafts, q_rows = tensor(seq[draft_cache.length:], draft_cache.device), [], []  # what it has not read
-        for _ in range(k):
-            with run.drafting():
-                logits = draft(x, cache=draft_cache).logits[0, -1]  # (V,)
-                q_rows.append(warp(logits, *run.sampling))  # (V,)
-                drafts.append(sample(q_rows[-1], run.generator))  # () on the device: no host read
-            x = drafts[-1].view(1, 1)  # (1, 1) the next draft forward reads it there
-            if length.stop(logits, drafts[-1]):  # the draft is unsure: check what we have
-                break
+        x = tensor(seq[draft_cache.length:], draft_cache.device)  # (1, T) what the draft has not read: T = 1 or 2
+        drafts, q_draft = draft_guesses(run, draft, draft_cache, x, k, length, models.draft)  # (k,), (k, V) on the device
         k = len(drafts)
         draft_forwards += k
-        q_draft = torch.stack(q_rows) if k else None  # (k, V); k == 0: no guesses, the target just samples
-        drafts = torch.stack(drafts) if k else torch.zeros(0, dtype=torch.long, device=draft_cache.device)  # (k,)
 
         # One target forward over [last, d1..dk]; the target cache rolls back to last + accepted drafts.
         emitted, n, _ = chain_step(run, target, target_cache, seq[-1], drafts, q_draft=q_draft)
