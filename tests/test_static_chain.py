@@ -74,13 +74,14 @@ def test_static_runs_to_the_context_limit_like_plain(method, temperature):
 
 def test_the_static_forwards_are_kept_across_generations():
     """A second generation reuses the first one's StaticGPT (on a GPU, its captured graphs) and its cache,
-    emptied; early-exit's lower range is one entry, T = 1, whatever the cache's length."""
+    emptied; early-exit's draft (lower range and exit, k = 4 guesses) is one chain entry reading the newest
+    token (1, 1), whatever the cache's length."""
     models = chain_models(0)
     first = METHODS["early-exit"](models, [1, 2, 3], 30, runtime="static", exit_layer=1)
     static, cache, _ = runtime_model(models.target, "static")
     entries = dict(static.graphs.entries)
-    lower = [key for key in entries if key[0] == (0, 1, False)]
-    assert [key[1][0][0] for key in lower] == [(1, 1)]  # (1, 1) token ids, one token per lower forward
+    lower = [key for key in entries if key[0][:3] == ("chain", 1, 4)]  # ("chain", E, k, ...)
+    assert [key[1][1][0] for key in lower] == [(1, 1)]  # inputs: the first free slot (1,), the newest token (1, 1)
     assert METHODS["early-exit"](models, [1, 2, 3], 30, runtime="static", exit_layer=1)[0] == first[0]
     assert all(static.graphs.entries[key] is entry for key, entry in entries.items())  # same buffers
 

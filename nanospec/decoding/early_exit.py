@@ -19,8 +19,9 @@ like the target's, so the output follows the (warped) target exactly; greedy out
 
 The guesses stay on the device (each one feeds blocks 1..E there), and the step's one host read brings back the
 guesses, the accepted count and the target's token (chain_step.verify_on_device). --runtime static runs both
-layer ranges shape-static, replayed from CUDA graphs on CUDA (nanospec/static.py); the exit head (norm,
-unembedding, adapter) stays plain PyTorch. eager (what auto means for now) is plain PyTorch throughout.
+layer ranges shape-static (nanospec/static.py), and the whole draft, k+1 passes of blocks 1..E, k exits and k
+draws, as one function of tensors, on CUDA one graph replayed per step (nanospec/draft_chain.py). eager (what
+auto means for now) is plain PyTorch throughout.
 
 Papers: Elhoushi et al. 2024, LayerSkip, arXiv 2404.16710; Liu et al. 2024, Kangaroo, arXiv 2404.18911;
 Zhang et al. 2023, Draft & Verify, arXiv 2309.08168.
@@ -32,8 +33,8 @@ from nanospec.decoding.chain_step import chain_verify
 from nanospec.decoding.options import RUNTIME_OPTION, Option, Sampling, read_options
 from nanospec.decoding.run import prefill, start, tensor
 from nanospec.drafters.early_exit import exit_logits
+from nanospec.draft_chain import chain_noise, draft_chain, run_chain
 from nanospec.static import runtime_model
-from nanospec.verify import sample, warp
 
 NEEDS = ()
 USES = ("early_exit",)  # the trained exit adapters when present, else the plain exit
@@ -51,6 +52,38 @@ def default_exit_layer(n_layer):
     return max(1, n_layer // 8)
 
 
+def exit_guesses(run, target, cache, x, k, length, model, adapter, E):
+    """Blocks 1..E read x (1, 1), the newest token, and the exit guesses the next token from block E's output, k
+    times, each guess read back by blocks 1..E (the next guess and the verify pass need its block-E output).
+    Returns (drafts (j,), q_draft (j, V) or None when j == 0, block-E outputs (1, j+1, C)), j = k unless the
+    confidence rule stopped early; the lower layers' cache holds j+1 more tokens. With a fixed k all of it is one
+    function of tensors (on CUDA one graph: draft_chain.run_chain); the confidence rule decides on the host after
+    each guess, so it runs forward by forward. Both runtimes draw alike (draft_chain.py)."""
+    if k == 0:  # no guesses: the verify pass still needs the newest token's block-E output
+        hidden = target(x, cache=cache, layers=(0, E)).hidden.clone()  # (1, 1, C) the static path rewrites it
+        return torch.zeros(0, dtype=torch.long, device=cache.device), None, hidden
+    stop = length.stop if length.rule == "confidence" else None
+    noise = chain_noise(run, k, model)  # (k, V) the draws' randomness, or None (greedy)
+
+    def body(step, x, noise=None):  # k passes of blocks 1..E and the exit, then blocks 1..E over the last guess
+        hidden = []
+
+        def read(x):  # blocks 1..E read x, the exit guesses the next token; (1, 1, C) kept (a copy: see above)
+            hidden.append(step(x).hidden.clone())
+            return exit_logits(model, adapter, E, hidden[-1])[0, -1]  # (V,)
+
+        drafts, q_draft = draft_chain(read, x, k, run.sampling, noise, stop)
+        read_last = step(drafts[-1].view(1, 1)).hidden  # (1, 1, C)
+        return drafts, q_draft, torch.cat(hidden + [read_last], dim=1)  # (j,), (j, V), (1, j+1, C)
+
+    with run.drafting(0) as timer:  # the drafter's passes: the exit and blocks 1..E over each guess
+        adapter_key = None if adapter is None else id(adapter)  # a graph reads the adapter it was captured with
+        drafts, q_draft, hidden = run_chain(target, cache, body, x, noise, fed=k + 1, end=E,
+                                            key=(k, run.sampling, adapter_key), whole=stop is None)
+        timer.passes = len(drafts)
+    return drafts, q_draft, hidden
+
+
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
     o = read_options(OPTIONS, options)
@@ -64,31 +97,16 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     target, cache, runtime = runtime_model(model, o.runtime)  # the model, or its static forwards
     drafted = accepted = judged = 0
 
-    def lower(x):  # blocks 1..E read one token x (1, 1); their cache advances, the upper layers' waits
-        # (1, 1, C); a copy: the static path rewrites its output in the next call, and the verify needs them all
-        return target(x, cache=cache, layers=(0, E)).hidden.clone()
-
     last, _ = prefill(run, target, cache)  # the whole target reads the prompt
     done = run.emit([last])
     while not done:
         n_before, k = cache.length, run.draft_room(length.k)  # fewer guesses near the context end or budget
-        # Draft: the exit reads block E's output for the newest token and guesses the next, k times. Each
-        # guess goes through blocks 1..E too: the next guess and the verify pass both need its block-E output.
-        hidden, drafts, q_rows = [lower(tensor([run.seq[-1]], cache.device))], [], []
-        while len(drafts) < k:
-            with run.drafting():  # one drafter pass: the exit, then blocks 1..E over the guess
-                logits = exit_logits(model, adapter, E, hidden[-1])[0, -1]  # (V,)
-                q_rows.append(warp(logits, *run.sampling))  # (V,) Leviathan's rule needs the law each came from
-                drafts.append(sample(q_rows[-1], run.generator))  # () on the device: no host read
-                hidden.append(lower(drafts[-1].view(1, 1)))
-            if length.stop(logits, drafts[-1]):
-                break
+        x = tensor([run.seq[-1]], cache.device)  # (1, 1) the newest token
+        drafts, q_rows, hidden = exit_guesses(run, target, cache, x, k, length, model, adapter, E)
         # Verify: blocks E+1..L read the k+1 block-E outputs in one forward; the chain rule on its logits, then
         # every layer's cache rolls back to the newest token + the accepted guesses.
-        out = target(None, cache=cache, layers=(E, L), hidden_in=torch.cat(hidden, dim=1))  # logits (1, k+1, V)
-        q_draft = torch.stack(q_rows) if drafts else None  # (k, V); no guesses: the target just samples
-        draft_ids = torch.stack(drafts) if drafts else torch.zeros(0, dtype=torch.long, device=cache.device)  # (k,)
-        emitted, n = chain_verify(run, cache, n_before, out.logits[0], draft_ids, q_draft)
+        out = target(None, cache=cache, layers=(E, L), hidden_in=hidden)  # logits (1, k+1, V)
+        emitted, n = chain_verify(run, cache, n_before, out.logits[0], drafts, q_rows)
         # judged: guesses the rule looked at (the accepted ones and the first rejected one), as in speculative
         drafted, accepted, judged = drafted + len(drafts), accepted + n, judged + min(n + 1, len(drafts))
         length.update(len(drafts), n)
