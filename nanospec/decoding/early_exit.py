@@ -77,9 +77,10 @@ def exit_guesses(run, target, cache, x, k, length, model, adapter, E):
         return drafts, q_draft, torch.cat(hidden + [read_last], dim=1)  # (j,), (j, V), (1, j+1, C)
 
     with run.drafting(0) as timer:  # the drafter's passes: the exit and blocks 1..E over each guess
-        adapter_key = None if adapter is None else id(adapter)  # a graph reads the adapter it was captured with
+        # a captured graph reads the adapter weights it was captured with, where they were: key on their addresses
+        weights = () if adapter is None else tuple(p.data_ptr() for p in adapter.exits[E - 1].parameters())
         drafts, q_draft, hidden = run_chain(target, cache, body, x, noise, fed=k + 1, end=E,
-                                            key=(k, run.sampling, adapter_key), whole=stop is None)
+                                            key=(k, run.sampling, weights), whole=stop is None)
         timer.passes = len(drafts)
     return drafts, q_draft, hidden
 
