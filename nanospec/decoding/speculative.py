@@ -93,7 +93,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         seq = run.seq
         k = run.draft_room(length.k)  # fewer guesses near the context end or the token budget
         x = tensor(seq[draft_cache.length:], draft_cache.device)  # (1, T) what the draft has not read: T = 1 or 2
-        drafts, q_draft = draft_guesses(run, draft, draft_cache, x, k, length, models.draft)  # (k,), (k, V) on the device
+        drafts, q_draft = draft_guesses(run, draft, draft_cache, x, k, length, models.draft)  # (k,), (k, V)
         k = len(drafts)
         draft_forwards += k
 
