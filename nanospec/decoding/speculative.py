@@ -18,7 +18,7 @@ Both models keep a KV cache. The target's holds the sequence minus its newest to
 verify forward. The draft's lags behind: it has not yet read the token the target just chose (correction or
 bonus), nor, after a fully accepted step, d_k (it guessed d_k but never fed it back). So each step first feeds
 the draft all it has not read, `seq[length:]`: the newest token; [d_k, bonus] after a fully
-accepted step; the prompt and the first token at the start. One forward either way, no extra pass.
+accepted step. One forward either way, no extra pass. (The draft reads the prompt once, before the first step.)
 
 Cost per step: k draft forwards + 1 target forward for 1..k+1 tokens. If each guess is accepted with
 probability a, independently, a step yields (1 - a^(k+1)) / (1 - a) tokens on average. The stats'
