@@ -20,7 +20,8 @@ KV cache): `protect` names those tensors, snapshotted before the warm-up and res
 runs no kernels).
 
 The outputs are overwritten by the next call with the same shapes: clone what must outlive it.
-Warm-up calls run with whatever the RNG is: keep sampling out of fn (or in a generator fn owns).
+Warm-up calls run with whatever the RNG is, and a replay draws no new numbers: keep sampling out of fn, or pass
+its randomness in as an input (nanospec/draft_chain.py draws by Gumbel-max from uniforms made before the call).
 """
 from contextlib import nullcontext
 from dataclasses import dataclass
