@@ -16,7 +16,7 @@ import test_speculative
 from nanospec.decoding import METHODS
 from nanospec.decoding.chain_step import accept_greedy
 from nanospec.parts import Models
-from nanospec.static import KEPT, StaticGPT, runtime_model, static_mask
+from nanospec.static import KEPT, RUNTIMES, StaticGPT, runtime_model, runtime_path, static_mask
 from nanospec.tree import tree_layout_on_device, tree_mask, tree_positions
 from nanospec.verify import verify_chain_greedy, verify_tree_greedy_on_device
 from test_model import random_ids, tiny_gpt
@@ -263,3 +263,11 @@ def test_the_greedy_walk_takes_parents_on_the_device():
         path_t, nxt_t = verify_tree_greedy_on_device(logits, tokens, torch.tensor(parents))
         assert [v for v in path_t.tolist() if v >= 0] == [v for v in path.tolist() if v >= 0]
         assert nxt_t.item() == nxt.item() and path_t.numel() == N - 1
+
+
+def test_auto_replays_graphs_on_cuda_only():
+    """--runtime auto is the graph path on CUDA and plain PyTorch elsewhere; eager is eager everywhere."""
+    assert [runtime_path(r, "cuda:0") for r in RUNTIMES] == ["graph", "eager", "graph"]
+    assert [runtime_path(r, d) for r in RUNTIMES for d in ("cpu", "meta")] == ["eager"] * 4 + ["static"] * 2
+    with pytest.raises(ValueError, match="runtime must be one of"):
+        runtime_path("fast", "cpu")
