@@ -29,10 +29,10 @@ import torch
 from nanospec.graphs import Graphs
 from nanospec.model import Output
 
-RUNTIMES = ("auto", "eager", "static")  # auto: eager for now (below); static: graphs replayed on CUDA
-# auto stays eager on CUDA too until the graph path has run on a GPU (tests/test_graphs.py's capture test and
-# make gpu-check): it was written on a machine without one. Then auto becomes "static on CUDA".
-AUTO_STATIC_ON_CUDA = False
+# auto: static (graphs replayed) on CUDA, where a forward's cost is its host overhead; eager elsewhere (on a CPU
+# the static path saves no overhead and attends over every slot). eager: plain PyTorch, the oracle, everywhere.
+# static: shape-static everywhere, graphs on CUDA (the CPU runs the same code without capture: the tests' path).
+RUNTIMES = ("auto", "eager", "static")
 
 
 def static_mask(slots, attend, max_len):
@@ -162,16 +162,23 @@ def padded_mask(mask, max_len):
 def runtime_model(model, runtime="auto", role="target", max_len=None):
     """An empty KV cache for `model` and what runs its forwards on it: (forward, cache, path), path "eager"
     (forward = the model itself, the oracle), "static" (a StaticGPT that just calls its function: the CPU,
-    to test it) or "graph" (a StaticGPT replaying CUDA graphs). runtime: "auto" (eager, until the graph path has
-    been checked on a GPU: AUTO_STATIC_ON_CUDA), "eager" or "static" (graph on CUDA). role: a name per model a
-    method runs (target, draft); max_len: the cache's slots (default the model's context; a tree method adds
-    room for its padded tree)."""
-    if runtime not in RUNTIMES:
-        raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    to test it) or "graph" (a StaticGPT replaying CUDA graphs). runtime: "auto" (graph on CUDA, else eager),
+    "eager" or "static" (graph on CUDA). role: a name per model a method runs (target, draft); max_len: the
+    cache's slots (default the model's context; a tree method adds room for its padded tree)."""
     w = model.wte.weight
-    cuda = w.device.type == "cuda"
-    if runtime == "eager" or (runtime == "auto" and not (cuda and AUTO_STATIC_ON_CUDA)):
+    path = runtime_path(runtime, w.device)
+    if path == "eager":
         return model, model.new_cache(max_len=max_len), "eager"
     static = kept(model, (role, w.data_ptr(), w.dtype, max_len),
-                  lambda proxy: StaticGPT(proxy, model.new_cache(max_len=max_len), capture=cuda))
-    return static, static.cache, "graph" if cuda else "static"
+                  lambda proxy: StaticGPT(proxy, model.new_cache(max_len=max_len), capture=path == "graph"))
+    return static, static.cache, path
+
+
+def runtime_path(runtime, device):
+    """Which path `runtime` ("auto", "eager" or "static") takes on `device`: "eager", "static" or "graph"."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    cuda = torch.device(device).type == "cuda"
+    if runtime == "eager" or (runtime == "auto" and not cuda):
+        return "eager"
+    return "graph" if cuda else "static"

@@ -92,6 +92,23 @@ def tree_positions(parents, prefix_len, device="cpu"):
     # END SOLUTION ex6
 
 
+def tree_layout_on_device(parents, prefix_len):
+    """tree_mask and tree_positions for a tree whose parents never left the device (EAGLE's reranked tree on the
+    static runtime): parents (N,) LongTensor, -1 for the root (and for padding nodes, roots of their own).
+    Returns (mask (N, prefix_len + N) bool, positions (N,)), as the two functions above give, without a host read.
+    A node's ancestors-or-self, A = I | P (P[i, j]: j is i's parent), closed by squaring: after s squarings A
+    reaches 2^s generations up, so ceil(log2 N) of them reach the root from any node.
+    Example: parents [-1, 0, 0, 1] -> A rows [1000], [1100], [1010], [1101]; positions prefix + [0, 1, 1, 2]."""
+    N, device = parents.numel(), parents.device
+    eye = torch.eye(N, dtype=torch.bool, device=device)
+    up = (parents[:, None] == torch.arange(N, device=device)[None, :])  # (N, N) j is i's parent
+    A = (eye | up).float()  # (N, N)
+    for _ in range(max(N - 1, 1).bit_length()):
+        A = (A @ A).clamp(max=1.0)  # two hops of "is an ancestor" make one
+    mask = torch.cat([torch.ones(N, prefix_len, dtype=torch.bool, device=device), A > 0], 1)  # (N, prefix + N)
+    return mask, A.sum(-1).long() - 1 + prefix_len  # depth = ancestors-or-self - 1
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Building trees. Medusa-style trees come from a fixed list of paths filled with each head's top-k guesses (or
 # draws); other drafters (EAGLE, lookahead) build tokens + parents their own way. `leaf_paths` and `format_tree`

@@ -16,9 +16,9 @@ import test_speculative
 from nanospec.decoding import METHODS
 from nanospec.decoding.chain_step import accept_greedy
 from nanospec.parts import Models
-from nanospec.static import KEPT, StaticGPT, runtime_model, static_mask
-from nanospec.tree import tree_mask, tree_positions
-from nanospec.verify import verify_chain_greedy
+from nanospec.static import KEPT, RUNTIMES, StaticGPT, runtime_model, runtime_path, static_mask
+from nanospec.tree import tree_layout_on_device, tree_mask, tree_positions
+from nanospec.verify import verify_chain_greedy, verify_tree_greedy_on_device
 from test_model import random_ids, tiny_gpt
 
 ATOL = 1e-5  # fp32: the static path sums over max_len slots, masked ones add exact zeros, so only order differs
@@ -233,3 +233,41 @@ def test_accept_greedy_is_verify_chain_greedy_on_the_device():
             drafts[torch.randint(0, k, (1,), generator=g)] = torch.randint(0, 5, (1,), generator=g)
         n, nxt = accept_greedy(logits, drafts)
         assert (n.item(), nxt.item()) == verify_chain_greedy(logits, drafts.tolist())
+
+
+def test_tree_layout_on_device_is_tree_mask_and_tree_positions():
+    """EAGLE's reranked tree keeps its parents on the device (drafters/eagle.grow_tree_on_device): its mask and
+    positions, built there by squaring the parent relation, are exercise 6's, on random trees with padding nodes
+    (roots of their own, as tree_step pads) and on the docstring's example."""
+    mask, pos = tree_layout_on_device(torch.tensor([-1, 0, 0, 1]), 2)
+    assert mask.int().tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 1, 0], [1, 1, 1, 1, 0, 1]]
+    assert pos.tolist() == [2, 3, 3, 4]
+    rng = random.Random(0)
+    for _ in range(200):
+        N = rng.randint(1, 40)
+        parents = [-1] + [rng.randrange(i) if rng.random() < 0.9 else -1 for i in range(1, N)]
+        mask, pos = tree_layout_on_device(torch.tensor(parents), n := rng.randint(0, 5))
+        assert torch.equal(mask, tree_mask(parents, n)) and torch.equal(pos, tree_positions(parents, n)), parents
+
+
+def test_the_greedy_walk_takes_parents_on_the_device():
+    """verify_tree_greedy_on_device with the parents left on the device walks as with them in a list."""
+    g = torch.Generator().manual_seed(0)
+    rng = random.Random(0)
+    for _ in range(100):
+        N = rng.randint(1, 9)
+        parents = [-1] + [rng.randrange(i) for i in range(1, N)]
+        logits = torch.randint(0, 3, (N, 4), generator=g).float()  # small vocabulary: guesses often match
+        tokens = torch.randint(0, 4, (N,), generator=g)
+        path, nxt = verify_tree_greedy_on_device(logits, tokens, parents)
+        path_t, nxt_t = verify_tree_greedy_on_device(logits, tokens, torch.tensor(parents))
+        assert [v for v in path_t.tolist() if v >= 0] == [v for v in path.tolist() if v >= 0]
+        assert nxt_t.item() == nxt.item() and path_t.numel() == N - 1
+
+
+def test_auto_replays_graphs_on_cuda_only():
+    """--runtime auto is the graph path on CUDA and plain PyTorch elsewhere; eager is eager everywhere."""
+    assert [runtime_path(r, "cuda:0") for r in RUNTIMES] == ["graph", "eager", "graph"]
+    assert [runtime_path(r, d) for r in RUNTIMES for d in ("cpu", "meta")] == ["eager"] * 4 + ["static"] * 2
+    with pytest.raises(ValueError, match="runtime must be one of"):
+        runtime_path("fast", "cpu")

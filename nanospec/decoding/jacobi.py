@@ -32,7 +32,7 @@ n-gram guesses instead, which is what makes them pay more often.
 The iterate never leaves the device: the next one is the argmax of the rows past the commit point, the step's one
 host read brings back the guesses, the accepted count and the target's token (chain_step.verify_on_device).
 --runtime static runs the target's forwards shape-static, replayed from CUDA graphs on CUDA
-(nanospec/static.py); eager (what auto means for now) is plain PyTorch.
+(nanospec/static.py); eager (auto's path off CUDA) is plain PyTorch.
 """
 import torch
 

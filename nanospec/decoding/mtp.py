@@ -30,7 +30,7 @@ the guesses, the accepted count and the target's token (chain_step.verify_on_dev
 picks the row of the heads for the next guesses without another read. --runtime static runs the target's
 forwards shape-static (nanospec/static.py), replayed from CUDA graphs on CUDA, with the heads inside the verify
 forward at every position (one graph; on a GPU the extra rows cost less than launching the heads apart); eager
-(what auto means for now) is plain PyTorch, the heads run on the one position they are needed at.
+(auto's path off CUDA) is plain PyTorch, the heads run on the one position they are needed at.
 
 Papers: Stern et al. 2018, Blockwise Parallel Decoding, arXiv 1811.03115; Gloeckle et al. 2024, Better &
 Faster Large Language Models via Multi-token Prediction, arXiv 2404.19737.

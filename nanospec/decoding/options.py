@@ -67,7 +67,7 @@ DRAFT_SAMPLING_OPTION = {
 RUNTIME_OPTION = {
     "runtime": Option(str, "auto", "how the forwards run: eager = plain PyTorch, the oracle; static = shape-static "
                                    "forwards, replayed from CUDA graphs on CUDA (on a CPU just called, to test "
-                                   "them); auto = eager for now (static on CUDA once checked on a GPU)", choices=RUNTIMES),
+                                   "them); auto = static on CUDA, eager elsewhere", choices=RUNTIMES),
 }
 
 

@@ -23,7 +23,7 @@ The guesses are deterministic (no draft distribution q), so they are checked wit
 1 + k tokens, plus a scan of the context in Python (the sequence lives on the host, where the scan is cheap).
 One host read per step: the target's argmax when greedy, else the rule's result (chain_step.py).
 --runtime static runs the target's forwards shape-static, replayed from CUDA graphs on CUDA
-(nanospec/static.py); eager (what auto means for now) is plain PyTorch.
+(nanospec/static.py); eager (auto's path off CUDA) is plain PyTorch.
 """
 import torch
 

@@ -27,7 +27,7 @@ sees only the prefix and itself, no real node sees it, and its rows are cut off 
 import torch
 
 from nanospec.static import runtime_model
-from nanospec.tree import tree_mask, tree_positions
+from nanospec.tree import tree_layout_on_device, tree_mask, tree_positions
 from nanospec.verify import (draw_rows, typical_accept, verify_tree_descend, verify_tree_greedy,
                              verify_tree_greedy_on_device, verify_tree_without_replacement, warp)
 
@@ -61,8 +61,12 @@ def tree_step(run, target, cache, tokens, parents, rule="point-mass", heads=Fals
     prefix, device, N = cache.length, cache.device, len(tokens)
     pad = max(0, min(budget or 0, cache.max_len - prefix) - N)  # padded nodes: roots of their own, never read
     x = torch.as_tensor(tokens, dtype=torch.long, device=device)  # (N,)
-    out = target(torch.cat([x, x.new_zeros(pad)])[None], pos=tree_positions(parents + [-1] * pad, prefix, device),
-                 cache=cache, mask=tree_mask(parents + [-1] * pad, prefix, device), heads=heads)  # (1, N+pad, V)
+    if torch.is_tensor(parents):  # a tree shaped on the device (EAGLE's rerank): its mask is built there too
+        mask, pos = tree_layout_on_device(torch.cat([parents, parents.new_full((pad,), -1)]), prefix)
+    else:
+        padded = parents + [-1] * pad  # (N + pad,)
+        mask, pos = tree_mask(padded, prefix, device), tree_positions(padded, prefix, device)
+    out = target(torch.cat([x, x.new_zeros(pad)])[None], pos=pos, cache=cache, mask=mask, heads=heads)  # (1, N+pad, V)
     logits = out.logits[0, :N]  # (N, V) the real nodes
     extra = also(out) if also is not None else x[:0]  # (K,)
     if run.sampling.greedy and (budget is not None or torch.is_tensor(tokens)):  # the walk on the device
@@ -75,16 +79,19 @@ def tree_step(run, target, cache, tokens, parents, rule="point-mass", heads=Fals
 
 
 def verify_on_host(run, logits, tokens, parents, rule, q_draft, extra):
-    """The tree rules as verify.py writes them, on logits (N, V). What the host needs of the device (tokens left
-    there, the point-mass rule's draws, the caller's extra (K,)) comes back in one read. Returns (emitted, path,
-    extra as a list)."""
+    """The tree rules as verify.py writes them, on logits (N, V). What the host needs of the device (tokens and
+    parents left there, the point-mass rule's draws, the caller's extra (K,)) comes back in one read.
+    Returns (emitted, path, extra as a list)."""
     N, p_target = len(parents), None if run.sampling.greedy else warp(logits, *run.sampling)  # (N, V)
     point_mass = p_target is not None and q_draft is None and rule == "point-mass"
-    draws = draw_rows(p_target, run.generator) if point_mass else extra[:0]  # (N,) y at every node (verify_tree_descend)
-    on_device = ([tokens] if torch.is_tensor(tokens) else []) + [draws, extra]
+    draws = draw_rows(p_target, run.generator) if point_mass else extra[:0]  # (N,) y at each node (verify_tree_descend)
+    on_device = [t for t in (tokens, parents) if torch.is_tensor(t)] + [draws, extra]
     values = torch.cat(on_device).tolist() if sum(t.numel() for t in on_device) else []  # the one read
-    n, m = (N if torch.is_tensor(tokens) else 0), draws.numel()  # values = [tokens if on the device, draws, extra]
-    tokens, draws, extra = values[:n] if n else tokens, values[n:n + m], values[n + m:]
+    if torch.is_tensor(tokens):  # values = [tokens, parents if on the device, draws, extra]
+        tokens, values = values[:N], values[N:]
+    if torch.is_tensor(parents):
+        parents, values = values[:N], values[N:]
+    draws, extra = values[:draws.numel()], values[draws.numel():]
     if p_target is None:  # every rule reduces to "follow the argmax"; skip building p
         path, nxt = verify_tree_greedy(logits, tokens, parents)
     elif q_draft is not None:  # drawn children: recursive rejection sampling against the q they came from

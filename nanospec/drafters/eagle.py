@@ -133,9 +133,10 @@ def head_runtime(eagle, target, path, max_len):
 
 def grow_tree_on_device(eagle, target, dcache, root, draft, depth, width, total_tokens):
     """eagle.grow_tree's tree (exercise 9: EAGLE-2's confidence expansion, then the rerank) with every candidate
-    kept on the device, for the static runtime: the same head passes, topk calls and tie-breaks, and ONE host
-    read, of the kept nodes' parents. Frontier node i of pass d is fed at slot L + (d-1)*width + i, so a node's
-    mask is the prefix and one slot per pass, its ancestors' (`at`). Returns (tokens (N,) LongTensor, parents)."""
+    kept on the device, for the static runtime: the same head passes, topk calls and tie-breaks, and no host
+    read: the tree's tokens and parents stay there (tree_step builds its mask there: tree.tree_layout_on_device).
+    Frontier node i of pass d is fed at slot L + (d-1)*width + i, so a node's mask is the prefix and one slot per
+    pass, its ancestors' (`at`). Returns (tokens, parents), two (N,) LongTensors."""
     if depth < 1 or total_tokens < 2:
         return [root], [-1]
     device, L, K = dcache.device, dcache.length, width
@@ -164,7 +165,7 @@ def grow_tree_on_device(eagle, target, dcache, root, draft, depth, width, total_
     node[keep] = torch.arange(1, keep.numel() + 1, device=device)
     parents = torch.where(par[keep] >= 0, node[par[keep].clamp(min=0)], 0)  # (N-1,)
     root = torch.tensor([int(root)], dtype=torch.long, device=device)
-    return torch.cat([root, tok[keep]]), [-1] + parents.tolist()
+    return torch.cat([root, tok[keep]]), torch.cat([parents.new_full((1,), -1), parents])  # (N,), (N,)
 
 
 def eagle_config(target_config):
