@@ -20,8 +20,8 @@ like the target's, so the output follows the (warped) target exactly; greedy out
 The guesses stay on the device (each one feeds blocks 1..E there), and the step's one host read brings back the
 guesses, the accepted count and the target's token (chain_step.verify_on_device). --runtime static runs both
 layer ranges shape-static (nanospec/static.py), and the whole draft, k+1 passes of blocks 1..E, k exits and k
-draws, as one function of tensors, on CUDA one graph replayed per step (nanospec/draft_chain.py). eager (what
-auto means for now) is plain PyTorch throughout.
+draws, as one function of tensors, on CUDA one graph replayed per step (nanospec/draft_chain.py). eager (auto's
+path off CUDA) is plain PyTorch throughout.
 
 Papers: Elhoushi et al. 2024, LayerSkip, arXiv 2404.16710; Liu et al. 2024, Kangaroo, arXiv 2404.18911;
 Zhang et al. 2023, Draft & Verify, arXiv 2309.08168.
