@@ -26,7 +26,7 @@ LIMITED = {m: 1.0 for m in ("ar", "prompt-lookup", "jacobi", "speculative", "mtp
 # The tree methods on the static runtime, (greedy, t=1): greedy, the tree walk runs on the device and the step
 # reads once (eagle twice: its tree's parents, drafters/eagle.grow_tree_on_device); at t=1 the drafter's draws
 # and the verify rule read once each (eagle's draws once per level).
-STATIC_LIMITED = {"medusa": (1.0, 2.0), "parallelspec": (1.0, 2.0), "lookahead": (1.0, 1.0), "eagle": (2.0, 3.0)}
+STATIC_LIMITED = {"medusa": (1.0, 1.0), "parallelspec": (1.0, 1.0), "lookahead": (1.0, 1.0), "eagle": (2.0, 3.0)}
 RUNS = [(m, {}) for m in METHODS] + [(m, {"runtime": "static"}) for m in [*LIMITED, *STATIC_LIMITED]]
 SAMPLINGS = {"greedy": 0.0, "t=1": 1.0}
 NEW_TOKENS = 48

@@ -29,7 +29,8 @@ import torch
 from nanospec.static import runtime_model
 from nanospec.tree import tree_mask, tree_positions
 from nanospec.verify import (draw_rows, typical_accept, verify_tree_descend, verify_tree_greedy,
-                             verify_tree_greedy_on_device, verify_tree_without_replacement, warp)
+                             verify_tree_greedy_on_device, verify_tree_without_replacement,
+                             verify_tree_without_replacement_batched, warp)
 
 RULES = ("point-mass", "typical")  # lossless (greedy = its one-hot case), and Medusa's LOSSY typical acceptance
 
@@ -60,18 +61,35 @@ def tree_step(run, target, cache, tokens, parents, rule="point-mass", heads=Fals
         raise ValueError(f"unknown tree rule {rule!r}; choose one of: {', '.join(RULES)}")
     prefix, device, N = cache.length, cache.device, len(tokens)
     pad = max(0, min(budget or 0, cache.max_len - prefix) - N)  # padded nodes: roots of their own, never read
-    x = torch.as_tensor(tokens, dtype=torch.long, device=device)  # (N,)
-    out = target(torch.cat([x, x.new_zeros(pad)])[None], pos=tree_positions(parents + [-1] * pad, prefix, device),
-                 cache=cache, mask=tree_mask(parents + [-1] * pad, prefix, device), heads=heads)  # (1, N+pad, V)
+    x = torch.as_tensor(tokens, dtype=torch.long, device=device)  # (N,) -1 at a drawn node q could not fill
+    padded = parents + [-1] * pad
+    out = target(torch.cat([x.clamp(min=0), x.new_zeros(pad)])[None],  # such a node runs as token 0, never tried
+                 pos=tree_positions(padded, prefix, device), cache=cache, mask=tree_mask(padded, prefix, device),
+                 heads=heads)  # (1, N+pad, V)
     logits = out.logits[0, :N]  # (N, V) the real nodes
     extra = also(out) if also is not None else x[:0]  # (K,)
-    if run.sampling.greedy and (budget is not None or torch.is_tensor(tokens)):  # the walk on the device
-        emitted, path, extra = read_greedy_walk(logits, x, parents, extra)
+    on_device = torch.is_tensor(tokens) or budget is not None  # the static runtime, or tokens left on the device
+    if on_device and (run.sampling.greedy or q_draft is not None):  # the rule on the device, then one read
+        emitted, path, extra = read_walk(*walk_on_device(run, logits, x, parents, q_draft), x, extra)
     else:
         emitted, path, extra = verify_on_host(run, logits, tokens, parents, rule, q_draft, extra)
     # the forward wrote all N (+ pad) nodes after the prefix; keep the root and the accepted path, in order
     cache.compact(list(range(prefix)) + [prefix + n for n in [0] + path])
     return (emitted, path, out) if also is None else (emitted, path, out, extra)
+
+
+def walk_on_device(run, logits, tokens, parents, q_draft):
+    """The lossless tree rules with nothing read: logits (N, V), tokens (N,) on the device, -1 at a node the
+    drafter could not fill (trees.fill_tree). Greedy: the argmax walk (verify_tree_greedy_on_device; -1 matches no
+    argmax). Drawn children (q_draft (N, V)): recursive rejection sampling over the filled nodes
+    (verify_tree_without_replacement_batched, B = 1, valid = tokens >= 0). Returns path (D,) padded with -1 and
+    the next token (), on the device."""
+    if run.sampling.greedy:
+        return verify_tree_greedy_on_device(logits, tokens, parents)
+    p_target = warp(logits, *run.sampling)  # (N, V)
+    path, nxt = verify_tree_without_replacement_batched(p_target[None], q_draft[None], tokens.clamp(min=0)[None],
+                                                        parents, run.generator, (tokens >= 0)[None])  # (1, D), (1,)
+    return path[0], nxt[0]
 
 
 def verify_on_host(run, logits, tokens, parents, rule, q_draft, extra):
@@ -96,10 +114,10 @@ def verify_on_host(run, logits, tokens, parents, rule, q_draft, extra):
     return [tokens[n] for n in path] + [int(nxt)], path, extra
 
 
-def read_greedy_walk(logits, tokens, parents, extra):
-    """The greedy rule on the device (verify.verify_tree_greedy_on_device) and ONE host read of what the step
-    needs: the path, its tokens, the next token and `extra` (K,). Returns (emitted, path, extra as a list)."""
-    path, nxt = verify_tree_greedy_on_device(logits, tokens, parents)  # (D,), ()
+def read_walk(path, nxt, tokens, extra):
+    """ONE host read of what a step whose rule ran on the device needs: path (D,) padded with -1, the next token
+    (), tokens (N,) and the caller's `extra` (K,) -> (emitted = the path's tokens + the next token, path as a
+    list, extra as a list)."""
     D = path.numel()
     values = torch.cat([path, tokens[path.clamp(min=0)], nxt.view(1), extra]).tolist()  # the one read
     n = sum(v >= 0 for v in values[:D])  # accepted nodes: the path's entries before its -1 padding

@@ -63,7 +63,10 @@ def fill_tree(root, logits, paths, sampling, drawn=False, generator=None, on_dev
               leave its sibling verified against the wrong q), and ranks beyond q's support are dropped.
     Example: root 7, paths [(0,), (1,), (0, 0)], top-2 of row 0 = [5, 3], top-1 of row 1 = [9]
              -> tokens [7, 5, 3, 9], parents [-1, 0, 0, 1], q_draft None.
-    on_device (top-k only, the static runtime): tokens come back as a (N,) LongTensor on the device, no host read.
+    on_device (the static runtime): tokens come back as a (N,) LongTensor on the device, with no host read. The
+    tree then keeps its shape (every path) whatever the draws: where top-k / top-p left q fewer tokens than a
+    node's rank (or its parent's), its token is -1, "not drawn", and the verify never tries it
+    (verify_tree_without_replacement's valid mask; tree_step reads it off the tokens).
     Returns (tokens, parents, q_draft)."""
     if not paths:
         return [int(root)], [-1], None
@@ -79,10 +82,13 @@ def fill_tree(root, logits, paths, sampling, drawn=False, generator=None, on_dev
                              f"(r+1)-th draw, and each node's children must be draws 1..m in order")
     q = warp(logits[:D], *sampling)  # (D, V) the law each depth's candidates are drawn from
     draws = gumbel_top_k(q, width, generator).indices  # (D, width) each row's draws without replacement, in order
-    values = torch.cat([(q > 0).sum(-1), draws.flatten()]).tolist()  # one read: supports, then the draws
-    support = values[:D]  # top-k / top-p may leave fewer tokens than the tree has ranks: those draws are dropped
-    paths = [p for p in paths if all(r < support[d] for d, r in enumerate(p))]
-    tokens, parents = medusa_tree(root, [values[D + d * width:D + (d + 1) * width] for d in range(D)], paths)
+    if on_device:
+        tokens, parents = drawn_tree_on_device(root, draws, (q > 0).sum(-1), paths)
+    else:
+        values = torch.cat([(q > 0).sum(-1), draws.flatten()]).tolist()  # one read: supports, then the draws
+        support = values[:D]  # top-k / top-p may leave fewer tokens than the tree has ranks: those draws are dropped
+        paths = [p for p in paths if all(r < support[d] for d, r in enumerate(p))]
+        tokens, parents = medusa_tree(root, [values[D + d * width:D + (d + 1) * width] for d in range(D)], paths)
     q_rows = torch.cat([q, torch.zeros_like(q[:1])])  # (D+1, V): a node at depth d draws from row d; D: none
     return tokens, parents, q_rows[depths(parents)]
 
@@ -95,6 +101,18 @@ def top_tree_on_device(root, candidates, paths):
     at = torch.tensor([[len(n) - 1, n[-1]] for n in nodes[1:]], dtype=torch.long, device=device)  # (N-1, 2)
     root = torch.tensor([int(root)], dtype=torch.long, device=device)  # (1,)
     return torch.cat([root, candidates[at[:, 0], at[:, 1]]]), parents
+
+
+def drawn_tree_on_device(root, draws, support, paths):
+    """top_tree_on_device for drawn candidates, with -1 at the nodes q could not fill: draws (D, K) each depth's
+    draws in order, support (D,) how many tokens each depth's q allows. The node of path (r_1, .., r_d) holds
+    draws[d-1, r_d] if every r_i < support[i-1], else -1 (its own draw, or one above it, does not exist).
+    Example: paths [(0,), (1,), (2,), (0, 0)], draws [[4, 1, 3], [2, ...]], support [2, 5] -> [root, 4, 1, -1, 2]."""
+    tokens, parents = top_tree_on_device(root, draws, paths)
+    nodes, D = tree_from_paths(paths)[1], draws.size(0)
+    ranks = torch.tensor([list(n) + [0] * (D - len(n)) for n in nodes], dtype=torch.long, device=draws.device)  # (N, D)
+    drawn = (ranks < support).all(-1)  # (N,) rank 0 pads a short path: every q allows at least one token
+    return torch.where(drawn, tokens, -1), parents
 
 
 def draw_tree(root, paths, q_root, next_q, generator=None):
