@@ -22,7 +22,11 @@ The rule follows where the guesses came from:
 
 On the static runtime (nanospec/static.py) a tree is padded to the method's fixed node budget, so every verify
 forward has one shape (one CUDA graph) whatever the tree's size: a padded node is a root of its own (parent -1),
-sees only the prefix and itself, no real node sees it, and its rows are cut off before the rule runs.
+sees only the prefix and itself, no real node sees it, and its rows are cut off before the rule runs. There the
+rule runs on the device and the step reads the host once (`read_walk`: the path, its tokens, the next token):
+greedy, the argmax walk; drawn children, verify_tree_without_replacement_batched. A drawn tree then keeps its
+shape whatever the draws (trees.fill_tree on_device): a node whose rank top-k / top-p left q no token for holds
+-1, runs through the forward as token 0, and is skipped by the rule exactly as an absent node (its valid mask).
 """
 import torch
 
@@ -49,7 +53,8 @@ def tree_step(run, target, cache, tokens, parents, rule="point-mass", heads=Fals
     rule: "point-mass" (lossless) or "typical" (lossy, see verify.py); q_draft (N, V): for a tree whose children
     were DRAWN, the law node u's children were drawn from (without replacement, in index order); it is then
     verified with verify_tree_without_replacement (lossless) instead. budget: pad the forward to this many
-    nodes (see above), or None for exactly the tree. tokens may be a (N,) LongTensor left on the device.
+    nodes (see above), or None for exactly the tree. tokens may be a (N,) LongTensor left on the device, with -1
+at a drawn node the drafter could not fill (trees.fill_tree); the rule then runs there too (walk_on_device).
 
     Returns (emitted, path, out): emitted = the accepted guesses + the target's next token; path = the accepted
     node indices (root excluded), so the last accepted node is path[-1] if path else 0; out = the forward's
