@@ -17,8 +17,9 @@ import torch
 
 import test_mtp_medusa
 import test_parallelspec
-from nanospec.decoding.trees import drawn_tree_on_device, fill_tree
+from nanospec.decoding.trees import draw_tree, draw_tree_on_device, drawn_tree_on_device, fill_tree
 from nanospec.parts import Models
+from nanospec.tree import tree_from_paths
 from nanospec.verify import gumbel_top_k, verify_tree_without_replacement_batched, warp, \
     without_replacement_proposals
 from test_model import tiny_gpt
@@ -93,7 +94,7 @@ def test_masked_node_law_is_p_exactly():
 V = 5
 LOGITS_P = torch.log(torch.tensor([[4, 3, 2, 1, 1], [1, 5, 1, 2, 1], [2, 1, 1, 1, 5], [3, 3, 1, 1, 2],
                                    [1, 1, 4, 2, 2]], dtype=F64))  # (V, V) bigram target: row a = after token a
-LOGITS_Q = torch.log(torch.tensor([[1, 4, 3, 1, 1], [2, 2, 5, 1, 1], [1, 3, 1, 1, 4], [4, 1, 1, 3, 1],
+LOGITS_Q = torch.log(torch.tensor([[1, 4, 3, 1, 1], [2, 3, 5, 1, 1], [1, 3, 1, 1, 4], [4, 1, 1, 3, 1],
                                    [1, 1, 2, 1, 5]], dtype=F64))  # the drafter's, top sets partly different
 SAMPLING_Q = (1.0, 2, None)  # top-k 2: every q allows 2 tokens (p all 5: the residual after rejections keeps
 # mass on tokens q never drew, which a walk that tries an invalid child accepts outright)
@@ -170,3 +171,66 @@ def test_static_drawn_tree_with_truncation_follows_the_target_law(law_of):
     assert accepted > n / 8, accepted
 
 
+
+
+# ---------------------------------------------------------------------------------------------------------
+# EAGLE's drawn tree on the device (trees.draw_tree_on_device): a law at each node that depends on its token
+
+DRAW_PATHS = [(0,), (1,), (2,), (0, 0), (0, 1), (0, 2), (1, 0), (0, 0, 0)]
+
+
+def bigram_next_q(sampling):
+    """A drafter whose law below a node is LOGITS_Q's row at the node's token, warped: next_q for draw_tree
+    (tokens a list) and draw_tree_on_device (a device tensor, -1 where not drawn)."""
+    def next_q(d, level, tokens, parents):
+        at = tokens[level].clamp(min=0) if torch.is_tensor(tokens) else torch.tensor([tokens[u] for u in level])
+        return warp(LOGITS_Q[at], *sampling)  # (K, V)
+    return next_q
+
+
+def test_draw_tree_on_device_is_draw_tree_without_truncation():
+    sampling = (1.0, None, None)
+    for seed in range(5):
+        host = draw_tree(0, DRAW_PATHS, warp(LOGITS_Q[0], *sampling), bigram_next_q(sampling),
+                         torch.Generator().manual_seed(seed))
+        tokens, parents, q_draft = draw_tree(0, DRAW_PATHS, warp(LOGITS_Q[0], *sampling), bigram_next_q(sampling),
+                                             torch.Generator().manual_seed(seed), on_device=True)
+        assert (tokens.tolist(), parents) == host[:2]
+        torch.testing.assert_close(q_draft, host[2], rtol=0, atol=0)
+
+
+def test_draw_tree_on_device_reads_nothing_and_marks_what_q_cannot_give():
+    """top-k 2: rank 2 is never drawn, nor anything under it; siblings are distinct and within their q."""
+    from test_host_reads import counting_host_reads
+    q = warp(LOGITS_Q, *SAMPLING_Q)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        with counting_host_reads() as counts:
+            tokens, parents, q_draft = draw_tree_on_device(torch.tensor(0), DRAW_PATHS, q[0],
+                                                           bigram_next_q(SAMPLING_Q), g)
+        assert not counts
+        tokens = tokens.tolist()
+        nodes = tree_from_paths(DRAW_PATHS)[1]  # node -> its path of ranks
+        for c in range(1, len(tokens)):
+            u = parents[c]
+            assert (tokens[c] >= 0) == (all(r < 2 for r in nodes[c]))
+            if tokens[c] >= 0:
+                assert q[tokens[u], tokens[c]] > 0 and torch.equal(q_draft[u], q[tokens[u]])
+        assert tokens[1] != tokens[2] and tokens[4] != tokens[5]
+
+
+def test_draw_tree_on_device_keeps_the_law():
+    """5,000 trees of DRAW_PATHS' shape drawn on the device with q truncated (top-k 2), verified together by the
+    masked walk against the untruncated bigram target: the first two tokens follow its law (tv_bound(25, n))."""
+    n, g = 5_000, torch.Generator().manual_seed(1)
+    p, q = warp(LOGITS_P, 1.0), warp(LOGITS_Q, *SAMPLING_Q)
+    trees = [draw_tree_on_device(0, DRAW_PATHS, q[0], bigram_next_q(SAMPLING_Q), g) for _ in range(n)]
+    tokens, q_draft = torch.stack([t[0] for t in trees]), torch.stack([t[2] for t in trees])  # (n, N), (n, N, V)
+    path, nxt = verify_tree_without_replacement_batched(p[tokens.clamp(min=0)], q_draft, tokens.clamp(min=0),
+                                                        trees[0][1], g, tokens >= 0)
+    rows = torch.arange(n)
+    first = torch.where(path[:, 0] >= 0, tokens[rows, path[:, 0].clamp(min=0)], nxt)
+    second = torch.where(path[:, 1] >= 0, tokens[rows, path[:, 1].clamp(min=0)], nxt)
+    second = torch.where(path[:, 0] >= 0, second, torch.multinomial(p[first], 1, generator=g)[:, 0])
+    assert (path[:, 1] >= 0).float().mean() > 0.1  # the second level is reached often
+    assert tv(empirical_law(first * V + second, V * V), (p[0][:, None] * p).flatten()) < tv_bound(V * V, n)

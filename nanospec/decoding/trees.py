@@ -115,7 +115,7 @@ def drawn_tree_on_device(root, draws, support, paths):
     return torch.where(drawn, tokens, -1), parents
 
 
-def draw_tree(root, paths, q_root, next_q, generator=None):
+def draw_tree(root, paths, q_root, next_q, generator=None, on_device=False):
     """A tree of DRAWN guesses with a shape fixed in advance, for a drafter whose law at a node depends on the
     tokens above it (EAGLE's head): paths = the shape in draw ranks, as tree_from_paths takes them
     (tree.draw_rank_paths); q_root (V,) the drafter's warped law below the root; next_q(d, level, tokens,
@@ -123,7 +123,10 @@ def draw_tree(root, paths, q_root, next_q, generator=None):
     token above them drawn): one drafter pass per level. Each node's children are draws without replacement
     from its q, in rank order; where q allows fewer tokens than the shape has children, the rest are left out.
     The shape is fixed before any draw and no drawn node is pruned, as verify_tree_without_replacement needs.
+    on_device: draw_tree_on_device (the whole shape, tokens a device tensor, no host read).
     Returns (tokens, parents, q_draft (N, V): the law each node's children were drawn from)."""
+    if on_device:
+        return draw_tree_on_device(root, paths, q_root, next_q, generator)
     parents, nodes = tree_from_paths(paths)
     N, kids = len(nodes), children(parents)  # kids[u] in rank order = draw order
     tokens = [int(root)] + [-1] * (N - 1)  # -1: not drawn
@@ -145,3 +148,34 @@ def draw_tree(root, paths, q_root, next_q, generator=None):
     keep = [u for u in range(N) if tokens[u] >= 0]
     index = {u: i for i, u in enumerate(keep)}
     return [tokens[u] for u in keep], [index.get(parents[u], -1) for u in keep], q_draft[keep]
+
+
+def draw_tree_on_device(root, paths, q_root, next_q, generator=None):
+    """draw_tree with no host read, for the static runtime: the tree keeps its whole shape and its tokens stay a
+    (N,) LongTensor on the device, -1 at a node q could not fill (its rank is beyond its parent's support, or its
+    parent is -1), which verify_tree_without_replacement skips as if absent (tree_step reads valid = tokens >= 0).
+    next_q(d, level, tokens, parents) is called for EVERY node of the shape at depth d that has children, filled
+    or not, with tokens this (N,) device tensor (-1 where not drawn: embed tokens.clamp(min=0); the law at such a
+    node is never used). Without truncation it draws what draw_tree draws, from the same generator state.
+    Returns (tokens (N,), parents, q_draft (N, V))."""
+    parents, nodes = tree_from_paths(paths)
+    N, kids, device = len(nodes), children(parents), q_root.device
+    tokens = torch.full((N,), -1, dtype=torch.long, device=device)  # (N,) -1: not drawn (yet)
+    tokens[0] = root  # an int, or a () tensor on the device (copied there, not read)
+    q_draft = q_root.new_zeros(N, q_root.numel())  # (N, V)
+    q_draft[0] = q_root
+    for d in range(max(map(len, nodes))):
+        level = [u for u in range(N) if len(nodes[u]) == d and kids[u]]  # fixed by the shape, not by the draws
+        if not level:
+            continue
+        if d > 0:
+            q_draft[level] = next_q(d, level, tokens, parents)
+        width = max(len(kids[u]) for u in level)
+        draws = gumbel_top_k(q_draft[level], width, generator).indices  # (K, width) each node's draws, in order
+        # every child of the level at once: its parent's row i in `level`, its rank r among the parent's children
+        child, i, r = zip(*[(c, i, r) for i, u in enumerate(level) for r, c in enumerate(kids[u])])
+        child, i, r = (torch.tensor(v, dtype=torch.long, device=device) for v in (child, i, r))
+        support = (q_draft[level] > 0).sum(-1)  # (K,) how many tokens each parent's q allows
+        filled = (r < support[i]) & (tokens[torch.tensor(level, device=device)[i]] >= 0)  # (children,)
+        tokens[child] = torch.where(filled, draws[i, r], -1)
+    return tokens, parents, q_draft
