@@ -266,6 +266,7 @@ def _walk_tree(p_target, tokens, parents, proposal, generator, valid=None):
     for u, ch in enumerate(children):
         child_table[u, : len(ch)] = torch.tensor(ch, dtype=torch.long, device=device)
     rows = torch.arange(B, device=device)
+    valid = torch.ones(B, N, dtype=torch.bool, device=device) if valid is None else valid  # (B, N)
     node = torch.zeros(B, dtype=torch.long, device=device)  # (B,) where each tree's walk stands
     alive = torch.ones(B, dtype=torch.bool, device=device)  # (B,) still descending
     P = p_target[:, 0]  # (B, V) what the next token must follow, given the rejections so far
@@ -275,7 +276,7 @@ def _walk_tree(p_target, tokens, parents, proposal, generator, valid=None):
         for j in range(width):
             child = child_table[node, j]  # (B,)
             c = child.clamp(min=0)
-            trying = alive & (child >= 0) & (chosen < 0) & (True if valid is None else valid[rows, c])
+            trying = alive & (child >= 0) & (chosen < 0) & valid[rows, c]
             x, q = tokens[rows, c], proposal(rows, node, c)  # (B,), (B, V)
             u = torch.rand(B, generator=generator, dtype=p_target.dtype, device=device)  # (B,)
             ok = u < accept_prob(P, q, x)

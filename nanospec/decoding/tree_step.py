@@ -54,7 +54,7 @@ def tree_step(run, target, cache, tokens, parents, rule="point-mass", heads=Fals
     were DRAWN, the law node u's children were drawn from (without replacement, in index order); it is then
     verified with verify_tree_without_replacement (lossless) instead. budget: pad the forward to this many
     nodes (see above), or None for exactly the tree. tokens may be a (N,) LongTensor left on the device, with -1
-at a drawn node the drafter could not fill (trees.fill_tree); the rule then runs there too (walk_on_device).
+    at a drawn node the drafter could not fill (trees.fill_tree); the rule then runs there too (walk_on_device).
 
     Returns (emitted, path, out): emitted = the accepted guesses + the target's next token; path = the accepted
     node indices (root excluded), so the last accepted node is path[-1] if path else 0; out = the forward's
