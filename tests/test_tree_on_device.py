@@ -163,7 +163,7 @@ def parallelspec_law(n):
 
 @pytest.mark.parametrize("law_of", [medusa_law, parallelspec_law], ids=["medusa", "parallelspec"])
 def test_static_drawn_tree_with_truncation_follows_the_target_law(law_of):
-    """First 2 tokens, 25 outcomes, n = 1000: tv_bound 0.125 (a correct run comes out near 0.05). Guesses must be
+    """First 2 tokens, 25 outcomes, n = 1000: tv_bound 0.125 (a correct run comes out near 0.01). Guesses must be
     accepted often, or the test would check only the target's own tokens."""
     n = 1000
     law, exact, accepted = law_of(n)
