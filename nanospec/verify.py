@@ -246,13 +246,15 @@ def _layout(parents):
     return parents, children(parents), depth
 
 
-def _walk_tree(p_target, tokens, parents, proposal, generator):
+def _walk_tree(p_target, tokens, parents, proposal, generator, valid=None):
     """The walk shared by both lossless tree rules, on B trees with the same shape.
 
     p_target (B, N, V); tokens (B, N); parents (N,). proposal(rows, node, child) -> (B, V) is the q the child's
     token was drawn from. At each node, from P = p_target[node]: try the children in index order, accepting
     child c with accept_prob(P, q_c, x_c); after a rejection P <- residual(P, q_c). Descend into an accepted
-    child; when none is accepted (or at a leaf) emit a sample of P.
+    child; when none is accepted (or at a leaf) emit a sample of P. valid (B, N) bool, optional: a child that is
+    not valid is skipped exactly as an absent one (no test, P unchanged): a tree of fixed shape whose drafter
+    could not fill every node (trees.fill_tree, where q had fewer tokens than the node's rank).
     Returns path (B, D) with -1 after the last accepted node (D = the tree's depth), next_token (B,).
     """
     B, N, V = p_target.shape
@@ -264,6 +266,7 @@ def _walk_tree(p_target, tokens, parents, proposal, generator):
     for u, ch in enumerate(children):
         child_table[u, : len(ch)] = torch.tensor(ch, dtype=torch.long, device=device)
     rows = torch.arange(B, device=device)
+    valid = torch.ones(B, N, dtype=torch.bool, device=device) if valid is None else valid  # (B, N)
     node = torch.zeros(B, dtype=torch.long, device=device)  # (B,) where each tree's walk stands
     alive = torch.ones(B, dtype=torch.bool, device=device)  # (B,) still descending
     P = p_target[:, 0]  # (B, V) what the next token must follow, given the rejections so far
@@ -272,8 +275,8 @@ def _walk_tree(p_target, tokens, parents, proposal, generator):
         chosen = torch.full((B,), -1, dtype=torch.long, device=device)  # (B,) accepted child, -1 if none yet
         for j in range(width):
             child = child_table[node, j]  # (B,)
-            trying = alive & (child >= 0) & (chosen < 0)
             c = child.clamp(min=0)
+            trying = alive & (child >= 0) & (chosen < 0) & valid[rows, c]
             x, q = tokens[rows, c], proposal(rows, node, c)  # (B,), (B, V)
             u = torch.rand(B, generator=generator, dtype=p_target.dtype, device=device)  # (B,)
             ok = u < accept_prob(P, q, x)
@@ -444,9 +447,11 @@ def without_replacement_proposals(q, drawn):
     # END SOLUTION ex13
 
 
-def verify_tree_without_replacement_batched(p_target, q_draft, tokens, parents, generator=None):
+def verify_tree_without_replacement_batched(p_target, q_draft, tokens, parents, generator=None, valid=None):
     """`verify_tree_without_replacement` on B trees of one shape: p_target, q_draft (B, N, V), tokens (B, N),
-    parents (N,). Returns path (B, D) padded with -1, next_token (B,)."""
+    parents (N,). valid (B, N) bool, optional: the nodes really drawn, for a tree of fixed shape where q had fewer
+    tokens than some node's rank (trees.fill_tree on the device); the others are never tried, as if absent.
+    Returns path (B, D) padded with -1, next_token (B,)."""
     _, children, _ = _layout(parents)
     q_child = torch.zeros_like(q_draft)  # (B, N, V) the law each child was drawn from; row 0 (the root) unused
     for u, ch in enumerate(children):
@@ -456,7 +461,7 @@ def verify_tree_without_replacement_batched(p_target, q_draft, tokens, parents, 
     def proposal(rows, node, child):
         return q_child[rows, child]
 
-    return _walk_tree(p_target, tokens, parents, proposal, generator)
+    return _walk_tree(p_target, tokens, parents, proposal, generator, valid)
 
 
 def verify_tree_without_replacement(p_target, q_draft, tokens, parents, generator=None):

@@ -20,7 +20,8 @@ Medusa's typical acceptance judges the top-k guesses and is LOSSY: it accepts an
 output no longer follows the target's law. (A head's q is a marginal over the tokens before its own: see mtp.py.)
 The default tree was measured on the trained model (scripts/medusa_tree.py; trees.py, docs/measurements.md).
 --runtime static: the target's forwards shape-static (nanospec/static.py), every tree padded to the preset's
-node count (tree_step.py), the heads run inside it; greedy, a step reads the host once (the accepted path).
+node count (tree_step.py), the heads run inside it; a step reads the host once (the accepted path), greedy or
+sampling (a drawn tree keeps its shape and the rule runs on the device: trees.fill_tree, tree_step.walk_on_device).
 
 Papers: Cai et al. 2024, Medusa, arXiv 2401.10774; Stern et al. 2018, Blockwise Parallel Decoding,
 arXiv 1811.03115; Gloeckle et al. 2024, Multi-token Prediction, arXiv 2404.19737.
@@ -53,10 +54,12 @@ def print_tree(step, tokens, parents, paths, path, emitted, tokenizer, drawn=Fal
     nodes, depth = tree_from_paths(paths)[1], depths(parents)  # node -> its path of ranks, as ordered in tokens
     tokens = tokens.tolist() if torch.is_tensor(tokens) else tokens  # (the static runtime leaves them on the device)
 
-    def rank(n):  # drawn children are draws 1, 2, ... in order (fill_tree drops those q cannot give)
+    def rank(n):  # drawn children are draws 1, 2, ... in order (on the eager path fill_tree drops those q cannot give)
         return [c for c in range(1, n + 1) if parents[c] == parents[n]].index(n) if drawn else nodes[n][-1]
 
-    def text(t):
+    def text(t):  # -1: a drawn node top-k / top-p left q no token for (the static runtime keeps the tree's shape)
+        if t < 0:
+            return "(not drawn)"
         return f"'{render(tokenizer.decode_bytes([t]))}'" if tokenizer is not None else str(t)
 
     def label(n):

@@ -21,7 +21,8 @@ replacement per depth, tree_step.fill_tree) and verifies by rejection sampling a
 verify_tree_without_replacement); "topk" takes each mask's top candidates and verifies them as point masses.
 Mask j never sees the guesses before it, so q_j is a marginal over them; mtp.py says why that stays lossless.
 --runtime static: the target's forwards and the drafter's pass shape-static (nanospec/static.py,
-drafters/parallelspec.StaticParallelSpec), each tree padded to the tree's node count; greedy, one host read a step.
+drafters/parallelspec.StaticParallelSpec), each tree padded to the tree's node count; one host read a step, greedy
+or sampling (a drawn tree keeps its shape, the rule runs on the device: trees.fill_tree, tree_step.walk_on_device).
 
 Paper: Xiao et al. 2024, ParallelSpec: Parallel Drafter for Efficient Speculative Decoding, arXiv 2410.05589.
 """

@@ -22,14 +22,19 @@ The rule follows where the guesses came from:
 
 On the static runtime (nanospec/static.py) a tree is padded to the method's fixed node budget, so every verify
 forward has one shape (one CUDA graph) whatever the tree's size: a padded node is a root of its own (parent -1),
-sees only the prefix and itself, no real node sees it, and its rows are cut off before the rule runs.
+sees only the prefix and itself, no real node sees it, and its rows are cut off before the rule runs. There the
+rule runs on the device and the step reads the host once (`read_walk`: the path, its tokens, the next token):
+greedy, the argmax walk; drawn children, verify_tree_without_replacement_batched. A drawn tree then keeps its
+shape whatever the draws (trees.fill_tree on_device): a node whose rank top-k / top-p left q no token for holds
+-1, runs through the forward as token 0, and is skipped by the rule exactly as an absent node (its valid mask).
 """
 import torch
 
 from nanospec.static import runtime_model
 from nanospec.tree import tree_layout_on_device, tree_mask, tree_positions
 from nanospec.verify import (draw_rows, typical_accept, verify_tree_descend, verify_tree_greedy,
-                             verify_tree_greedy_on_device, verify_tree_without_replacement, warp)
+                             verify_tree_greedy_on_device, verify_tree_without_replacement,
+                             verify_tree_without_replacement_batched, warp)
 
 RULES = ("point-mass", "typical")  # lossless (greedy = its one-hot case), and Medusa's LOSSY typical acceptance
 
@@ -48,7 +53,8 @@ def tree_step(run, target, cache, tokens, parents, rule="point-mass", heads=Fals
     rule: "point-mass" (lossless) or "typical" (lossy, see verify.py); q_draft (N, V): for a tree whose children
     were DRAWN, the law node u's children were drawn from (without replacement, in index order); it is then
     verified with verify_tree_without_replacement (lossless) instead. budget: pad the forward to this many
-    nodes (see above), or None for exactly the tree. tokens may be a (N,) LongTensor left on the device.
+    nodes (see above), or None for exactly the tree. tokens may be a (N,) LongTensor left on the device, with -1
+    at a drawn node the drafter could not fill (trees.fill_tree); the rule then runs there too (walk_on_device).
 
     Returns (emitted, path, out): emitted = the accepted guesses + the target's next token; path = the accepted
     node indices (root excluded), so the last accepted node is path[-1] if path else 0; out = the forward's
@@ -60,22 +66,38 @@ def tree_step(run, target, cache, tokens, parents, rule="point-mass", heads=Fals
         raise ValueError(f"unknown tree rule {rule!r}; choose one of: {', '.join(RULES)}")
     prefix, device, N = cache.length, cache.device, len(tokens)
     pad = max(0, min(budget or 0, cache.max_len - prefix) - N)  # padded nodes: roots of their own, never read
-    x = torch.as_tensor(tokens, dtype=torch.long, device=device)  # (N,)
+    x = torch.as_tensor(tokens, dtype=torch.long, device=device)  # (N,) -1 at a drawn node q could not fill
     if torch.is_tensor(parents):  # a tree shaped on the device (EAGLE's rerank): its mask is built there too
         mask, pos = tree_layout_on_device(torch.cat([parents, parents.new_full((pad,), -1)]), prefix)
     else:
         padded = parents + [-1] * pad  # (N + pad,)
         mask, pos = tree_mask(padded, prefix, device), tree_positions(padded, prefix, device)
-    out = target(torch.cat([x, x.new_zeros(pad)])[None], pos=pos, cache=cache, mask=mask, heads=heads)  # (1, N+pad, V)
+    out = target(torch.cat([x.clamp(min=0), x.new_zeros(pad)])[None],  # a node not drawn runs as token 0, never tried
+                 pos=pos, cache=cache, mask=mask, heads=heads)  # (1, N+pad, V)
     logits = out.logits[0, :N]  # (N, V) the real nodes
     extra = also(out) if also is not None else x[:0]  # (K,)
-    if run.sampling.greedy and (budget is not None or torch.is_tensor(tokens)):  # the walk on the device
-        emitted, path, extra = read_greedy_walk(logits, x, parents, extra)
+    on_device = torch.is_tensor(tokens) or budget is not None  # the static runtime, or tokens left on the device
+    if on_device and (run.sampling.greedy or q_draft is not None):  # the rule on the device, then one read
+        emitted, path, extra = read_walk(*walk_on_device(run, logits, x, parents, q_draft), x, extra)
     else:
         emitted, path, extra = verify_on_host(run, logits, tokens, parents, rule, q_draft, extra)
     # the forward wrote all N (+ pad) nodes after the prefix; keep the root and the accepted path, in order
     cache.compact(list(range(prefix)) + [prefix + n for n in [0] + path])
     return (emitted, path, out) if also is None else (emitted, path, out, extra)
+
+
+def walk_on_device(run, logits, tokens, parents, q_draft):
+    """The lossless tree rules with nothing read: logits (N, V), tokens (N,) on the device, -1 at a node the
+    drafter could not fill (trees.fill_tree). Greedy: the argmax walk (verify_tree_greedy_on_device; -1 matches no
+    argmax). Drawn children (q_draft (N, V)): recursive rejection sampling over the filled nodes
+    (verify_tree_without_replacement_batched, B = 1, valid = tokens >= 0). Returns path (D,) padded with -1 and
+    the next token (), on the device."""
+    if run.sampling.greedy:
+        return verify_tree_greedy_on_device(logits, tokens, parents)
+    p_target = warp(logits, *run.sampling)  # (N, V)
+    path, nxt = verify_tree_without_replacement_batched(p_target[None], q_draft[None], tokens.clamp(min=0)[None],
+                                                        parents, run.generator, (tokens >= 0)[None])  # (1, D), (1,)
+    return path[0], nxt[0]
 
 
 def verify_on_host(run, logits, tokens, parents, rule, q_draft, extra):
@@ -103,10 +125,10 @@ def verify_on_host(run, logits, tokens, parents, rule, q_draft, extra):
     return [tokens[n] for n in path] + [int(nxt)], path, extra
 
 
-def read_greedy_walk(logits, tokens, parents, extra):
-    """The greedy rule on the device (verify.verify_tree_greedy_on_device) and ONE host read of what the step
-    needs: the path, its tokens, the next token and `extra` (K,). Returns (emitted, path, extra as a list)."""
-    path, nxt = verify_tree_greedy_on_device(logits, tokens, parents)  # (D,), ()
+def read_walk(path, nxt, tokens, extra):
+    """ONE host read of what a step whose rule ran on the device needs: path (D,) padded with -1, the next token
+    (), tokens (N,) and the caller's `extra` (K,) -> (emitted = the path's tokens + the next token, path as a
+    list, extra as a list)."""
     D = path.numel()
     values = torch.cat([path, tokens[path.clamp(min=0)], nxt.view(1), extra]).tolist()  # the one read
     n = sum(v >= 0 for v in values[:D])  # accepted nodes: the path's entries before its -1 padding
