@@ -235,11 +235,15 @@ def test_head_cache_after_each_step_equals_fresh_run_over_accepted_text(models, 
 # Sampling: the target's law, exactly
 
 
-@pytest.mark.parametrize("draft_sampling, sampling, n", [
-    ("sample", (0.9, 4, None), 1500),  # drawn tree: shape 5 nodes deep 2; warping must reach q and p alike
-    ("topk", (1.0, None, None), 1000),  # EAGLE-2's top-k tree, point-mass rule
+@pytest.mark.parametrize("draft_sampling, sampling, n, width, runtime", [
+    ("sample", (0.9, 4, None), 1500, 2, "eager"),  # drawn tree: shape 5 nodes deep 2; warping must reach q and p
+    ("topk", (1.0, None, None), 1000, 2, "eager"),  # EAGLE-2's top-k tree, point-mass rule
+    # the static runtime's drawn tree stays on the device with its whole shape: width 3 under top-k 2 leaves the
+    # third draw of every node empty (-1), which the walk must skip (trees.draw_tree_on_device)
+    ("sample", (1.0, 2, None), 1000, 3, "static"),
+    ("topk", (1.0, None, None), 1000, 2, "static"),  # the reranked tree's tokens and parents on the device
 ])
-def test_sampling_follows_the_target_law(draft_sampling, sampling, n):
+def test_sampling_follows_the_target_law(draft_sampling, sampling, n, width, runtime):
     """The first 2 tokens of 4 (so the first tree is 2 deep and both can come from it), V = 5: 25 outcomes.
     A correct sampler's empirical law is within tv_bound(25, n) of the exact law with probability 1 - 1e-6:
     0.102 for n = 1500, 0.125 for 1000. The head is trained on this target, so most draws accept a guess."""
@@ -248,7 +252,8 @@ def test_sampling_follows_the_target_law(draft_sampling, sampling, n):
     codes, accepted = [], 0
     for seed in range(n):
         ids, stats = METHODS["eagle"](models, prompt, 4, temperature=sampling[0], top_k=sampling[1], seed=seed,
-                                      depth=2, width=2, total_tokens=6, draft_sampling=draft_sampling)
+                                      depth=2, width=width, total_tokens=6, draft_sampling=draft_sampling,
+                                      runtime=runtime)
         codes.append(ids[0] * 5 + ids[1])
         accepted += stats["accepted_per_step"][1] > 1
     law = empirical_law(torch.tensor(codes), 25)

@@ -15,9 +15,9 @@ through the target's own unembedding. Each step:
     children: after x: ")" 0.9, "," 0.05 -> -0.62, -3.51;  after self: ")" 0.5, "," 0.4 -> -1.89, -2.12
     best 3: x -0.51, ")"|x -0.62, self -1.20 -> tokens ["(", x, self, ")"], parents [-1, 0, 0, 1]
     target argmax after "(" = x, after x = ")", after ")" = ":"  ->  emit [x, ")", ":"] from one forward.
-When sampling (--draft-sampling sample, the default) the head DRAWS its guesses from its warped q, verified against
-q (verify_tree_without_replacement); a rerank would bias that, so grow_sampled_tree fixes the tree's shape first.
---runtime static: target and head forwards shape-static (nanospec/static.py, StaticEagle), trees padded (tree_step).
+Sampling (--draft-sampling sample, the default), the head DRAWS its guesses from its warped q, verified against q
+(verify_tree_without_replacement); a rerank would bias that, so grow_sampled_tree fixes the tree's shape first.
+--runtime static: forwards shape-static (static.py, StaticEagle), trees padded and kept on the device: one read.
 """
 import torch
 
@@ -93,23 +93,24 @@ def grow_tree(eagle, target, dcache, root, draft, depth, width, total_tokens):
     # END SOLUTION ex9
 
 
-def grow_sampled_tree(eagle, target, dcache, root, draft, depth, width, total_tokens, sampling, generator):
+def grow_sampled_tree(eagle, target, dcache, root, draft, depth, width, total_tokens, sampling, generator,
+                      on_device=False):
     """The tree of DRAWN guesses (--draft-sampling sample): a fixed shape of total_tokens - 1 nodes by draw rank
-    (tree.draw_rank_paths), filled by trees.draw_tree: one head pass per level gives each node's warped q,
-    given the tokens drawn above it. Returns (tokens, parents, q_draft (N, V)); the head's cache is unchanged."""
+    (tree.draw_rank_paths), filled by trees.draw_tree (on_device: tokens left there, -1 where q ran out): one
+    head pass per level gives each node's warped q. Returns (tokens, parents, q_draft (N, V)), cache unchanged."""
     if depth < 1 or total_tokens < 2:
         return [root], [-1], None
-    L, fed, f_hat = dcache.length, {}, {0: draft.hidden[0, -1]}  # f_hat: node -> the head's f̂ there
+    L, fed, f_hat, device = dcache.length, {}, {0: draft.hidden[0, -1]}, dcache.device  # f_hat: node -> its f̂
 
-    def next_q(d, level, tokens, parents):  # node u is expand's candidate u - 1 (the root is -1)
+    def next_q(d, level, tokens, parents):  # expand's pass, by node: node u is candidate u - 1 (the root -1)
         feats = torch.stack([f_hat[parents[u]] for u in level])[None]  # (1, K, C) each one's parent's f̂
-        out = expand(eagle, target, dcache, L, d, [u - 1 for u in level], tokens[1:], [p - 1 for p in parents[1:]],
-                     fed, feats)
+        ids = torch.as_tensor(tokens, device=device)[level].clamp(min=0)[None]  # (1, K) tokens; -1: never tried
+        mask = frontier_mask(L, fed, [u - 1 for u in level], [p - 1 for p in parents[1:]], device)
+        out = eagle(target, ids, feats, torch.full((len(level),), L + d, device=device), dcache, mask)
         f_hat.update((u, out.hidden[0, i]) for i, u in enumerate(level))
         return warp(out.logits[0], *sampling)  # (K, V)
-
     shape = draw_rank_paths(total_tokens - 1, depth, width, ACCEPT_GUESS)
-    tree = draw_tree(root, shape, warp(draft.logits[0, -1], *sampling), next_q, generator)
+    tree = draw_tree(root, shape, warp(draft.logits[0, -1], *sampling), next_q, generator, on_device)
     dcache.rollback(L)
     return tree
 
@@ -136,7 +137,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         with run.drafting(passes=max(d - 1, 0)):  # the tree's deeper levels, one head pass each
             if drawn:  # q_draft (N, V): the laws the drawn children came from
                 tokens, parents, q_draft = grow_sampled_tree(eagle, target, dcache, last, draft, d, width, size,
-                                                             run.sampling, run.generator)
+                                                             run.sampling, run.generator, runtime != "eager")
             else:  # EAGLE-2's top-k tree: its guesses are point masses
                 (tokens, parents), q_draft = grow(eagle, target, dcache, last, draft, d, width, size), None
         emitted, path, out = tree_step(run, forward, cache, tokens, parents, q_draft=q_draft, budget=budget)
