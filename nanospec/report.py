@@ -297,8 +297,7 @@ def header(m):
             f"after a warm-up, seed {args.seed} + prompt index, each method with its default options",
             "- drafter cost c = seconds per drafter pass inside the method's own drafting timer (its timed runs) / "
             "one target forward over 1 token (fastest of the cost runs), each on its own path"
-            + (" (the drafting timer reads the host clock: work still queued on the GPU when it stops is not "
-               "counted)" if m.device.startswith("cuda") else "") + ": " + costs,
+            + (" (timed on the GPU by CUDA events)" if m.device.startswith("cuda") else "") + ": " + costs,
             runtime_line(m),
             f"- command: python -m nanospec.bench {m.command}".rstrip(),
             f"- time: {m.seconds:.0f}s of measurements; load average (1 min) before {m.loads[0]}, after "
@@ -364,6 +363,27 @@ def cost_section(m):
         f"drafting overhead: that is why speedups fall short of tokens/forward.", ""]
 
 
+def split_section(m):
+    """Where a step's time goes, per method and temperature: milliseconds per target forward spent drafting (the
+    method's run.drafting timer), in the target's forwards (run.forwarding: prefill and verify) and in the rest,
+    the host's work between them (building trees, the verify rules, Python), from the last timed run's stats."""
+    rows = []
+    for t in m.temperatures:
+        for name in (n for n in m.rows[t] if n not in m.failed):
+            runs = [r["stats"] for r in m.results[t][name].values()]
+            forwards = sum(s["target_forwards"] for s in runs)
+            wall, draft, target = (sum(s.get(key, 0.0) for s in runs) * 1e3 / forwards
+                                   for key in ("wall_time", "draft_time", "forward_time"))
+            rows.append([f"{t:g}", name, f"{wall:.3f}", f"{draft:.3f}", f"{target:.3f}", f"{wall - draft - target:.3f}",
+                         f"{(wall - draft - target) / wall:.0%}"])
+    head = ["temperature", "method", "ms per target forward", "drafting", "target forwards", "the rest", "rest share"]
+    return ["## Where a step's time goes", "", table(head, rows), "",
+            "Milliseconds per target forward (a step), summed over every prompt's generation: drafting (the "
+            "method's own drafter timer), the target's forwards (prefill and verify) and the rest, the host's "
+            "work between them (building trees, the verify rules, Python). On a GPU the timers are CUDA events, "
+            "so a forward that waits for the host to launch its kernels counts that wait.", ""]
+
+
 def leviathan_section(m, summaries):
     """Leviathan's predicted speedup for `speculative` from its measured acceptance rate, next to the measured
     one. m.step[(is_draft, temperature)]: seconds of one forward (temperature None) or decoding step."""
@@ -408,7 +428,7 @@ def build(m):
     out += ["Cells: wall-clock speedup over ar (tokens per target forward). Times are whole generate() calls, "
             "prefill included; tokens/forward counts the prefill forward (1 token); accepted/step = "
             "tokens/forward - 1.", ""]
-    out += repetition_section(m) + cost_section(m)
+    out += repetition_section(m) + cost_section(m) + split_section(m)
     if "speculative" in m.names and "speculative" not in m.failed:
         out += leviathan_section(m, summaries)
     chart = []

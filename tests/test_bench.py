@@ -152,8 +152,16 @@ def test_quick_bench_on_a_toy_model(tmp_path, capsys):
     assert not any("(" in name for name in greedy)  # greedy: one row per method, both modes are the same there
     assert "## speculative: predicted against measured" in report
     c_line = next(line for line in report.splitlines() if line.startswith("- drafter cost c = "))
-    for name in ("speculative", "early-exit", "mtp", "medusa", "eagle", "parallelspec"):  # each drafter once
+    drafters = ("speculative", "early-exit", "mtp", "medusa", "eagle", "parallelspec")
+    for name in drafters:  # each drafter once
         assert c_line.count(f" {name}") == 1, c_line
     for name in ("eagle", "parallelspec"):  # c from the method's own drafting timer, as its stats report it
         assert float(c_line.split(f" {name} ")[1].split(",")[0].split(";")[0]) > 0, c_line
     assert "MISMATCH" not in report
+    # where a step's time goes: a row per method and temperature; the drafting and target-forward timers run
+    # inside the generation's wall clock, one after the other, so on a CPU their sum never exceeds it
+    split = report.split("## Where a step's time goes")[1].split("\n## ")[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in split.splitlines()[4:] if line.startswith("|")]
+    assert sorted((r[0], r[1]) for r in rows) == sorted((f"{t:g}", n) for t in (0.0, 1.0) for n in got["summaries"][t])
+    for t, name, wall, draft, target, rest, share in rows:
+        assert float(target) > 0 and float(rest) >= 0 and (float(draft) > 0) == (name.split()[0] in drafters), name

@@ -30,7 +30,9 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     target, cache, runtime = runtime_model(models.target, o.runtime)  # the model, or its static forwards
     x = tensor(run.prompt, cache.device)  # (1, T) the prompt, then one token at a time
     while True:
-        token = run.sample(target(x, cache=cache).logits[0, -1])  # from the (V,) next-token logits
+        with run.forwarding():
+            logits = target(x, cache=cache).logits[0, -1]  # (V,) the next token's logits
+        token = run.sample(logits)
         if run.emit([token]):
             return run.out, run.stats(runtime=runtime)
         x = tensor([token], cache.device)

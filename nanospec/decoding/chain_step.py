@@ -33,7 +33,8 @@ def chain_step(run, target, cache, last, drafts, q_draft=None, heads=False):
     n_before = cache.length
     draft_ids = torch.as_tensor(drafts, dtype=torch.long, device=cache.device).reshape(-1)  # (k,)
     x = torch.cat([torch.tensor([last], device=cache.device), draft_ids])[None]  # (1, k+1)
-    out = target(x, cache=cache, heads=heads)  # logits (1, k+1, V)
+    with run.forwarding():
+        out = target(x, cache=cache, heads=heads)  # logits (1, k+1, V)
     emitted, n = chain_verify(run, cache, n_before, out.logits[0], drafts, q_draft)
     return emitted, n, out
 

@@ -106,7 +106,8 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         drafts, q_rows, hidden = exit_guesses(run, target, cache, x, k, length, model, adapter, E)
         # Verify: blocks E+1..L read the k+1 block-E outputs in one forward; the chain rule on its logits, then
         # every layer's cache rolls back to the newest token + the accepted guesses.
-        out = target(None, cache=cache, layers=(E, L), hidden_in=hidden)  # logits (1, k+1, V)
+        with run.forwarding():
+            out = target(None, cache=cache, layers=(E, L), hidden_in=hidden)  # logits (1, k+1, V)
         emitted, n = chain_verify(run, cache, n_before, out.logits[0], drafts, q_rows)
         # judged: guesses the rule looked at (the accepted ones and the first rejected one), as in speculative
         drafted, accepted, judged = drafted + len(drafts), accepted + n, judged + min(n + 1, len(drafts))

@@ -72,8 +72,9 @@ def tree_step(run, target, cache, tokens, parents, rule="point-mass", heads=Fals
     else:
         padded = parents + [-1] * pad  # (N + pad,)
         mask, pos = tree_mask(padded, prefix, device), tree_positions(padded, prefix, device)
-    out = target(torch.cat([x.clamp(min=0), x.new_zeros(pad)])[None],  # a node not drawn runs as token 0, never tried
-                 pos=pos, cache=cache, mask=mask, heads=heads)  # (1, N+pad, V)
+    with run.forwarding():
+        out = target(torch.cat([x.clamp(min=0), x.new_zeros(pad)])[None],  # a node not drawn runs as token 0
+                     pos=pos, cache=cache, mask=mask, heads=heads)  # (1, N+pad, V)
     logits = out.logits[0, :N]  # (N, V) the real nodes
     extra = also(out) if also is not None else x[:0]  # (K,)
     on_device = torch.is_tensor(tokens) or budget is not None  # the static runtime, or tokens left on the device
