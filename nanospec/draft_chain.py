@@ -21,7 +21,7 @@ with whole=False runs the same loop forward by forward, stopping where `stop` sa
 import torch
 
 from nanospec.static import StaticGPT
-from nanospec.verify import warp
+from nanospec.verify import gumbel_top_k, warp
 
 
 def chain_noise(run, k, model):
@@ -39,8 +39,7 @@ def gumbel_draw(q_draft, u):
     equal). u None: the argmax (greedy: q is one-hot). Returns a LongTensor (...)."""
     if u is None:
         return q_draft.argmax(-1)
-    gumbel = -torch.log(-torch.log(u.clamp(min=torch.finfo(u.dtype).tiny)))  # (..., V)
-    return (torch.log(q_draft) + gumbel).argmax(-1)  # log 0 = -inf: a token q excludes never wins
+    return gumbel_top_k(q_draft, 1, u=u).indices[..., 0]  # log 0 = -inf: a token q excludes never wins
 
 
 def draft_chain(step, x, k, sampling, noise=None, stop=None):

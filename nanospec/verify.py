@@ -104,11 +104,14 @@ def sample_without_replacement(probs, k, generator=None):
     return top.indices
 
 
-def gumbel_top_k(probs, k, generator=None):
+def gumbel_top_k(probs, k, generator=None, u=None):
     """`sample_without_replacement`'s draws without its check (no host read): the k largest of log probs + Gumbel
     noise, as (values, indices) (..., k). Where a row has fewer than k possible tokens, the values past them are
-    -inf and their indices meaningless: the caller drops them (trees.fill_tree knows each row's support)."""
-    u = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)  # (..., V)
+    -inf and their indices meaningless: the caller drops them (trees.fill_tree knows each row's support).
+    u: the uniforms (..., V) to make the noise from, when drawn beforehand (inside a CUDA graph, draft_chain.py);
+    else drawn here from `generator`."""
+    if u is None:
+        u = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)  # (..., V)
     gumbel = -torch.log(-torch.log(u.clamp(min=torch.finfo(probs.dtype).tiny)))  # (..., V) Gumbel(0, 1) noise
     return (torch.log(probs) + gumbel).topk(k, dim=-1)  # log 0 = -inf: never among the k largest if k fit
 
