@@ -31,6 +31,7 @@ import sys
 import textwrap
 import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,24 @@ def installed(path, qualname, answer):
     finally:
         fn.__code__ = saved
         module.__dict__.pop(HOOK, None)
+
+
+@dataclass(frozen=True)
+class Edit:
+    """A wrong answer written as one change to the reference itself: its source with `old` (there exactly once)
+    replaced by `new`. So the gallery keeps no copy of a reference, and a reference that changes under an edit
+    breaks the test instead of turning the wrong answer into a right one."""
+    old: str
+    new: str
+
+
+def answer_source(path, function, source):
+    """The source of a gallery answer: itself, or for an Edit the reference's source so edited."""
+    if not isinstance(source, Edit):
+        return source
+    text = textwrap.dedent(inspect.getsource(reference_function(path, function)[1]))
+    assert text.count(source.old) == 1, f"{function} no longer holds {source.old!r} once: update the gallery"
+    return text.replace(source.old, source.new)
 
 
 def compile_answer(path, source, extra_globals=None):
@@ -243,19 +262,8 @@ GALLERY = [
             return n, sample(residual(p_target[rows, n], q_pad[rows, n]), generator)
     """),
     # exercise 8
-    (8, "_descend", "a fresh draw after a mismatch (the classic bug EXERCISES.md warns about)", """
-        def _descend(tokens, parents, pick):
-            child = {}
-            for c in range(len(parents) - 1, 0, -1):
-                child[(parents[c], int(tokens[c]))] = c
-            node, path = 0, []
-            while True:
-                y = pick(node)
-                if (node, y) not in child:
-                    return path, pick(node)
-                node = child[(node, y)]
-                path.append(node)
-    """),
+    (8, "_descend", "a fresh draw after a mismatch (the classic bug EXERCISES.md warns about)",
+     Edit("return path, y", "return path, pick(node)")),
     (8, "_descend", "one draw per child: a rejected child's mass is not removed", """
         def _descend(tokens, parents, pick):
             node, path = 0, []
@@ -270,19 +278,8 @@ GALLERY = [
                 node = entered
                 path.append(node)
     """),
-    (8, "_descend", "the last of two siblings holding y wins", """
-        def _descend(tokens, parents, pick):
-            child = {}
-            for c in range(1, len(parents)):
-                child[(parents[c], int(tokens[c]))] = c
-            node, path = 0, []
-            while True:
-                y = pick(node)
-                if (node, y) not in child:
-                    return path, y
-                node = child[(node, y)]
-                path.append(node)
-    """),
+    (8, "_descend", "the last of two siblings holding y wins",
+     Edit("for c in range(len(parents) - 1, 0, -1):", "for c in range(1, len(parents)):")),
     (8, "_descend", "stops after one level", """
         def _descend(tokens, parents, pick):
             y = pick(0)
@@ -293,45 +290,17 @@ GALLERY = [
     """),
     # exercises whose function is deterministic: a broken rule fails a gate (a docstring example, a rule
     # EXERCISES.md names, or the comparison with a slow oracle)
-    (1, "lookup", "the most recent match wins over the longest", """
-        def lookup(seq, max_ngram, draft_len):
-            if draft_len < 1:
-                return []
-            for n in range(1, min(max_ngram, len(seq) - 1) + 1):
-                tail = seq[-n:]
-                for i in range(len(seq) - n - 1, -1, -1):
-                    if seq[i:i + n] == tail:
-                        copy = list(seq)
-                        for j in range(i + n, i + n + draft_len):
-                            copy.append(copy[j])
-                        return copy[len(seq):]
-            return []
-    """),
-    (1, "lookup", "no overlapping copy: the draft stops at the present", """
-        def lookup(seq, max_ngram, draft_len):
-            if draft_len < 1:
-                return []
-            for n in range(min(max_ngram, len(seq) - 1), 0, -1):
-                tail = seq[-n:]
-                for i in range(len(seq) - n - 1, -1, -1):
-                    if seq[i:i + n] == tail:
-                        return list(seq[i + n:i + n + draft_len])
-            return []
-    """),
-    (1, "lookup", "the earliest occurrence instead of the most recent", """
-        def lookup(seq, max_ngram, draft_len):
-            if draft_len < 1:
-                return []
-            for n in range(min(max_ngram, len(seq) - 1), 0, -1):
-                tail = seq[-n:]
-                for i in range(0, len(seq) - n):
-                    if seq[i:i + n] == tail:
-                        copy = list(seq)
-                        for j in range(i + n, i + n + draft_len):
-                            copy.append(copy[j])
-                        return copy[len(seq):]
-            return []
-    """),
+    (1, "lookup", "the most recent match wins over the longest",
+     Edit("for n in range(min(max_ngram, len(seq) - 1), 0, -1):",
+          "for n in range(1, min(max_ngram, len(seq) - 1) + 1):")),
+    (1, "lookup", "no overlapping copy: the draft stops at the present",
+     Edit("copy = list(seq)\n"
+          "                for j in range(i + n, i + n + draft_len):"
+          "  # j < len(copy) always: copying may overlap the copy\n"
+          "                    copy.append(copy[j])\n"
+          "                return copy[len(seq):]", "return list(seq[i + n:i + n + draft_len])")),
+    (1, "lookup", "the earliest occurrence instead of the most recent",
+     Edit("for i in range(len(seq) - n - 1, -1, -1):", "for i in range(0, len(seq) - n):")),
     (2, "verify_chain_greedy", "every matching guess counted, not the prefix", """
         def verify_chain_greedy(logits, draft_tokens):
             best = logits.argmax(-1).tolist()
@@ -397,32 +366,11 @@ GALLERY = [
         def tree_positions(parents, prefix_len, device="cpu"):
             return torch.arange(len(parents), device=device) + prefix_len
     """),
-    (7, "tree_from_paths", "paths in plain sorted order, not by depth then rank", """
-        def tree_from_paths(paths):
-            nodes = [()] + sorted({tuple(int(r) for r in p) for p in paths})
-            index = {node: i for i, node in enumerate(nodes)}
-            parents = [-1]
-            for node in nodes[1:]:
-                if not node or min(node) < 0:
-                    raise ValueError(f"a tree path is a non-empty list of ranks >= 0, got {node}")
-                if node[:-1] not in index:
-                    raise ValueError(f"tree path {node} needs its parent path {node[:-1]} in the tree too")
-                parents.append(index[node[:-1]])
-            return parents, nodes
-    """),
-    (7, "tree_from_paths", "duplicate paths kept twice", """
-        def tree_from_paths(paths):
-            nodes = [()] + sorted((tuple(int(r) for r in p) for p in paths), key=lambda p: (len(p), p))
-            index = {node: i for i, node in enumerate(nodes)}
-            parents = [-1]
-            for node in nodes[1:]:
-                if not node or min(node) < 0:
-                    raise ValueError(f"a tree path is a non-empty list of ranks >= 0, got {node}")
-                if node[:-1] not in index:
-                    raise ValueError(f"tree path {node} needs its parent path {node[:-1]} in the tree too")
-                parents.append(index[node[:-1]])
-            return parents, nodes
-    """),
+    (7, "tree_from_paths", "paths in plain sorted order, not by depth then rank",
+     Edit("for p in paths}, key=lambda p: (len(p), p))", "for p in paths})")),
+    (7, "tree_from_paths", "duplicate paths kept twice",
+     Edit("sorted({tuple(int(r) for r in p) for p in paths}, key",
+          "sorted((tuple(int(r) for r in p) for p in paths), key")),
     (7, "medusa_tree", "a node's token from the head of its rank, not of its depth (indices swapped)", """
         def medusa_tree(root, candidates, paths):
             parents, nodes = tree_from_paths(paths)
@@ -478,55 +426,15 @@ GALLERY = [
             for j in range(max(0, len(seq) - new - N + 1), len(seq) - N):
                 remember(pool, seq[j], tuple(seq[j + 1:j + N]), guesses)
     """),
-    (10, "build_tree", "no trie: each n-gram its own chain", """
-        def build_tree(root, grams, levels):
-            tokens, parents = [root], [-1]
-            def add(tok, parent):
-                tokens.append(tok)
-                parents.append(parent)
-                return len(tokens) - 1
-            for gram in grams:
-                node = 0
-                for tok in gram:
-                    node = add(tok, node)
-            chain = [0]
-            for tok in levels[0] if levels else []:
-                chain.append(add(tok, chain[-1]))
-            where, below = [chain[1:]], chain
-            for level in levels[1:]:
-                below = [add(tok, below[i]) for i, tok in enumerate(level)]
-                where.append(below)
-            return tokens, parents, where, chain
-    """),
-    (11, "group_layout", "the masks' positions start at the anchor, not after it", """
-        def group_layout(n_cached, n_real, anchors, k, device="cpu"):
-            anchors = torch.as_tensor(anchors, dtype=torch.long, device=device)
-            G, n_seen = len(anchors), n_cached + n_real
-            real_pos = torch.arange(n_cached, n_seen, device=device)
-            group = torch.arange(G, device=device).repeat_interleave(k)
-            slot = torch.arange(k, device=device).repeat(G)
-            limit = torch.cat([real_pos, anchors[group]])
-            sees_real = torch.arange(n_seen, device=device)[None, :] <= limit[:, None]
-            row_group = torch.cat([torch.full((n_real,), -1, device=device), group])
-            row_slot = torch.cat([torch.full((n_real,), -1, device=device), slot])
-            sees_mask = (row_group[:, None] == group[None, :]) & (slot[None, :] <= row_slot[:, None])
-            pos = torch.cat([real_pos, anchors[group] + slot])
-            return torch.cat([sees_real, sees_mask], dim=1), pos
-    """),
-    (11, "group_layout", "a mask sees every mask of its group, later ones too", """
-        def group_layout(n_cached, n_real, anchors, k, device="cpu"):
-            anchors = torch.as_tensor(anchors, dtype=torch.long, device=device)
-            G, n_seen = len(anchors), n_cached + n_real
-            real_pos = torch.arange(n_cached, n_seen, device=device)
-            group = torch.arange(G, device=device).repeat_interleave(k)
-            slot = torch.arange(k, device=device).repeat(G)
-            limit = torch.cat([real_pos, anchors[group]])
-            sees_real = torch.arange(n_seen, device=device)[None, :] <= limit[:, None]
-            row_group = torch.cat([torch.full((n_real,), -1, device=device), group])
-            sees_mask = row_group[:, None] == group[None, :]
-            pos = torch.cat([real_pos, anchors[group] + 1 + slot])
-            return torch.cat([sees_real, sees_mask], dim=1), pos
-    """),
+    (10, "build_tree", "no trie: each n-gram its own chain",
+     Edit("if (node, tok) not in trie:  # shared prefixes share nodes: each guess is checked once\n"
+          "                trie[node, tok] = add(tok, node)\n            node = trie[node, tok]",
+          "node = add(tok, node)")),
+    (11, "group_layout", "the masks' positions start at the anchor, not after it",
+     Edit("anchors[group] + 1 + slot])", "anchors[group] + slot])")),
+    (11, "group_layout", "a mask sees every mask of its group, later ones too",
+     Edit("(row_group[:, None] == group[None, :]) & (slot[None, :] <= row_slot[:, None])",
+          "row_group[:, None] == group[None, :]")),
     (11, "group_layout", "a group sees every real token, past its anchor too", """
         def group_layout(n_cached, n_real, anchors, k, device="cpu"):
             anchors = torch.as_tensor(anchors, dtype=torch.long, device=device)
@@ -635,7 +543,7 @@ def region_path(ex_id, function):
 def test_every_wrong_answer_in_the_gallery_scores_zero(ex_id, function, name, source):
     ex = BY_ID[ex_id]
     path = region_path(ex_id, function)
-    with installed(path, function, compile_answer(path, source)):
+    with installed(path, function, compile_answer(path, answer_source(path, function, source))):
         cases = run_items(ex, gates_only=True)
     failed = [c.name for c in cases if c.outcome == "failed"]
     assert failed, f"exercise {ex_id}, {name}: every gate passed"
