@@ -379,41 +379,12 @@ GALLERY = [
             tokens = [int(root)] + [cand[node[-1] % D][(len(node) - 1) % K] for node in nodes[1:]]
             return tokens, parents
     """),
-    (9, "frontier_mask", "a frontier node sees itself and the prefix, not its fed ancestors", """
-        def frontier_mask(prefix_len, fed, frontier, parent, device="cpu"):
-            F, K = len(fed), len(frontier)
-            mask = torch.zeros(K, prefix_len + F + K, dtype=torch.bool, device=device)
-            mask[:, :prefix_len] = True
-            for i, c in enumerate(frontier):
-                fed[c] = F + i
-                mask[i, prefix_len + F + i] = True
-            return mask
-    """),
-    (9, "frontier_mask", "the frontier not added to fed", """
-        def frontier_mask(prefix_len, fed, frontier, parent, device="cpu"):
-            F, K = len(fed), len(frontier)
-            mask = torch.zeros(K, prefix_len + F + K, dtype=torch.bool, device=device)
-            mask[:, :prefix_len] = True
-            for i, c in enumerate(frontier):
-                mask[i, prefix_len + F + i] = True
-                a = parent[c]
-                while a >= 0 and a in fed:
-                    mask[i, prefix_len + fed[a]] = True
-                    a = parent[a]
-            return mask
-    """),
-    (9, "frontier_mask", "the parent only, not every ancestor", """
-        def frontier_mask(prefix_len, fed, frontier, parent, device="cpu"):
-            F, K = len(fed), len(frontier)
-            mask = torch.zeros(K, prefix_len + F + K, dtype=torch.bool, device=device)
-            mask[:, :prefix_len] = True
-            for i, c in enumerate(frontier):
-                fed[c] = F + i
-                mask[i, prefix_len + F + i] = True
-                if parent[c] >= 0:
-                    mask[i, prefix_len + fed[parent[c]]] = True
-            return mask
-    """),
+    (9, "frontier_mask", "a frontier node sees itself and the prefix, not its fed ancestors",
+     Edit("c = parent[c]", "c = -1")),
+    (9, "frontier_mask", "the frontier not added to fed",
+     Edit("fed[c] = F + i", "fed = {**fed, c: F + i}")),  # a local copy: the caller's `fed` never learns them
+    (9, "frontier_mask", "the parent only, not every ancestor",
+     Edit("c = parent[c]", "c = parent[c] if c == frontier[i] else -1")),
     (10, "remember", "a known n-gram is not moved to the newest place", """
         def remember(pool, key, gram, guesses):
             grams = pool.setdefault(key, [])
