@@ -239,7 +239,7 @@ def test_head_cache_after_each_step_equals_fresh_run_over_accepted_text(models, 
     ("sample", (0.9, 4, None), 1500, 2, "eager"),  # drawn tree: shape 5 nodes deep 2; warping must reach q and p
     ("topk", (1.0, None, None), 1000, 2, "eager"),  # EAGLE-2's top-k tree, point-mass rule
     # the static runtime's drawn tree stays on the device with its whole shape: width 3 under top-k 2 leaves the
-    # third draw of every node empty (-1), which the walk must skip (trees.draw_tree_on_device)
+    # third draw of every node empty (-1), which the walk must skip (trees.draw_tree, on_device)
     ("sample", (1.0, 2, None), 1000, 3, "static"),
     ("topk", (1.0, None, None), 1000, 2, "static"),  # the reranked tree's tokens and parents on the device
 ])

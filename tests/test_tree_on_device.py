@@ -17,9 +17,9 @@ import torch
 
 import test_mtp_medusa
 import test_parallelspec
-from nanospec.decoding.trees import draw_tree, draw_tree_on_device, drawn_tree_on_device, fill_tree
+from nanospec.decoding.trees import draw_tree, drawn_tree_on_device, fill_tree
 from nanospec.parts import Models
-from nanospec.tree import tree_from_paths
+from nanospec.tree import children, depths, medusa_tree, tree_from_paths
 from nanospec.verify import gumbel_top_k, verify_tree_without_replacement_batched, warp, \
     without_replacement_proposals
 from test_model import tiny_gpt
@@ -35,14 +35,29 @@ def test_drawn_tree_on_device_literal():
     assert (tokens.tolist(), parents) == ([7, 4, 1, -1, 2, -1], [-1, 0, 0, 0, 1, 3])  # (2, 0): under a -1
 
 
+def slow_fill_tree(root, logits, paths, sampling, generator):
+    """fill_tree's drawn tree the obvious way, the oracle: the same draws read to the host, the paths whose
+    ranks q cannot give dropped, the rest built by tree.medusa_tree."""
+    D, width = max(map(len, paths)), max(max(p) for p in paths) + 1
+    q = warp(logits[:D], *sampling)  # (D, V)
+    draws = gumbel_top_k(q, width, generator).indices.tolist()  # (D, width)
+    support = (q > 0).sum(-1).tolist()
+    paths = [p for p in paths if all(r < support[d] for d, r in enumerate(p))]
+    tokens, parents = medusa_tree(root, draws, paths)
+    return tokens, parents, torch.cat([q, torch.zeros_like(q[:1])])[depths(parents)]
+
+
 @pytest.mark.parametrize("sampling", [(1.0, None, None), (1.0, 2, None), (1.0, 1, None), (0.7, None, 0.6)])
 def test_fill_tree_on_device_is_fill_tree_on_the_host(sampling):
-    """Same generator state, same draws: the device tree with its -1 nodes removed is the host tree, which drops
-    them, node for node, with the same q_draft rows; and there is a -1 exactly where a rank passes the support."""
+    """Same generator state, same draws: the device tree with its -1 nodes removed is the oracle's tree, which
+    drops them, node for node, with the same q_draft rows, and so is fill_tree's host tree; and there is a -1
+    exactly where a rank passes the support."""
     logits = torch.randn(3, 6, generator=torch.Generator().manual_seed(0), dtype=F64)  # (D, V)
     paths = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1)]
     for seed in range(10):
-        host = fill_tree(7, logits, paths, sampling, True, torch.Generator().manual_seed(seed))
+        host = slow_fill_tree(7, logits, paths, sampling, torch.Generator().manual_seed(seed))
+        got = fill_tree(7, logits, paths, sampling, True, torch.Generator().manual_seed(seed))
+        assert got[:2] == host[:2] and torch.equal(got[2], host[2])
         tokens, parents, q_draft = fill_tree(7, logits, paths, sampling, True, torch.Generator().manual_seed(seed),
                                              on_device=True)
         assert torch.is_tensor(tokens) and len(parents) == len(paths) + 1  # every path, whatever the draws
@@ -174,29 +189,53 @@ def test_static_drawn_tree_with_truncation_follows_the_target_law(law_of):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# EAGLE's drawn tree on the device (trees.draw_tree_on_device): a law at each node that depends on its token
+# EAGLE's drawn tree on the device (trees.draw_tree on_device): a law at each node that depends on its token
 
 DRAW_PATHS = [(0,), (1,), (2,), (0, 0), (0, 1), (0, 2), (1, 0), (0, 0, 0)]
 
 
 def bigram_next_q(sampling):
     """A drafter whose law below a node is LOGITS_Q's row at the node's token, warped: next_q for draw_tree
-    (tokens a list) and draw_tree_on_device (a device tensor, -1 where not drawn)."""
+    (tokens a device tensor, -1 where not drawn) and slow_draw_tree (a list)."""
     def next_q(d, level, tokens, parents):
         at = tokens[level].clamp(min=0) if torch.is_tensor(tokens) else torch.tensor([tokens[u] for u in level])
         return warp(LOGITS_Q[at], *sampling)  # (K, V)
     return next_q
 
 
-def test_draw_tree_on_device_is_draw_tree_without_truncation():
+def slow_draw_tree(root, paths, q_root, next_q, generator):
+    """draw_tree the obvious way, the oracle: level by level, only the drawn nodes asked for their q, each
+    level's draws read to the host (a read per level), the undrawn left out at the end."""
+    parents, nodes = tree_from_paths(paths)
+    N, kids = len(nodes), children(parents)
+    tokens, q_draft = [root] + [-1] * (N - 1), q_root.new_zeros(N, q_root.numel())  # (N, V)
+    q_draft[0] = q_root
+    for d in range(max(map(len, nodes))):
+        level = [u for u in range(N) if len(nodes[u]) == d and tokens[u] >= 0 and kids[u]]
+        if not level:
+            continue
+        if d > 0:
+            q_draft[level] = next_q(d, level, tokens, parents)
+        draws = gumbel_top_k(q_draft[level], max(len(kids[u]) for u in level), generator).indices.tolist()
+        for i, u in enumerate(level):  # where q allows fewer tokens than u has children, the rest stay undrawn
+            for c, x in zip(kids[u][:int((q_draft[u] > 0).sum())], draws[i]):
+                tokens[c] = x
+    keep = [u for u in range(N) if tokens[u] >= 0]
+    index = {u: i for i, u in enumerate(keep)}
+    return [tokens[u] for u in keep], [index.get(parents[u], -1) for u in keep], q_draft[keep]
+
+
+def test_draw_tree_is_the_slow_oracles_without_truncation():
+    """Same generator state, same draws: draw_tree's tree, on the device and on the host, is the slow oracle's."""
     sampling = (1.0, None, None)
     for seed in range(5):
-        host = draw_tree(0, DRAW_PATHS, warp(LOGITS_Q[0], *sampling), bigram_next_q(sampling),
-                         torch.Generator().manual_seed(seed))
-        tokens, parents, q_draft = draw_tree(0, DRAW_PATHS, warp(LOGITS_Q[0], *sampling), bigram_next_q(sampling),
-                                             torch.Generator().manual_seed(seed), on_device=True)
-        assert (tokens.tolist(), parents) == host[:2]
-        torch.testing.assert_close(q_draft, host[2], rtol=0, atol=0)
+        host = slow_draw_tree(0, DRAW_PATHS, warp(LOGITS_Q[0], *sampling), bigram_next_q(sampling),
+                              torch.Generator().manual_seed(seed))
+        for on_device in (True, False):
+            tokens, parents, q_draft = draw_tree(0, DRAW_PATHS, warp(LOGITS_Q[0], *sampling), bigram_next_q(sampling),
+                                                 torch.Generator().manual_seed(seed), on_device=on_device)
+            assert (tokens.tolist() if on_device else tokens, parents) == host[:2]
+            torch.testing.assert_close(q_draft, host[2], rtol=0, atol=0)
 
 
 def test_draw_tree_on_device_reads_nothing_and_marks_what_q_cannot_give():
@@ -206,8 +245,8 @@ def test_draw_tree_on_device_reads_nothing_and_marks_what_q_cannot_give():
     g = torch.Generator().manual_seed(0)
     for _ in range(20):
         with counting_host_reads() as counts:
-            tokens, parents, q_draft = draw_tree_on_device(torch.tensor(0), DRAW_PATHS, q[0],
-                                                           bigram_next_q(SAMPLING_Q), g)
+            tokens, parents, q_draft = draw_tree(torch.tensor(0), DRAW_PATHS, q[0], bigram_next_q(SAMPLING_Q), g,
+                                                 on_device=True)
         assert not counts
         tokens = tokens.tolist()
         nodes = tree_from_paths(DRAW_PATHS)[1]  # node -> its path of ranks
@@ -224,7 +263,7 @@ def test_draw_tree_on_device_keeps_the_law():
     masked walk against the untruncated bigram target: the first two tokens follow its law (tv_bound(25, n))."""
     n, g = 5_000, torch.Generator().manual_seed(1)
     p, q = warp(LOGITS_P, 1.0), warp(LOGITS_Q, *SAMPLING_Q)
-    trees = [draw_tree_on_device(0, DRAW_PATHS, q[0], bigram_next_q(SAMPLING_Q), g) for _ in range(n)]
+    trees = [draw_tree(0, DRAW_PATHS, q[0], bigram_next_q(SAMPLING_Q), g, on_device=True) for _ in range(n)]
     tokens, q_draft = torch.stack([t[0] for t in trees]), torch.stack([t[2] for t in trees])  # (n, N), (n, N, V)
     path, nxt = verify_tree_without_replacement_batched(p[tokens.clamp(min=0)], q_draft, tokens.clamp(min=0),
                                                         trees[0][1], g, tokens >= 0)

@@ -104,7 +104,7 @@ def grow_sampled_tree(eagle, target, dcache, root, draft, depth, width, total_to
 
     def next_q(d, level, tokens, parents):  # expand's pass, by node: node u is candidate u - 1 (the root -1)
         feats = torch.stack([f_hat[parents[u]] for u in level])[None]  # (1, K, C) each one's parent's f̂
-        ids = torch.as_tensor(tokens, device=device)[level].clamp(min=0)[None]  # (1, K) tokens; -1: never tried
+        ids = tokens[level].clamp(min=0)[None]  # (1, K) from tokens (N,) on the device; -1: not drawn, never tried
         mask = frontier_mask(L, fed, [u - 1 for u in level], [p - 1 for p in parents[1:]], device)
         out = eagle(target, ids, feats, torch.full((len(level),), L + d, device=device), dcache, mask)
         f_hat.update((u, out.hidden[0, i]) for i, u in enumerate(level))

@@ -60,14 +60,14 @@ def fill_tree(root, logits, paths, sampling, drawn=False, generator=None, on_dev
               children are then draws 0..m-1 from the law q_draft (N, V) gives for it, in draw order. Sharing
               is fine: row d's draws do not depend on the tokens above them, and whichever parent is accepted
               finds a fresh draw below it. A path of rank r needs ranks 0..r-1 beside it (a skipped draw would
-              leave its sibling verified against the wrong q), and ranks beyond q's support are dropped.
+              leave its sibling verified against the wrong q), and ranks beyond q's support are left undrawn
+              (-1), as is everything under them.
     Example: root 7, paths [(0,), (1,), (0, 0)], top-2 of row 0 = [5, 3], top-1 of row 1 = [9]
              -> tokens [7, 5, 3, 9], parents [-1, 0, 0, 1], q_draft None.
-    on_device (the static runtime): tokens come back as a (N,) LongTensor on the device, with no host read. The
-    tree then keeps its shape (every path) whatever the draws: where top-k / top-p left q fewer tokens than a
-    node's rank (or its parent's), its token is -1, "not drawn", and the verify never tries it
-    (verify_tree_without_replacement's valid mask; tree_step reads it off the tokens).
-    Returns (tokens, parents, q_draft)."""
+    on_device (the static runtime): tokens come back as a (N,) LongTensor on the device, with no host read, and
+    the tree keeps its shape (every path) whatever the draws: the verify never tries a -1 node
+    (verify_tree_without_replacement's valid mask; tree_step reads it off the tokens). Otherwise a list, the
+    undrawn nodes dropped (`drop_undrawn`). Returns (tokens, parents, q_draft)."""
     if not paths:
         return [int(root)], [-1], None
     D, width = max(map(len, paths)), max(max(p) for p in paths) + 1
@@ -82,15 +82,10 @@ def fill_tree(root, logits, paths, sampling, drawn=False, generator=None, on_dev
                              f"(r+1)-th draw, and each node's children must be draws 1..m in order")
     q = warp(logits[:D], *sampling)  # (D, V) the law each depth's candidates are drawn from
     draws = gumbel_top_k(q, width, generator).indices  # (D, width) each row's draws without replacement, in order
-    if on_device:
-        tokens, parents = drawn_tree_on_device(root, draws, (q > 0).sum(-1), paths)
-    else:
-        values = torch.cat([(q > 0).sum(-1), draws.flatten()]).tolist()  # one read: supports, then the draws
-        support = values[:D]  # top-k / top-p may leave fewer tokens than the tree has ranks: those draws are dropped
-        paths = [p for p in paths if all(r < support[d] for d, r in enumerate(p))]
-        tokens, parents = medusa_tree(root, [values[D + d * width:D + (d + 1) * width] for d in range(D)], paths)
+    tokens, parents = drawn_tree_on_device(root, draws, (q > 0).sum(-1), paths)  # -1 where q ran out
     q_rows = torch.cat([q, torch.zeros_like(q[:1])])  # (D+1, V): a node at depth d draws from row d; D: none
-    return tokens, parents, q_rows[depths(parents)]
+    tree = tokens, parents, q_rows[depths(parents)]
+    return tree if on_device else drop_undrawn(*tree)
 
 
 def top_tree_on_device(root, candidates, paths):
@@ -119,47 +114,17 @@ def draw_tree(root, paths, q_root, next_q, generator=None, on_device=False):
     """A tree of DRAWN guesses with a shape fixed in advance, for a drafter whose law at a node depends on the
     tokens above it (EAGLE's head): paths = the shape in draw ranks, as tree_from_paths takes them
     (tree.draw_rank_paths); q_root (V,) the drafter's warped law below the root; next_q(d, level, tokens,
-    parents) -> (K, V) its warped laws at the nodes `level` (indices into the shape, all at depth d, every
-    token above them drawn): one drafter pass per level. Each node's children are draws without replacement
-    from its q, in rank order; where q allows fewer tokens than the shape has children, the rest are left out.
-    The shape is fixed before any draw and no drawn node is pruned, as verify_tree_without_replacement needs.
-    on_device: draw_tree_on_device (the whole shape, tokens a device tensor, no host read).
-    Returns (tokens, parents, q_draft (N, V): the law each node's children were drawn from)."""
-    if on_device:
-        return draw_tree_on_device(root, paths, q_root, next_q, generator)
+    parents) -> (K, V) its warped laws at the nodes `level` (every node of the shape at depth d that has
+    children), given tokens (N,), a device tensor with -1 where not drawn (embed tokens.clamp(min=0): the law at
+    such a node is never used): one drafter pass per level, no host read. Each node's children are draws without
+    replacement from its q, in rank order; where q allows fewer tokens than the shape has children (top-k,
+    top-p), the rest stay -1, as does everything under them. The shape is fixed before any draw and no drawn
+    node is pruned, as verify_tree_without_replacement needs.
+    on_device: the whole shape comes back, tokens a (N,) LongTensor with its -1 nodes, which the verify skips
+    (tree_step reads valid = tokens >= 0); else `drop_undrawn`'s host tree. Returns (tokens, parents, q_draft
+    (N, V): the law each node's children were drawn from)."""
     parents, nodes = tree_from_paths(paths)
-    N, kids = len(nodes), children(parents)  # kids[u] in rank order = draw order
-    tokens = [int(root)] + [-1] * (N - 1)  # -1: not drawn
-    q_draft = q_root.new_zeros(N, q_root.numel())  # (N, V)
-    q_draft[0] = q_root
-    for d in range(max(map(len, nodes))):
-        level = [u for u in range(N) if len(nodes[u]) == d and tokens[u] >= 0 and kids[u]]
-        if not level:
-            continue
-        if d > 0:
-            q_draft[level] = next_q(d, level, tokens, parents)
-        K, width = len(level), max(len(kids[u]) for u in level)
-        draws = gumbel_top_k(q_draft[level], width, generator).indices  # (K, width) each node's draws, in order
-        values = torch.cat([(q_draft[level] > 0).sum(-1), draws.flatten()]).tolist()  # one read per level
-        for i, u in enumerate(level):  # where q allows fewer tokens than u has children, the rest stay undrawn
-            m = min(len(kids[u]), values[i])
-            for c, x in zip(kids[u][:m], values[K + i * width:K + i * width + m]):
-                tokens[c] = x
-    keep = [u for u in range(N) if tokens[u] >= 0]
-    index = {u: i for i, u in enumerate(keep)}
-    return [tokens[u] for u in keep], [index.get(parents[u], -1) for u in keep], q_draft[keep]
-
-
-def draw_tree_on_device(root, paths, q_root, next_q, generator=None):
-    """draw_tree with no host read, for the static runtime: the tree keeps its whole shape and its tokens stay a
-    (N,) LongTensor on the device, -1 at a node q could not fill (its rank is beyond its parent's support, or its
-    parent is -1), which verify_tree_without_replacement skips as if absent (tree_step reads valid = tokens >= 0).
-    next_q(d, level, tokens, parents) is called for EVERY node of the shape at depth d that has children, filled
-    or not, with tokens this (N,) device tensor (-1 where not drawn: embed tokens.clamp(min=0); the law at such a
-    node is never used). Without truncation it draws what draw_tree draws, from the same generator state.
-    Returns (tokens (N,), parents, q_draft (N, V))."""
-    parents, nodes = tree_from_paths(paths)
-    N, kids, device = len(nodes), children(parents), q_root.device
+    N, kids, device = len(nodes), children(parents), q_root.device  # kids[u] in rank order = draw order
     tokens = torch.full((N,), -1, dtype=torch.long, device=device)  # (N,) -1: not drawn (yet)
     tokens[0] = root  # an int, or a () tensor on the device (copied there, not read)
     q_draft = q_root.new_zeros(N, q_root.numel())  # (N, V)
@@ -178,4 +143,14 @@ def draw_tree_on_device(root, paths, q_root, next_q, generator=None):
         support = (q_draft[level] > 0).sum(-1)  # (K,) how many tokens each parent's q allows
         filled = (r < support[i]) & (tokens[torch.tensor(level, device=device)[i]] >= 0)  # (children,)
         tokens[child] = torch.where(filled, draws[i, r], -1)
-    return tokens, parents, q_draft
+    return (tokens, parents, q_draft) if on_device else drop_undrawn(tokens, parents, q_draft)
+
+
+def drop_undrawn(tokens, parents, q_draft):
+    """A drawn tree with its shape kept (tokens (N,) on the device, -1 where not drawn) -> the tree of its drawn
+    nodes on the host, in one read: (tokens, parents renumbered, q_draft rows kept). A drawn node's parent is
+    drawn too, so the kept nodes still form a tree. [7, 4, -1, 2], parents [-1, 0, 0, 1] -> [7, 4, 2], [-1, 0, 1]."""
+    values = tokens.tolist()  # the one read
+    keep = [u for u, t in enumerate(values) if t >= 0]
+    index = {u: i for i, u in enumerate(keep)}
+    return [values[u] for u in keep], [index.get(parents[u], -1) for u in keep], q_draft[keep]
