@@ -364,8 +364,8 @@ def verify_tree_greedy_on_device(logits, tokens, parents):
     """verify_tree_greedy with the walk on the device, for the static runtime: logits (N, V), tokens (N,) a list or
     a LongTensor on the device, parents a list or a (N,) LongTensor there. Returns path (D,) LongTensor padded
     with -1 (D = the tree's depth; N - 1 for parents on the device) and the next token (), both on the device:
-    no host read. The same walk as _descend: at node u the argmax y,
-    then the first child of u holding y, over D fixed steps (a walk that stopped stays put).
+    no host read. The same walk as _descend: at node u the argmax y, then the first child of u holding y, over D
+    fixed steps (a walk that stopped stays put).
     Example: tokens [0, 5, 8, 9], parents [-1, 0, 0, 1], argmax after nodes 0..3 = [8, 1, 7, 4] -> ([2, -1], 7)."""
     N, device = len(parents), logits.device
     if torch.is_tensor(parents):  # left on the device (EAGLE's reranked tree): walk as deep as N nodes can reach
