@@ -224,43 +224,16 @@ GALLERY = [
             return torch.where(p_x > 0, (q_x / torch.where(p_x > 0, p_x, 1.0)).clamp(max=1.0), torch.ones_like(p_x))
     """),
     # exercise 4
-    (4, "verify_chain_batched", "after a rejection, a fresh draw from p instead of the residual", """
-        def verify_chain_batched(p_target, q_draft, draft_tokens, generator=None):
-            B, k = draft_tokens.shape
-            u = torch.rand(B, k, generator=generator, dtype=p_target.dtype, device=p_target.device)
-            accepted = u < accept_prob(p_target[:, :k], q_draft, draft_tokens)
-            n = accepted.long().cumprod(-1).sum(-1)
-            rows = torch.arange(B)
-            return n, sample(p_target[rows, n], generator)
-    """),
-    (4, "verify_chain_batched", "the bonus token drawn from q's last row, not p_target[k]", """
-        def verify_chain_batched(p_target, q_draft, draft_tokens, generator=None):
-            B, k = draft_tokens.shape
-            u = torch.rand(B, k, generator=generator, dtype=p_target.dtype, device=p_target.device)
-            accepted = u < accept_prob(p_target[:, :k], q_draft, draft_tokens)
-            n = accepted.long().cumprod(-1).sum(-1)
-            rows = torch.arange(B)
-            q_pad = torch.cat([q_draft, q_draft[:, -1:] if k else torch.zeros_like(p_target[:, :1])], 1)
-            return n, sample(residual(p_target[rows, n], q_pad[rows, n]) if k else p_target[:, 0], generator)
-    """),
-    (4, "verify_chain_batched", "every accepted guess counted, not the prefix before the first rejection", """
-        def verify_chain_batched(p_target, q_draft, draft_tokens, generator=None):
-            B, k = draft_tokens.shape
-            u = torch.rand(B, k, generator=generator, dtype=p_target.dtype, device=p_target.device)
-            n = (u < accept_prob(p_target[:, :k], q_draft, draft_tokens)).long().sum(-1)
-            q_pad = torch.cat([q_draft, torch.zeros_like(p_target[:, :1])], 1)
-            rows = torch.arange(B)
-            return n, sample(residual(p_target[rows, n], q_pad[rows, n]), generator)
-    """),
-    (4, "verify_chain_batched", "one uniform shared by every position of a chain", """
-        def verify_chain_batched(p_target, q_draft, draft_tokens, generator=None):
-            B, k = draft_tokens.shape
-            u = torch.rand(B, 1, generator=generator, dtype=p_target.dtype, device=p_target.device).expand(B, k)
-            n = (u < accept_prob(p_target[:, :k], q_draft, draft_tokens)).long().cumprod(-1).sum(-1)
-            q_pad = torch.cat([q_draft, torch.zeros_like(p_target[:, :1])], 1)
-            rows = torch.arange(B)
-            return n, sample(residual(p_target[rows, n], q_pad[rows, n]), generator)
-    """),
+    (4, "verify_chain_batched", "after a rejection, a fresh draw from p instead of the residual",
+     Edit("residual(p_target[rows, n_accepted], q_padded[rows, n_accepted])", "p_target[rows, n_accepted]")),
+    (4, "verify_chain_batched", "the bonus token drawn from q's last row, not p_target[k]",
+     Edit("torch.cat([q_draft, torch.zeros_like(p_target[:, :1])], dim=1)",
+          "torch.cat([q_draft, q_draft[:, -1:] if k else torch.zeros_like(p_target[:, :1])], dim=1)")),
+    (4, "verify_chain_batched", "every accepted guess counted, not the prefix before the first rejection",
+     Edit("accepted.long().cumprod(-1).sum(-1)", "accepted.long().sum(-1)")),
+    (4, "verify_chain_batched", "one uniform shared by every position of a chain",
+     Edit("u = torch.rand(B, k, generator=generator, dtype=p_target.dtype, device=p_target.device)",
+          "u = torch.rand(B, 1, generator=generator, dtype=p_target.dtype, device=p_target.device).expand(B, k)")),
     # exercise 8
     (8, "_descend", "a fresh draw after a mismatch (the classic bug EXERCISES.md warns about)",
      Edit("return path, y", "return path, pick(node)")),
