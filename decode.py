@@ -18,6 +18,7 @@ from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.decoding.options import MIN_TEMPERATURE, Sampling, read_options
 from nanospec.device import pick_device
 from nanospec.parts import load_models
+from nanospec.runtime import RUNTIMES, prepare
 
 COLOURS = ("\033[30;46m", "\033[30;43m")  # black on cyan, black on yellow
 RESET = "\033[0m"
@@ -97,6 +98,10 @@ def main(argv=None):
     p.add_argument("--ckpt", default="out",
                    help="folder with tokenizer.tiktoken and target.pt from `make train` (default out)")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or mps")
+    p.add_argument("--runtime", default="auto", choices=RUNTIMES,
+                   help="how the models' forwards run (nanospec/runtime.py): eager = plain PyTorch; static = "
+                        "shape-static forwards, replayed from CUDA graphs on CUDA; auto (default) = static on CUDA, "
+                        "eager elsewhere")
     p.add_argument("--json", action="store_true", help="print one JSON object on one line instead")
     options = method_flags(p)
     args = p.parse_args(argv)
@@ -110,6 +115,7 @@ def main(argv=None):
         kwargs = check_request(args, options)  # everything that needs no model, before loading one
         models = load_models(args.ckpt, pick_device(args.device), parts_for([args.method]))  # only what it uses
         check_method(args.method, models)
+        models, path = prepare(models, args.runtime)  # the speed layer, chosen once: the method never knows
         prompt = read_prompt(args)
         ids, stats = METHODS[args.method](models, models.tokenizer.encode(prompt), args.max_new_tokens,
                                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -119,14 +125,14 @@ def main(argv=None):
 
     text = models.tokenizer.decode(ids)
     if args.json:
-        print(json.dumps({"method": args.method, "prompt": prompt, "ids": ids, "text": text, "stats": stats}))
+        print(json.dumps({"method": args.method, "prompt": prompt, "ids": ids, "text": text, "runtime": path,
+                          "stats": stats}))
         return
     colour = sys.stdout.isatty()
     print(prompt + grouped(models.tokenizer, ids, stats["accepted_per_step"], colour))
     notes = {"context": " (stopped: the model's context is full)", "eot": " (stopped at end-of-text)"}
     note = notes.get(stats["stop"], "")
-    if "runtime" in stats:  # which forwards ran: eager PyTorch, static, or static replayed from CUDA graphs
-        note += f" [runtime {stats['runtime']}]"
+    note += f" [runtime {path}]"  # which forwards ran: eager PyTorch, static, or static replayed from CUDA graphs
     print(f"\n--- {args.method}: {stats['new_tokens']} tokens, {stats['target_forwards']} target forwards, "
           f"{stats['tokens_per_forward']:.2f} tokens/forward, {stats['wall_time']:.2f}s "
           f"({stats['new_tokens'] / max(stats['wall_time'], 1e-9):.1f} tokens/s){note}")

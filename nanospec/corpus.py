@@ -21,33 +21,16 @@ import json
 import os
 import sys
 import sysconfig
-import tempfile
 from collections import Counter
 from pathlib import Path
 
-EOT = "<|endoftext|>"  # separates documents in train.txt / val.txt; the tokenizer makes it one special id
+from nanospec.tokenizer import EOT, write_atomic  # EOT separates documents in train.txt / val.txt
+
 TEST_DIRS = {"test", "tests", "idle_test"}  # the stdlib's own tests: ~19 MB more Python, in by --include-tests
 SKIP_DIRS = TEST_DIRS | {"site-packages", "dist-packages", "__pycache__"}  # not library code
 STDLIB_DATA_DIRS = {"encodings"}  # stdlib only: ~100 generated codec tables ("LATIN CAPITAL LETTER A"), not code
 MAX_FILE_BYTES = 200_000  # stdlib only: its bigger files are mostly generated (pydoc topics, unicode data)
 CHUNK_BYTES = 20_000  # a single-file source is cut at blank lines into documents of about this size
-
-
-def write_atomic(path, data):
-    """Write str/bytes to path so that readers never see half a file: temp file in the same dir, then rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private (0600); a data file is for everyone to read
-        os.replace(tmp, path)  # atomic on POSIX and Windows when both are on the same filesystem
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def read_text(path):

@@ -8,10 +8,10 @@ were recorded, so the function is called on *static* buffers: each call copies i
 and hands back the same output tensors every time. Shapes are part of the recording, hence one graph per shape
 (nanospec/static.py makes a forward's shapes depend only on its number of new tokens).
 
-    graphs = Graphs(capture=True, protect=(cache.k, cache.v))
-    logits, = graphs(fn, idx, pos)   # first call with these shapes: just fn(idx, pos)
-    logits, = graphs(fn, idx, pos)   # second: static buffers made, warm up, capture, replay
-    logits, = graphs(fn, idx, pos)   # later: copy idx, pos into the buffers, replay; the same `logits` tensor
+    graphs = Graphs(capture=True)
+    logits, = graphs(fn, idx, pos, protect=(cache.k, cache.v))   # first call with these shapes: just fn(idx, pos)
+    logits, = graphs(fn, idx, pos, protect=(cache.k, cache.v))   # second: buffers made, warm up, capture, replay
+    logits, = graphs(fn, idx, pos, protect=(cache.k, cache.v))   # later: copy into the buffers, replay
 
 On a CPU (capture=False) the function is simply called, on the same static buffers, so the buffer handling is
 the same code on both and the CPU tests exercise it. Capture follows PyTorch's recipe: a few warm-up calls on a
@@ -19,9 +19,9 @@ side stream, then `torch.cuda.graph`. Warm-up calls really run, so they may writ
 KV cache): `protect` names those tensors, snapshotted before the warm-up and restored after it (capture itself
 runs no kernels).
 
-The outputs are overwritten by the next call with the same shapes: clone what must outlive it.
-Warm-up calls run with whatever the RNG is, and a replay draws no new numbers: keep sampling out of fn, or pass
-its randomness in as an input (nanospec/draft_chain.py draws by Gumbel-max from uniforms made before the call).
+The outputs are overwritten by the next call with the same shapes: clone what must outlive it (nanospec/runtime.py
+does, for the methods). A replay draws no random numbers: nanospec captures model forwards only, never sampling.
+If a capture fails, `CaptureFailed` says why and `enabled` turns False: the caller goes on without graphs.
 """
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -57,21 +57,25 @@ def warm_up(fn, inputs, protect=(), runs=3, stream=None):
     copy_into(protect, saved)
 
 
+class CaptureFailed(Exception):
+    """A CUDA graph could not be recorded; the message says why."""
+
+
 class Graphs:
     """fn(*inputs) -> a tuple of tensors (or None), captured once per key and input shapes, then replayed.
 
-    capture: record CUDA graphs (the inputs must be on a CUDA device) or just call fn (CPU, or to debug);
-    protect: tensors fn writes that its warm-up calls must leave untouched (the KV cache)."""
+    capture: record CUDA graphs (the inputs must be on a CUDA device) or just call fn (CPU, or to debug)."""
 
-    def __init__(self, capture=False, protect=(), warmup_runs=3):
+    def __init__(self, capture=False, warmup_runs=3):
         if capture and not torch.cuda.is_available():
             raise ValueError("CUDA graphs need a CUDA device; this machine has none")
-        self.capture, self.protect, self.warmup_runs = capture, tuple(protect), warmup_runs
+        self.capture, self.warmup_runs, self.enabled = capture, warmup_runs, True
         self.entries = {}  # (key, input shapes and dtypes) -> Entry, for those called more than once
         self.seen = set()  # the keys called once so far
 
-    def __call__(self, fn, *inputs, key=()):
-        """fn's outputs for `inputs`. `key` names what is not a tensor but changes fn (e.g. the layer range).
+    def __call__(self, fn, *inputs, key=(), protect=()):
+        """fn's outputs for `inputs`. `key` names what is not a tensor but changes fn (e.g. the layer range);
+        protect: tensors fn writes that warm-up calls must leave untouched (the KV cache).
         The first call of a key and shapes just calls fn: a one-off shape (a prompt) is worth neither buffers nor
         a graph. The second one makes the buffers and, capturing, records the graph; later ones replay it."""
         full_key = (key, tuple((tuple(x.shape), x.dtype, x.device) for x in inputs))
@@ -80,9 +84,10 @@ class Graphs:
             if full_key not in self.seen:
                 self.seen.add(full_key)
                 return tuple(fn(*inputs))
-            entry = self.entries[full_key] = Entry(inputs=[x.clone() for x in inputs])
+            entry = Entry(inputs=[x.clone() for x in inputs])
             if self.capture:
-                self.record(fn, entry)
+                self.record(fn, entry, protect)
+            self.entries[full_key] = entry
         copy_into(entry.inputs, inputs)
         if entry.graph is not None:
             entry.graph.replay()  # one launch: every kernel of fn, on the recorded buffers
@@ -92,12 +97,19 @@ class Graphs:
             copy_into(entry.outputs, fn(*entry.inputs))
         return entry.outputs
 
-    def record(self, fn, entry):
-        """Capture fn over the entry's buffers (which hold this call's inputs) into entry.graph."""
-        warm_up(fn, entry.inputs, self.protect, self.warmup_runs, torch.cuda.Stream())
-        entry.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(entry.graph):
-            entry.outputs = tuple(fn(*entry.inputs))  # recorded, not run: replay runs it
+    def record(self, fn, entry, protect=()):
+        """Capture fn over the entry's buffers (which hold this call's inputs) into entry.graph. Any failure is a
+        CaptureFailed, after which this object captures nothing more (`enabled` is False)."""
+        saved = [t.clone() for t in protect]
+        try:
+            warm_up(fn, entry.inputs, protect, self.warmup_runs, torch.cuda.Stream())
+            entry.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(entry.graph):
+                entry.outputs = tuple(fn(*entry.inputs))  # recorded, not run: replay runs it
+        except Exception as e:  # anything the capture trips on: the caller goes on eager
+            self.enabled = False
+            copy_into(protect, saved)
+            raise CaptureFailed(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
 
     @property
     def captured(self):

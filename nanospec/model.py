@@ -76,15 +76,6 @@ class KVCache:
         self.v[layer, :, :, start:end] = v_new
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, nh, start+T, hs)
 
-    def write(self, layer, slots, k_new, v_new):
-        """The shape-static `update` (nanospec/static.py): write the new keys/values (B, nh, T, hs) of one layer
-        at `slots` (T,), a LongTensor on the device, and return every slot (B, nh, max_len, hs), for attention
-        under a mask that hides the unused ones. No Python int enters the shapes, and `lengths` is left to the
-        caller (a replayed CUDA graph runs no Python)."""
-        self.k[layer].index_copy_(2, slots, k_new)
-        self.v[layer].index_copy_(2, slots, v_new)
-        return self.k[layer], self.v[layer]  # (B, nh, max_len, hs)
-
     def advance(self, T, layers=None):
         """Make the T tokens just written part of the cache, in `layers` (default: all of them)."""
         for i in range(len(self.lengths)) if layers is None else layers:
@@ -126,14 +117,12 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.n_head, self.dropout = config.n_head, config.dropout
 
-    def forward(self, x, mask, cache=None, layer=0, slots=None):
+    def forward(self, x, mask, cache=None, layer=0):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        if slots is not None:  # static forward: write at slot tensors, attend over all max_len slots
-            k, v = cache.write(layer, slots, k, v)  # (B, nh, max_len, hs)
-        elif cache is not None:
-            k, v = cache.update(layer, k, v)  # (B, nh, S, hs), S = cached + T
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # (B, nh, S, hs), S = the S keys the mask's columns name
         p = self.dropout if self.training else 0.0
         if mask is None:  # plain causal attention over T == S tokens (training, no cache)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
@@ -161,8 +150,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, mask, cache=None, layer=0, slots=None):
-        x = x + self.attn(self.ln_1(x), mask, cache, layer, slots)
+    def forward(self, x, mask, cache=None, layer=0):
+        x = x + self.attn(self.ln_1(x), mask, cache, layer)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -190,6 +179,18 @@ class Output:
 def causal_mask(n_cached, T, device):
     """(T, n_cached+T) bool: new token i sees every cached token and new tokens 0..i."""
     return torch.ones(T, n_cached + T, dtype=torch.bool, device=device).tril(diagonal=n_cached)
+
+
+def layout(n_cached, T, pos=None, mask=None, device="cpu", first=0):
+    """Where a forward's T new tokens go after the n_cached a cache holds: (pos (T,), mask (T, n_cached+T) or None).
+    Given ones are kept; by default the positions follow the cache (starting at n_cached + first) and the mask is
+    causal, None when nothing is cached (plain causal attention over the T tokens). Every cached model asks this
+    of its arguments in its `layout` method, which the fast runtime (nanospec/runtime.py) calls too."""
+    if pos is None:
+        pos = torch.arange(n_cached + first, n_cached + first + T, device=device)  # (T,)
+    if mask is None and n_cached > 0:  # (is_causal in attention only fits a square T == S mask)
+        mask = causal_mask(n_cached, T, device)
+    return pos, mask
 
 
 class GPT(nn.Module):
@@ -230,25 +231,27 @@ class GPT(nn.Module):
         stops below the last block returns only `hidden` (its output), no logits.
         """
         start, end = layers if layers is not None else (0, self.config.n_layer)
-        x = hidden_in if start > 0 else idx
-        T = x.size(1)  # x: idx (B, T) or hidden_in (B, T, C)
-        n_cached = cache.lengths[start] if cache is not None else 0
-        if pos is None:
-            pos = torch.arange(n_cached, n_cached + T, device=x.device)  # (T,)
-        if mask is None and n_cached > 0:  # (is_causal in attention only fits a square T == S mask)
-            mask = causal_mask(n_cached, T, x.device)
+        x = hidden_in if start > 0 else idx  # (B, T) ids or (B, T, C) block start-1's output
+        pos, mask = self.layout(idx, pos, cache, mask, layers=layers, hidden_in=hidden_in)  # (T,), (T, S)
         if start == 0:
             x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
         for i in range(start, end):
             x = self.blocks[i](x, mask, cache, i)
         if cache is not None:
-            cache.advance(T, range(start, end))
+            cache.advance(x.size(1), range(start, end))
         if end < self.config.n_layer:
             return Output(logits=None, hidden=x)
         out = Output(logits=self.lm_head(self.ln_f(x)), hidden=x)
         if heads:
             out.head_logits = self.head_logits(x)
         return out
+
+    def layout(self, idx, pos=None, cache=None, mask=None, heads=False, layers=None, hidden_in=None):
+        """The positions and mask `forward` gives its new tokens (model.layout), from the same arguments."""
+        start = layers[0] if layers is not None else 0
+        x = hidden_in if start > 0 else idx  # (B, T) or (B, T, C)
+        n_cached = cache.lengths[start] if cache is not None else 0
+        return layout(n_cached, x.size(1), pos, mask, x.device)
 
     def head_logits(self, hidden, n=None):
         """hidden (B, T, C) trunk output -> (B, n, T, V): head i's logits for token t+1+i, for the first n heads

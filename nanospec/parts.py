@@ -22,12 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
-from nanospec.checkpoint import CheckpointError, load_gpt, target_fingerprint
-from nanospec.drafters.eagle import load_eagle
-from nanospec.drafters.early_exit import load_early_exit
-from nanospec.drafters.heads import load_heads
-from nanospec.drafters.parallelspec import load_parallelspec
-from nanospec.model import GPT
+from nanospec.checkpoint import (CheckpointError, check_target, load_checkpoint, load_gpt, load_module, load_weights,
+                                 target_fingerprint)
+from nanospec.drafters.eagle import Eagle
+from nanospec.drafters.early_exit import ExitAdapter
+from nanospec.drafters.parallelspec import ParallelSpec, ParallelSpecConfig
+from nanospec.model import GPT, GPTConfig
 from nanospec.tokenizer import Tokenizer
 
 
@@ -42,6 +42,34 @@ class Models:
     early_exit: torch.nn.Module = None  # adapters that make the target's first layers a draft, for `early-exit`
     eot: int = None  # end-of-text id: generation stops there (None: never stops early)
     tuned_heads: bool = False  # True when heads.pt (the heads-only phase) replaced the jointly trained MTP heads
+
+
+def load_eagle(path, tokenizer_identity=None, device="cpu", target_id=None):
+    """The bare EAGLE head from eagle.pt; every call then takes the target it was trained on (target_id: that
+    target's fingerprint, checked when given)."""
+    return load_module(path, tokenizer_identity, device, lambda cfg: Eagle(GPTConfig(**cfg)), "eagle", target_id)
+
+
+def load_parallelspec(path, tokenizer_identity=None, device="cpu", target_id=None):
+    """The drafter from parallelspec.pt (target_id: the fingerprint of the target it must have learnt from)."""
+    return load_module(path, tokenizer_identity, device, lambda cfg: ParallelSpec(ParallelSpecConfig(**cfg)),
+                       "parallelspec", target_id)
+
+
+def load_early_exit(path, tokenizer_identity=None, device="cpu", target_id=None):
+    """The adapters from early_exit.pt; `exit_logits` applies them on the target they were trained on (target_id:
+    that target's fingerprint, checked when given)."""
+    return load_module(path, tokenizer_identity, device, lambda cfg: ExitAdapter(GPTConfig(**cfg)), "early_exit",
+                       target_id)
+
+
+def load_heads(path, target, tokenizer_identity=None, target_id=None):
+    """Put the MTP heads from heads.pt on `target` (in place), after checking they were trained for it (target_id:
+    its fingerprint, computed here when not given)."""
+    ckpt = load_checkpoint(path, tokenizer_identity, part="heads")
+    check_target(path, ckpt, target_id or target_fingerprint(target), "heads")
+    load_weights(path, target.heads, ckpt["model"])
+    return target
 
 
 # optional drafter -> how to read its file, `<part>.pt` beside target.pt: (path, tokenizer, device, target_id)

@@ -19,13 +19,32 @@ a dozen lines of obvious Python that the tests use as the oracle for tiktoken.
 import base64
 import hashlib
 import heapq
+import os
 import re
+import tempfile
 from collections import Counter
 from pathlib import Path
 
 import tiktoken
 
-from nanospec.corpus import EOT, write_atomic
+EOT = "<|endoftext|>"  # the end-of-text special token: separates documents in the corpus (nanospec/corpus.py)
+
+def write_atomic(path, data):
+    """Write str/bytes to path so that readers never see half a file: temp file in the same dir, then rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private (0600); a data file is for everyone to read
+        os.replace(tmp, path)  # atomic on POSIX and Windows when both are on the same filesystem
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
 
 # Pre-tokenization: GPT-2's pattern with ASCII classes only. \s, \w and \p{L} mean different things to
 # Python's `re` and to tiktoken's Rust regex on non-ASCII text; these classes mean the same in both, so

@@ -18,8 +18,6 @@ the target already chose; every other node's parent comes before it). Example, 4
 
 Each node then gets exactly the logits a plain forward along its own root-to-node path would give.
 """
-import heapq
-
 import torch
 
 
@@ -92,27 +90,9 @@ def tree_positions(parents, prefix_len, device="cpu"):
     # END SOLUTION ex6
 
 
-def tree_layout_on_device(parents, prefix_len):
-    """tree_mask and tree_positions for a tree whose parents never left the device (EAGLE's reranked tree on the
-    static runtime): parents (N,) LongTensor, -1 for the root (and for padding nodes, roots of their own).
-    Returns (mask (N, prefix_len + N) bool, positions (N,)), as the two functions above give, without a host read.
-    A node's ancestors-or-self, A = I | P (P[i, j]: j is i's parent), closed by squaring: after s squarings A
-    reaches 2^s generations up, so ceil(log2 N) of them reach the root from any node.
-    Example: parents [-1, 0, 0, 1] -> A rows [1000], [1100], [1010], [1101]; positions prefix + [0, 1, 1, 2]."""
-    N, device = parents.numel(), parents.device
-    eye = torch.eye(N, dtype=torch.bool, device=device)
-    up = (parents[:, None] == torch.arange(N, device=device)[None, :])  # (N, N) j is i's parent
-    A = (eye | up).float()  # (N, N)
-    for _ in range(max(N - 1, 1).bit_length()):
-        A = (A @ A).clamp(max=1.0)  # two hops of "is an ancestor" make one
-    mask = torch.cat([torch.ones(N, prefix_len, dtype=torch.bool, device=device), A > 0], 1)  # (N, prefix + N)
-    return mask, A.sum(-1).long() - 1 + prefix_len  # depth = ancestors-or-self - 1
-
-
 # ---------------------------------------------------------------------------------------------------------
-# Building trees. Medusa-style trees come from a fixed list of paths filled with each head's top-k guesses (or
-# draws); other drafters (EAGLE, lookahead) build tokens + parents their own way. `leaf_paths` and `format_tree`
-# work on any tree.
+# Shapes from paths of ranks (Medusa's "medusa_choices"; filling one with guesses is decoding/tree_guesses.py),
+# and two views of any tree: its root-to-leaf paths and an indented printout.
 
 
 def tree_from_paths(paths):
@@ -135,44 +115,6 @@ def tree_from_paths(paths):
         parents.append(index[node[:-1]])
     return parents, nodes
     # END SOLUTION ex7
-
-
-def medusa_tree(root, candidates, paths):
-    """Fill a path tree with guesses: root token, candidates (D, K) = head d's top-K token ids, best first.
-    Returns (tokens, parents). A node at depth d with rank r holds candidates[d-1, r].
-    Example: root 7, candidates [[5, 3], [9, 2]], paths [(0,), (1,), (0, 0)]
-             -> tokens [7, 5, 3, 9], parents [-1, 0, 0, 1]      7 -> 5 -> 9
-                                                                  \\-> 3
-    """
-    # BEGIN SOLUTION ex7
-    parents, nodes = tree_from_paths(paths)
-    cand = candidates.tolist() if torch.is_tensor(candidates) else candidates
-    tokens = [int(root)] + [cand[len(node) - 1][node[-1]] for node in nodes[1:]]
-    return tokens, parents
-    # END SOLUTION ex7
-
-
-def draw_rank_paths(n, depth, width, accept=0.75):
-    """The n nodes of a tree of DRAWN guesses most likely to be reached, as paths of draw ranks for
-    tree_from_paths: (0, 1) = the first draw below the root, then the second draw below that one.
-
-    If each draw is accepted with probability `accept`, draw r (0-based) of a node is the one accepted with
-    probability accept * (1 - accept)^r (the r before it rejected), and a node is reached with the product of
-    these along its path. Best first, at most `width` children per node and `depth` levels. The shape depends
-    on ranks only, never on the tokens drawn, so it is fixed before drawing, as verifying drawn children
-    needs (verify.verify_tree_without_replacement).
-    Example: n 4, depth 2, width 2, accept 0.75: (0,) 0.75, (0, 0) 0.56, (1,) 0.19, (0, 1) 0.14 (then (1, 0) 0.14)
-             -> [(0,), (0, 0), (1,), (0, 1)]
-    """
-    heap, paths = [(-accept, (0,))], []  # (minus the chance of reaching it, path): heapq pops the smallest
-    while heap and len(paths) < n:
-        minus_reach, path = heapq.heappop(heap)
-        paths.append(path)
-        if path[-1] + 1 < width:  # the next draw beside it: reached when this one is rejected
-            heapq.heappush(heap, (minus_reach * (1 - accept), path[:-1] + (path[-1] + 1,)))
-        if len(path) < depth:  # the first draw below it
-            heapq.heappush(heap, (minus_reach * accept, path + (0,)))
-    return paths
 
 
 def leaf_paths(parents):

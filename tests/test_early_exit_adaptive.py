@@ -19,7 +19,8 @@ import torch
 from nanospec.parts import Models
 from nanospec.decoding import METHODS, MODULES
 from nanospec.decoding.adaptive import DraftLength
-from nanospec.drafters.early_exit import ExitAdapter, distill_losses, exit_logits
+from nanospec.drafters.early_exit import ExitAdapter, exit_logits
+from nanospec.drafters.losses import exit_losses
 from nanospec.model import GPT
 from nanospec.verify import warp
 from test_model import TOL, full_logits, random_ids, tiny_gpt
@@ -137,15 +138,15 @@ def test_distilling_the_adapter_brings_the_exit_closer_to_the_target():
         p.data.add_(0.3 * torch.randn_like(p))
     adapter = ExitAdapter(target.config).double()
     w = torch.randint(0, 11, (8, 24))  # (B, T) windows of random text
-    before = distill_losses(adapter, target, w)
-    assert before["exit1"].item() == pytest.approx(distill_losses(None, target, w)["exit1"].item())
+    before = exit_losses(adapter, target, w)
+    assert before["exit1"].item() == pytest.approx(exit_losses(None, target, w)["exit1"].item())
     opt = torch.optim.Adam(adapter.parameters(), lr=1e-2)
     for _ in range(30):
-        loss = sum(v for k, v in distill_losses(adapter, target, w).items() if k.startswith("exit"))
+        loss = sum(v for k, v in exit_losses(adapter, target, w).items() if k.startswith("exit"))
         opt.zero_grad()
         loss.backward()
         opt.step()
-    after = distill_losses(adapter, target, w)
+    after = exit_losses(adapter, target, w)
     assert all(after[f"exit{E}"] < 0.5 * before[f"exit{E}"] for E in (1, 2)), (before, after)
 
 

@@ -15,9 +15,9 @@ import torch
 from nanospec.parts import Models
 from nanospec.decoding import METHODS
 from nanospec.decoding.run import start, tensor
-from nanospec.decoding.tree_step import tree_step
-from nanospec.decoding.trees import fill_tree, parse_tree
-from nanospec.tree import format_tree, leaf_paths, medusa_tree, path_to, tree_from_paths, tree_positions
+from nanospec.decoding.tree_guesses import fill_tree, medusa_tree, parse_tree
+from nanospec.decoding.verify_step import tree_step
+from nanospec.tree import format_tree, leaf_paths, path_to, tree_from_paths, tree_positions
 from nanospec.verify import sample, warp
 from test_model import TOL, random_ids, random_tree, tiny_gpt
 from test_verify import empirical_law, tv, tv_bound

@@ -18,8 +18,9 @@ import torch
 from nanospec.checkpoint import save_atomic
 from nanospec.parts import Models
 from nanospec.decoding import METHODS, check_method
-from nanospec.drafters.parallelspec import (ParallelSpec, ParallelSpecConfig, distill_losses, group_layout,
-                                            load_parallelspec)
+from nanospec.drafters.losses import mask_losses
+from nanospec.drafters.parallelspec import ParallelSpec, ParallelSpecConfig, group_layout
+from nanospec.parts import load_parallelspec
 from nanospec.verify import warp
 from test_model import random_ids, tiny_gpt
 from test_verify import empirical_law, sequence_codes, tv, tv_bound
@@ -47,7 +48,7 @@ def briefly_trained(target, steps=40, seed=0):
     T = min(20, target.config.block_size - 3)  # real tokens per window; 3 more for the last masks' labels
     for _ in range(steps):
         w = torch.from_numpy(rng.integers(0, target.config.vocab_size, size=(4, T + 3)))
-        loss = distill_losses(drafter, target, w, torch.arange(0, T, 2))["loss"]
+        loss = mask_losses(drafter, target, w, torch.arange(0, T, 2))["loss"]
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -7,34 +7,29 @@ Each step feeds the last token to the model, which attends to the KV cache of ev
 
 `generate_nocache` is the slow, obvious path: a full forward over the whole sequence for every token, no cache.
 It is kept as the oracle that the cached path (and through it every fast method) is tested against.
-
---runtime picks how the forwards run (nanospec/static.py): `static` runs shape-static forwards, on CUDA each
-one-token forward replayed from a CUDA graph; `eager` (what `auto` means for now) is plain PyTorch. One host
-read per token either way: the sampled id.
 """
 import torch
 
-from nanospec.decoding.options import RUNTIME_OPTION, Sampling, read_options
+from nanospec.decoding.options import Sampling, read_options
 from nanospec.decoding.run import start, tensor
-from nanospec.static import runtime_model
 
 NEEDS = ()  # model parts beyond the target
 USES = ()  # parts used when present
-OPTIONS = {**RUNTIME_OPTION}  # method-specific options: name -> Option(type, default, help, ...)
+OPTIONS = {}  # method-specific options: name -> Option(type, default, help, ...)
 
 
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
-    o = read_options(OPTIONS, options)
+    read_options(OPTIONS, options)
     run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
-    target, cache, runtime = runtime_model(models.target, o.runtime)  # the model, or its static forwards
+    target = models.target
+    cache = target.new_cache()
     x = tensor(run.prompt, cache.device)  # (1, T) the prompt, then one token at a time
     while True:
-        with run.forwarding():
-            logits = target(x, cache=cache).logits[0, -1]  # (V,) the next token's logits
+        logits = target(x, cache=cache).logits[0, -1]  # (V,) the next token's logits
         token = run.sample(logits)
         if run.emit([token]):
-            return run.out, run.stats(runtime=runtime)
+            return run.out, run.stats()
         x = tensor([token], cache.device)
 
 

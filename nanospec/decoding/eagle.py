@@ -17,17 +17,15 @@ through the target's own unembedding. Each step:
     target argmax after "(" = x, after x = ")", after ")" = ":"  ->  emit [x, ")", ":"] from one forward.
 Sampling (--draft-sampling sample, the default), the head DRAWS its guesses from its warped q, verified against q
 (verify_tree_without_replacement); a rerank would bias that, so grow_sampled_tree fixes the tree's shape first.
---runtime static: forwards shape-static (static.py, StaticEagle), trees padded and kept on the device: one read.
 """
 import torch
 
-from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, RUNTIME_OPTION, Option, Sampling, read_options
+from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options
 from nanospec.decoding.run import prefill, start, tensor
-from nanospec.decoding.tree_step import tree_runtime, tree_step
-from nanospec.decoding.trees import draw_tree
-from nanospec.drafters.eagle import grow_tree_on_device, head_runtime
+from nanospec.decoding.tree_guesses import draw_rank_paths, draw_tree
+from nanospec.decoding.verify_step import tree_step
 from nanospec.model import Output
-from nanospec.tree import draw_rank_paths, frontier_mask
+from nanospec.tree import frontier_mask
 from nanospec.verify import warp
 
 NEEDS = ("eagle",)
@@ -36,7 +34,7 @@ OPTIONS = {  # the defaults, and ACCEPT_GUESS below: docs/measurements.md (eagle
     "depth": Option(int, 2, "deepest guess below the root; the head runs this many passes per step", low=1, high=16),
     "width": Option(int, 4, "nodes expanded per level, children per node (EAGLE-2's top_k)", low=1, high=32),
     "total_tokens": Option(int, 8, "tree size verified per target forward, root included", low=2, high=256),
-    **DRAFT_SAMPLING_OPTION, **RUNTIME_OPTION,
+    **DRAFT_SAMPLING_OPTION,
 }
 ACCEPT_GUESS = 0.75  # shapes the drawn tree: the chance a draw is accepted, about sum(min(p, q)) of a trained head
 
@@ -45,7 +43,7 @@ def refresh(eagle, target, dcache, tokens, features):
     """Feed accepted tokens (m,) with the target's true features before each (m, C) to the head, appended to
     its cache; returns its Output at the last one, which drafts the token after it (logits (1, 1, V))."""
     hidden = eagle(target, tensor(tokens, dcache.device), features[None], cache=dcache, logits=False).hidden
-    return Output(logits=eagle.unembed(target, hidden[:, -1:]), hidden=hidden[:, -1:].clone())  # only the last
+    return Output(logits=eagle.unembed(target, hidden[:, -1:]), hidden=hidden[:, -1:])  # only the last
 
 
 def expand(eagle, target, dcache, L, d, frontier, cand_tok, cand_parent, fed, feats):
@@ -56,7 +54,7 @@ def expand(eagle, target, dcache, L, d, frontier, cand_tok, cand_parent, fed, fe
     device = dcache.device
     mask = frontier_mask(L, fed, frontier, cand_parent, device)  # (K, L + fed + K)
     pos = torch.full((len(frontier),), L + d, device=device)  # a depth-d node sits d after the root
-    return eagle(target, tensor([cand_tok[c] for c in frontier], device), feats, pos, dcache, mask)
+    return eagle(target, tensor([cand_tok[c] for c in frontier], device), feats, pos=pos, cache=dcache, mask=mask)
     # END SOLUTION ex9
 
 
@@ -93,24 +91,23 @@ def grow_tree(eagle, target, dcache, root, draft, depth, width, total_tokens):
     # END SOLUTION ex9
 
 
-def grow_sampled_tree(eagle, target, dcache, root, draft, depth, width, total_tokens, sampling, generator,
-                      on_device=False):
+def grow_sampled_tree(eagle, target, dcache, root, draft, depth, width, total_tokens, sampling, generator):
     """The tree of DRAWN guesses (--draft-sampling sample): a fixed shape of total_tokens - 1 nodes by draw rank
-    (tree.draw_rank_paths), filled by trees.draw_tree (on_device: tokens left there, -1 where q ran out): one
-    head pass per level gives each node's warped q. Returns (tokens, parents, q_draft (N, V)), cache unchanged."""
+    (tree_guesses.draw_rank_paths), filled by tree_guesses.draw_tree: one head pass per level gives each node's
+    warped q. Returns (tokens, parents, q_draft (N, V)), the head's cache as it was."""
     if depth < 1 or total_tokens < 2:
         return [root], [-1], None
     L, fed, f_hat, device = dcache.length, {}, {0: draft.hidden[0, -1]}, dcache.device  # f_hat: node -> its f̂
 
     def next_q(d, level, tokens, parents):  # expand's pass, by node: node u is candidate u - 1 (the root -1)
         feats = torch.stack([f_hat[parents[u]] for u in level])[None]  # (1, K, C) each one's parent's f̂
-        ids = tokens[level].clamp(min=0)[None]  # (1, K) from tokens (N,) on the device; -1: not drawn, never tried
         mask = frontier_mask(L, fed, [u - 1 for u in level], [p - 1 for p in parents[1:]], device)
-        out = eagle(target, ids, feats, torch.full((len(level),), L + d, device=device), dcache, mask)
+        out = eagle(target, tensor([tokens[u] for u in level], device), feats,
+                    pos=torch.full((len(level),), L + d, device=device), cache=dcache, mask=mask)
         f_hat.update((u, out.hidden[0, i]) for i, u in enumerate(level))
         return warp(out.logits[0], *sampling)  # (K, V)
     shape = draw_rank_paths(total_tokens - 1, depth, width, ACCEPT_GUESS)
-    tree = draw_tree(root, shape, warp(draft.logits[0, -1], *sampling), next_q, generator, on_device)
+    tree = draw_tree(root, shape, warp(draft.logits[0, -1], *sampling), next_q, generator)
     dcache.rollback(L)
     return tree
 
@@ -123,28 +120,24 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     width, size = min(o.width, target.config.vocab_size), o.total_tokens  # a node has at most V distinct children
     run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     drawn, steps, nodes = run.sampling.draws(o.draft_sampling), 0, 0
-    forward, cache, runtime, budget = tree_runtime(target, o.runtime, o.total_tokens)  # forward: the target's
-    grow = grow_tree if runtime == "eager" else grow_tree_on_device  # the same top-k tree, its tokens on the device
-    eagle, dcache = head_runtime(eagle, target, runtime, target.config.block_size + max(o.depth * width, size))
+    cache = target.new_cache(max_len=target.config.block_size + size)  # room for a whole tree at the context end
+    dcache = eagle.new_cache(max_len=target.config.block_size + max(o.depth * width, size))  # and for a grown one
 
     # prefill: the target reads the prompt and picks the first root; the head reads x_1..x_P with f_0..f_{P-1}
-    last, out = prefill(run, forward, cache)
-    with run.drafting():
-        draft = refresh(eagle, target, dcache, run.prompt[1:] + [last], out.hidden[0])
+    last, out = prefill(run, target, cache)
+    draft = refresh(eagle, target, dcache, run.prompt[1:] + [last], out.hidden[0])
     done = run.emit([last])
     while not done:
         d = run.draft_room(o.depth)  # near the end of the budget or context, a shallower tree
-        with run.drafting(passes=max(d - 1, 0)):  # the tree's deeper levels, one head pass each
-            if drawn:  # q_draft (N, V): the laws the drawn children came from
-                tokens, parents, q_draft = grow_sampled_tree(eagle, target, dcache, last, draft, d, width, size,
-                                                             run.sampling, run.generator, runtime != "eager")
-            else:  # EAGLE-2's top-k tree: its guesses are point masses
-                (tokens, parents), q_draft = grow(eagle, target, dcache, last, draft, d, width, size), None
-        emitted, path, out = tree_step(run, forward, cache, tokens, parents, q_draft=q_draft, budget=budget)
+        if drawn:  # q_draft (N, V): the laws the drawn children came from
+            tokens, parents, q_draft = grow_sampled_tree(eagle, target, dcache, last, draft, d, width, size,
+                                                         run.sampling, run.generator)
+        else:  # EAGLE-2's top-k tree: its guesses are point masses
+            (tokens, parents), q_draft = grow_tree(eagle, target, dcache, last, draft, d, width, size), None
+        emitted, path, out = tree_step(run, target, cache, tokens, parents, q_draft)
         steps, nodes = steps + 1, nodes + len(tokens) - 1
         done = run.emit(emitted)
         last = emitted[-1]
         if not done:  # the accepted nodes again, now with the target's features at the node before each
-            with run.drafting():
-                draft = refresh(eagle, target, dcache, emitted, out.hidden[0, [0] + path])  # emitted: path + last
-    return run.out, run.stats(tree_nodes=nodes / max(1, steps), runtime=runtime)
+            draft = refresh(eagle, target, dcache, emitted, out.hidden[0, [0] + path])  # emitted: path + last
+    return run.out, run.stats(tree_nodes=nodes / max(1, steps))

@@ -28,42 +28,35 @@ paper, arXiv 2403.00835, puts its speedup near 1.05x), because a guess is comput
 it, which the same step may reject: a correction travels one position per forward. It pays when the text
 is settling into a loop, as a tiny model's greedy text often does. `lookahead` keeps the trajectories as
 n-gram guesses instead, which is what makes them pay more often.
-
-The iterate never leaves the device: the next one is the argmax of the rows past the commit point, the step's one
-host read brings back the guesses, the accepted count and the target's token (chain_step.verify_on_device).
---runtime static runs the target's forwards shape-static, replayed from CUDA graphs on CUDA
-(nanospec/static.py); eager (auto's path off CUDA) is plain PyTorch.
 """
 import torch
 
-from nanospec.decoding.chain_step import chain_step
-from nanospec.decoding.options import RUNTIME_OPTION, Option, Sampling, read_options
+from nanospec.decoding.options import Option, Sampling, read_options
 from nanospec.decoding.run import prefill, start
-from nanospec.static import runtime_model
+from nanospec.decoding.verify_step import chain_step
 
 NEEDS = ()  # model parts beyond the target
 USES = ()  # parts used when present
-OPTIONS = {"block": Option(int, 8, "future tokens guessed and refined in parallel per target forward", low=1, high=64),
-           **RUNTIME_OPTION}
+OPTIONS = {"block": Option(int, 8, "future tokens guessed and refined in parallel per target forward", low=1, high=64)}
 
 
 def pad(iterate, last, k):
-    """The iterate (m,) on the device, cut or padded to k guesses by repeating its last one (`last`, the newest
-    token, when it is empty): [3, 6], k 4 -> [3, 6, 6, 6]; [], last 12, k 3 -> [12, 12, 12]. No host read."""
-    fill = iterate[-1:] if len(iterate) else torch.tensor([last], device=iterate.device)  # (1,)
-    return torch.cat([iterate, fill.expand(k)])[:k]  # (k,)
+    """The iterate cut or padded to k guesses by repeating its last one (`last`, the newest token, when it is
+    empty): [3, 6], k 4 -> [3, 6, 6, 6]; [], last 12, k 3 -> [12, 12, 12]."""
+    return (iterate + [iterate[-1] if iterate else last] * k)[:k]
 
 
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
     o = read_options(OPTIONS, options)
     run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
-    target, cache, runtime = runtime_model(models.target, o.runtime)  # the model, or its static forwards
+    target = models.target
+    cache = target.new_cache()
     accepted = 0
 
     last, _ = prefill(run, target, cache)
     done = run.emit([last])
-    iterate = torch.zeros(0, dtype=torch.long, device=cache.device)  # (0,) no guesses yet: the first block pads
+    iterate = []  # no guesses yet: the first block pads
     while not done:
         last = run.seq[-1]
         k = run.draft_room(o.block)  # a shorter block near the context end or the token budget
@@ -72,8 +65,8 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         emitted, n, out = chain_step(run, target, cache, last, iterate)
         accepted += n
         # Row j of the logits predicts the token after y_j. Rows past the commit point (n + 1 tokens) are the
-        # refined guesses for the tokens after the emitted ones; n is already on the host, so no read here.
-        iterate = out.logits[0, n + 1:].argmax(-1)  # (k - n,) the next iterate, on the device
+        # refined guesses for the tokens after the emitted ones.
+        iterate = out.logits[0, n + 1:].argmax(-1).tolist()  # k - n tokens: the next iterate
         done = run.emit(emitted)
 
-    return run.out, run.stats(accepted=accepted, block=o.block, runtime=runtime)
+    return run.out, run.stats(accepted=accepted, block=o.block)

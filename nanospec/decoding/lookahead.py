@@ -27,15 +27,15 @@ down one, the top level := the argmaxes at the old top level. Any window is a va
 Every node is a guess fixed before the step draws anything (the Jacobi iterates take the argmax even when
 sampling), so `tree_step`'s point-mass rule checks the whole tree, losslessly. The trie comes first in node order,
 so it wins over a window node holding the same token; the window's chains are extra guesses at no extra cost.
-A forward holds `tree_size` tokens (18 by default: docs/measurements.md), the padded size with --runtime static.
+A forward holds at most `tree_size` tokens (18 by default: docs/measurements.md).
 """
 import random
 
 import torch
 
-from nanospec.decoding.options import RUNTIME_OPTION, Option, Sampling, read_options
+from nanospec.decoding.options import Option, Sampling, read_options
 from nanospec.decoding.run import prefill, start
-from nanospec.decoding.tree_step import tree_runtime, tree_step
+from nanospec.decoding.verify_step import tree_step
 
 NEEDS = ()  # model parts beyond the target
 USES = ()  # parts used when present
@@ -43,8 +43,7 @@ OPTIONS = {
     "window": Option(int, 3, "W: Jacobi window columns, each yielding one new n-gram per forward", low=1, high=64),
     "ngram": Option(int, 4, "N: n-gram size; the window has N-1 levels and a guess covers N-1 tokens (>= 3)",
                     low=3, high=16),
-    "guesses": Option(int, 3, "G: n-grams kept per key in the pool and verified per forward (0: none)", low=0, high=64),
-    **RUNTIME_OPTION}
+    "guesses": Option(int, 3, "G: n-grams kept per key in the pool and verified per forward (0: none)", low=0, high=64)}
 
 
 def tree_size(W, N, G):
@@ -116,7 +115,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         raise ValueError(f"lookahead's forward of {size} tokens (1 + (W-1) + W(N-2) + G(N-1) with --window {W} "
                          f"--ngram {N} --guesses {G}) exceeds the model's context of {context}: lower them")
     run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
-    forward, cache, runtime, budget = tree_runtime(target, o.runtime, size)  # room for a forward at the context end
+    cache = target.new_cache(max_len=context + size)  # room for a whole forward at the context end
     pool = {}  # key token -> list of (N-1)-tuples that followed it, newest last
     learn(pool, run.prompt, len(run.prompt), N, G)
     # The first window: random prompt tokens from a private RNG (the sampling stream stays untouched). The first
@@ -125,19 +124,18 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     levels = [[rng.choice(run.prompt) for _ in range(W - (l == 0))] for l in range(N - 1)]
     accepted = accepted_window = step = 0  # step: Jacobi steps of the window so far
 
-    last, _ = prefill(run, forward, cache)
+    last, _ = prefill(run, target, cache)
     done = run.emit([last])
     while not done:
         root, depth = run.seq[-1], run.draft_room(N - 1)  # shorter guesses near the context end or budget
         grams = [g[:depth] for g in reversed(pool.get(root, []))]  # newest first: tried first
         use_window = W + N - 3 <= run.room()  # its deepest node's position must exist: none near the context end
         tokens, parents, where, chain = build_tree(root, grams, levels if use_window else [])
-        top = where[-1] if use_window else []  # the window's top level: (W,) guesses for t+N-1+i, read with the step
-        emitted, path, _, new = tree_step(run, forward, cache, tokens, parents, budget=budget,
-                                          also=lambda out: out.logits[0, top].argmax(-1))  # keeps root + path
+        emitted, path, out = tree_step(run, target, cache, tokens, parents)  # the cache keeps root + path
         accepted += len(path)
         accepted_window += len(path) if path and path[0] >= len(tokens) - sum(map(len, where)) else 0
         if use_window:  # one Jacobi step of the window, and its fresh n-grams into the pool
+            new = out.logits[0, where[-1]].argmax(-1).tolist()  # (W,) the top level's argmax: guesses for t+N-1+i
             if step >= N - 2:
                 for i in range(W):
                     remember(pool, tokens[chain[i]], tuple(lv[i] for lv in levels[1:]) + (new[i],), G)
@@ -147,4 +145,4 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         learn(pool, run.seq, len(emitted), N, G)  # the text itself: the newest n-grams, tried first
 
     return run.out, run.stats(accepted=accepted, accepted_window=accepted_window,
-                              pool_size=sum(map(len, pool.values())), runtime=runtime)
+                              pool_size=sum(map(len, pool.values())))

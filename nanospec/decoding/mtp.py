@@ -25,12 +25,8 @@ verified against, given the guesses before it, because that q does not depend on
 draws). What the marginal costs is acceptance: the accept rate sum(min(p_i, q_i)) falls with the distance
 between the conditional p_i and the marginal q_i, which grows with i (docs/measurements.md, mtp).
 
-The guesses stay on the device: heads, warp and draw run there, and the verify step's one host read brings back
-the guesses, the accepted count and the target's token (chain_step.verify_on_device); the accepted count then
-picks the row of the heads for the next guesses without another read. --runtime static runs the target's
-forwards shape-static (nanospec/static.py), replayed from CUDA graphs on CUDA, with the heads inside the verify
-forward at every position (one graph; on a GPU the extra rows cost less than launching the heads apart); eager
-(auto's path off CUDA) is plain PyTorch, the heads run on the one position they are needed at.
+The heads run inside the verify forward, at every position (heads=True): whichever guess turns out to be the
+last accepted one, its heads' logits are already there, as in Medusa's own code.
 
 Papers: Stern et al. 2018, Blockwise Parallel Decoding, arXiv 1811.03115; Gloeckle et al. 2024, Better &
 Faster Large Language Models via Multi-token Prediction, arXiv 2404.19737.
@@ -38,10 +34,9 @@ Faster Large Language Models via Multi-token Prediction, arXiv 2404.19737.
 import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
-from nanospec.decoding.chain_step import chain_step
-from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, RUNTIME_OPTION, Option, Sampling, read_options
+from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options
 from nanospec.decoding.run import prefill, start
-from nanospec.static import runtime_model
+from nanospec.decoding.verify_step import chain_step
 from nanospec.verify import sample, warp
 
 NEEDS = ()  # the MTP heads are part of the target
@@ -50,19 +45,17 @@ OPTIONS = {
     "draft_len": Option(int, None, "tokens to guess per forward: MTP heads to use, 1..n_future (None = all heads)"),
     **ADAPTIVE_OPTIONS,  # confidence: a head's softmax probability of its guess
     **DRAFT_SAMPLING_OPTION,
-    **RUNTIME_OPTION,
 }
 
 
 def head_guesses(logits, length, sampling=None, generator=None):
-    """logits (k, V) of heads 1..k at one position -> (guesses (k,) a LongTensor on the device, q_draft). The
-    guesses are each head's top-1 (q_draft None), or with `sampling` set, draws from each head's warped law
-    q_draft (k, V). Cut after the first unconfident head when `length` (adaptive.DraftLength) uses the
-    confidence rule (which reads each guess's probability on the host); otherwise no host read."""
+    """logits (k, V) of heads 1..k at one position -> (guesses, a list of k ints, q_draft). The guesses are each
+    head's top-1 (q_draft None), or with `sampling` set, draws from each head's warped law q_draft (k, V). Cut
+    after the first unconfident head when `length` (adaptive.DraftLength) uses the confidence rule."""
     if sampling is None:
-        return length.cut(logits, logits.argmax(-1)), None
+        return length.cut(logits, logits.argmax(-1).tolist()), None
     q_draft = warp(logits, *sampling)  # (k, V) warped like the target's p
-    guesses = length.cut(logits, sample(q_draft, generator))  # (k,)
+    guesses = length.cut(logits, sample(q_draft, generator).tolist())  # k ints
     return guesses, q_draft[:len(guesses)]
 
 
@@ -77,19 +70,17 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     length = draft_length(o, k, most=n_future)  # k per step: fixed or adaptive
     run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     draw = (run.sampling, run.generator) if run.sampling.draws(o.draft_sampling) else ()  # else the top-1
-    target, cache, runtime = runtime_model(model, o.runtime)  # the model, or its static forwards
-    in_forward = runtime != "eager"  # the heads run inside the (replayed) verify forward, at every position
+    cache = model.new_cache()
 
     # prefill: the main head gives the first token, the heads at the last prompt position the first guesses
-    last, out = prefill(run, target, cache)
-    with run.drafting():  # one drafter pass: the heads over one trunk state
-        drafts, q_draft = head_guesses(model.head_logits(out.hidden[:, -1:], length.k)[0, :, 0], length, *draw)
+    last, out = prefill(run, model, cache)
+    drafts, q_draft = head_guesses(model.head_logits(out.hidden[:, -1:], length.k)[0, :, 0], length, *draw)
     done = run.emit([last])
     drafted, accepted = [0] * n_future, [0] * n_future  # per head: guesses verified, guesses accepted
     while not done:
         drafts = drafts[:run.draft_room(len(drafts))]  # near the end of the budget or context, guess fewer
         q_draft = q_draft[:len(drafts)] if q_draft is not None and len(drafts) else None
-        emitted, n, out = chain_step(run, target, cache, last, drafts, q_draft, heads=in_forward)
+        emitted, n, out = chain_step(run, model, cache, last, drafts, q_draft, heads=True)
         for i in range(len(drafts)):
             drafted[i] += 1
             accepted[i] += i < n
@@ -97,11 +88,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         done = run.emit(emitted)
         last = emitted[-1]
         # position n is the last accepted token's, whose main head chose `last`: its heads guess the tokens after
-        with run.drafting():
-            logits = (out.head_logits[0, :length.k, n] if in_forward  # (k, V)
-                      else model.head_logits(out.hidden[:, n:n + 1], length.k)[0, :, 0])
-            drafts, q_draft = head_guesses(logits, length, *draw)
+        drafts, q_draft = head_guesses(out.head_logits[0, :length.k, n], length, *draw)  # from (k, V)
     return run.out, run.stats(drafted=sum(drafted), accepted=sum(accepted),
                               acceptance_rate=sum(accepted) / max(1, sum(drafted)),
-                              head_acceptance=[a / d for a, d in zip(accepted, drafted) if d],  # heads used
-                              runtime=runtime)
+                              head_acceptance=[a / d for a, d in zip(accepted, drafted) if d])  # heads used

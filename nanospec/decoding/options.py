@@ -7,8 +7,6 @@ import math
 from types import SimpleNamespace
 from typing import NamedTuple
 
-from nanospec.static import RUNTIMES
-
 MIN_TEMPERATURE = 1e-4  # below it (and above 0) logits / temperature can overflow to inf: use 0 for greedy
 
 
@@ -60,14 +58,6 @@ DRAFT_SAMPLING_OPTION = {
                                             "without replacement) and verify with rejection sampling against that "
                                             "q; topk = its most likely tokens, verified as point masses. Greedy "
                                             "always uses topk", choices=DRAFT_SAMPLING),
-}
-
-
-# How a method runs its forwards (nanospec/static.py, nanospec/graphs.py).
-RUNTIME_OPTION = {
-    "runtime": Option(str, "auto", "how the forwards run: eager = plain PyTorch, the oracle; static = shape-static "
-                                   "forwards, replayed from CUDA graphs on CUDA (on a CPU just called, to test "
-                                   "them); auto = static on CUDA, eager elsewhere", choices=RUNTIMES),
 }
 
 

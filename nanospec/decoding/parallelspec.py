@@ -12,29 +12,24 @@ a step's drafter pass reads only the tokens emitted since the last step plus the
     next drafter pass reads [5, 9, 4, M1, M2, M3]
 
 By default the top candidates of each mask fill a small Medusa-style tree (nanospec/tree.py) instead of one
-chain, verified with tree attention (nanospec/decoding/tree_step.py); still one drafter pass per step. A mask's
+chain, verified with tree attention (nanospec/decoding/verify_step.py); still one drafter pass per step. A mask's
 second or third choice is often right when its first is not (docs/measurements.md, parallelspec). The two modes
 are two step functions, `chain_step_guesses` and `tree_step_guesses`; the loop around them is shared.
 Greedy output is `ar`'s token for token. Sampling follows the target's law exactly in both modes of
 draft_sampling: "sample" (default) DRAWS mask j's guess from its warped law q_j (a tree: draws without
-replacement per depth, tree_step.fill_tree) and verifies by rejection sampling against q (verify_chain, or
+replacement per depth, tree_guesses.fill_tree) and verifies by rejection sampling against q (verify_chain, or
 verify_tree_without_replacement); "topk" takes each mask's top candidates and verifies them as point masses.
 Mask j never sees the guesses before it, so q_j is a marginal over them; mtp.py says why that stays lossless.
---runtime static: the target's forwards and the drafter's pass shape-static (nanospec/static.py,
-drafters/parallelspec.StaticParallelSpec), each tree padded to the tree's node count; one host read a step, greedy
-or sampling (a drawn tree keeps its shape, the rule runs on the device: trees.fill_tree, tree_step.walk_on_device).
 
 Paper: Xiao et al. 2024, ParallelSpec: Parallel Drafter for Efficient Speculative Decoding, arXiv 2410.05589.
 """
 import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
-from nanospec.decoding.chain_step import chain_step
-from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, RUNTIME_OPTION, Option, Sampling, read_options
-from nanospec.decoding.run import prefill, start
-from nanospec.decoding.tree_step import tree_runtime, tree_step
-from nanospec.decoding.trees import fill_tree, parse_tree
-from nanospec.drafters.parallelspec import drafter_runtime
+from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options
+from nanospec.decoding.run import prefill, start, tensor
+from nanospec.decoding.tree_guesses import fill_tree, parse_tree
+from nanospec.decoding.verify_step import chain_step, tree_step
 from nanospec.verify import sample, warp
 
 # Paths of ranks: (1, 0) = mask 1's second choice, then mask 2's first. Top-3 for the next token, then a chain.
@@ -49,7 +44,7 @@ OPTIONS = {
                               "chain (each mask's top-1), a medusa preset (default, wide) or paths like '0;1;0,0' "
                               "(None = small, or chain with --adaptive)"),
     **ADAPTIVE_OPTIONS,  # chain only; confidence: a mask's probability of its guess
-    **DRAFT_SAMPLING_OPTION, **RUNTIME_OPTION,
+    **DRAFT_SAMPLING_OPTION,
 }
 
 
@@ -75,15 +70,13 @@ def chain_step_guesses(run, target, cache, last, guesses, length, drawn):
     return emitted, len(drafts), n
 
 
-def tree_step_guesses(run, target, cache, last, guesses, paths, drawn, budget=None):
+def tree_step_guesses(run, target, cache, last, guesses, paths, drawn):
     """Tree mode: each mask's top candidates (or draws), Medusa-style (mask j's candidates sit at depth j),
-    verified by tree_step (padded to `budget` nodes). guesses (d, V): the drafter's logits.
-    Returns (emitted, guesses verified, accepted)."""
+    verified by tree_step. guesses (d, V): the drafter's logits. Returns (emitted, guesses verified, accepted)."""
     slots = cache.max_len - cache.length - 1  # cache slots left for guesses in this forward
     step_paths = [p for p in paths if len(p) <= guesses.size(0)][:slots]
-    tokens, parents, q_draft = fill_tree(last, guesses, step_paths, run.sampling, drawn, run.generator,
-                                         on_device=budget is not None)  # static: tokens stay on the device
-    emitted, path, _ = tree_step(run, target, cache, tokens, parents, q_draft=q_draft, budget=budget)
+    tokens, parents, q_draft = fill_tree(last, guesses, step_paths, run.sampling, drawn, run.generator)
+    emitted, path, _ = tree_step(run, target, cache, tokens, parents, q_draft)
     return emitted, len(tokens) - 1, len(path)
 
 
@@ -111,27 +104,27 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     length = draft_length(o, k, most=n_masks)  # guesses per step: k, or adaptive
     run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     drawn = run.sampling.draws(o.draft_sampling)
-    forward, cache, runtime, budget = tree_runtime(target, o.runtime, 1 + (n_masks if paths is None else len(paths)))
-    drafter, draft_cache = drafter_runtime(drafter, target, runtime)  # the drafter, or its static passes
+    cache = target.new_cache(max_len=target.config.block_size + 1 + (n_masks if paths is None else len(paths)))
+    draft_cache = drafter.new_cache()
 
     # prefill: the target gives the first token (the first root); the drafter's first pass reads the prompt too
-    last, _ = prefill(run, forward, cache)
+    last, _ = prefill(run, target, cache)
     new_tokens = run.prompt + [last]  # what the drafter has not read yet, ending with the root
     done = run.emit([last])
     drafted, accepted = 0, 0
     while not done:
         d = run.draft_room(length.k)  # near the end of the budget or context, guess fewer
         if d == 0:  # one token left to emit: nothing to guess (and this is the last step)
-            run.emit(chain_step(run, forward, cache, last, [])[0])
+            run.emit(chain_step(run, target, cache, last, [])[0])
             break
-        with run.drafting():
-            guesses = drafter.draft(target, draft_cache, new_tokens, d)  # (d, V): one pass, d guesses
+        # one drafter pass over the new tokens (1, T) and d masks after the root, the last of them
+        ids = tensor(new_tokens, draft_cache.device)
+        guesses = drafter(target, ids, [len(new_tokens) - 1], d, cache=draft_cache)[0, 0]  # (d, V) logits
         if paths is None:
-            emitted, m, n = chain_step_guesses(run, forward, cache, last, guesses, length, drawn)
+            emitted, m, n = chain_step_guesses(run, target, cache, last, guesses, length, drawn)
         else:
-            emitted, m, n = tree_step_guesses(run, forward, cache, last, guesses, paths, drawn, budget)
+            emitted, m, n = tree_step_guesses(run, target, cache, last, guesses, paths, drawn)
         drafted, accepted = drafted + m, accepted + n
         done = run.emit(emitted)
         last, new_tokens = emitted[-1], emitted  # the accepted guesses and the new root: the drafter's next read
-    return run.out, run.stats(drafted=drafted, accepted=accepted, acceptance_rate=accepted / max(1, drafted),
-                              runtime=runtime)
+    return run.out, run.stats(drafted=drafted, accepted=accepted, acceptance_rate=accepted / max(1, drafted))

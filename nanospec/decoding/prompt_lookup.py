@@ -21,17 +21,13 @@ The guesses are deterministic (no draft distribution q), so they are checked wit
 (nanospec/verify.py: accept guess x with probability p(x); on rejection sample p with x removed), which is
 "accept while the guess equals the target's argmax" when greedy. Cost per step: one target forward over
 1 + k tokens, plus a scan of the context in Python (the sequence lives on the host, where the scan is cheap).
-One host read per step: the target's argmax when greedy, else the rule's result (chain_step.py).
---runtime static runs the target's forwards shape-static, replayed from CUDA graphs on CUDA
-(nanospec/static.py); eager (auto's path off CUDA) is plain PyTorch.
 """
 import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
-from nanospec.decoding.chain_step import chain_step
-from nanospec.decoding.options import RUNTIME_OPTION, Option, Sampling, read_options
+from nanospec.decoding.options import Option, Sampling, read_options
 from nanospec.decoding.run import prefill, start
-from nanospec.static import runtime_model
+from nanospec.decoding.verify_step import chain_step
 
 NEEDS = ()  # model parts beyond the target
 USES = ()  # parts used when present
@@ -40,7 +36,6 @@ OPTIONS = {
                         low=1, high=64),
     "draft_len": Option(int, 10, "tokens copied after a match and checked per target forward (k)", low=1, high=64),
     "adaptive": ADAPTIVE_OPTIONS["adaptive"],  # only `history` applies: a copy has no probabilities to be sure of
-    **RUNTIME_OPTION,
 }
 
 
@@ -71,7 +66,8 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         raise ValueError("prompt-lookup's guesses are copies with no probabilities: use --adaptive history")
     length = draft_length(o, o.draft_len)  # k per step: draft_len, or adapted to the acceptance history
     run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
-    target, cache, runtime = runtime_model(models.target, o.runtime)  # the model, or its static forwards
+    target = models.target
+    cache = target.new_cache()
     drafted = accepted = 0
 
     last, _ = prefill(run, target, cache)
@@ -85,5 +81,4 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         length.update(len(drafts), n)
         done = run.emit(emitted)
 
-    return run.out, run.stats(drafted=drafted, accepted=accepted, acceptance_rate=accepted / max(1, drafted),
-                              runtime=runtime)
+    return run.out, run.stats(drafted=drafted, accepted=accepted, acceptance_rate=accepted / max(1, drafted))

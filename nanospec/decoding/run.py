@@ -5,12 +5,11 @@ end-of-text, the token budget or the context limit, and the stats dict that `dec
 and the tests read. The settings and the methods' options themselves are options.py.
 
 A method calls `run.emit(tokens)` once per target forward with the tokens that forward produced (the accepted
-guesses plus the target's own next token); `emit` keeps what fits and says when to stop.
+guesses plus the target's own next token); `emit` keeps what fits and says when to stop. How long the forwards
+and the drafting took is not the method's business: the benchmark times the models themselves (nanospec/bench.py).
 """
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import torch
 
@@ -31,10 +30,6 @@ class Run:
     target_forwards: int = 0
     stop: str = None  # why generation ended: "eot", "max_new_tokens" or "context"
     t0: float = field(default_factory=time.perf_counter)
-    draft_time: float = 0.0  # seconds inside `with run.drafting():`: the drafter's share of the wall time
-    drafter_passes: int = 0  # drafter passes counted by `run.drafting(passes)`: draft_time / passes is its cost
-    forward_time: float = 0.0  # seconds inside `with run.forwarding():`, the target's forwards
-    events: list = field(default_factory=list)  # CUDA: (field, begin, end) event triples of the timers, for stats()
 
     @property
     def seq(self):
@@ -71,55 +66,14 @@ class Run:
         self.accepted_per_step.append(kept)
         return self.stop is not None
 
-    @contextmanager
-    def timing(self, what):
-        """`with run.timing("draft_time"):` (or "forward_time") adds the time spent inside to that field. On CUDA the
-        work inside is only queued (no sync), so a host clock would time the queueing: a pair of CUDA events
-        brackets it on the GPU instead, read once by stats() after one synchronize (the run is over then). The
-        CUDA branch runs on a GPU only, not in CI."""
-        cuda = self.generator.device.type == "cuda"
-        if cuda:
-            events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            events[0].record()
-        t = time.perf_counter()
-        try:
-            yield
-        finally:
-            if cuda:
-                events[1].record()
-                self.events.append((what, *events))
-            else:
-                setattr(self, what, getattr(self, what) + time.perf_counter() - t)
-
-    @contextmanager
-    def drafting(self, passes=1):
-        """`with run.drafting(passes) as timer:` around a drafter's work adds its time to draft_time and `passes`
-        (the drafter forwards inside; set timer.passes inside when known only then) to drafter_passes; the
-        benchmark's drafter cost c is read from the two."""
-        timer = SimpleNamespace(passes=passes)
-        try:
-            with self.timing("draft_time"):
-                yield timer
-        finally:
-            self.drafter_passes += timer.passes
-
-    def forwarding(self):
-        """`with run.forwarding():` around a target forward (prefill and verify) adds its time to forward_time: the
-        bench splits a step's time into drafting, target forwards and the rest (the host's work)."""
-        return self.timing("forward_time")
-
     def stats(self, **extra):
-        if self.events:  # CUDA: the GPU times, read once the run is over
-            torch.cuda.synchronize()
-            for what, begin, end in self.events:
-                setattr(self, what, getattr(self, what) + begin.elapsed_time(end) / 1000)  # ms -> s
-            self.events.clear()
+        """What the run did: tokens, target forwards, tokens per forward (and per forward, accepted_per_step), the
+        wall time, why it stopped, and the method's own figures (`extra`)."""
         n = len(self.out)
         return {"new_tokens": n, "target_forwards": self.target_forwards,
                 "tokens_per_forward": n / max(1, self.target_forwards),
                 "accepted_per_step": self.accepted_per_step, "wall_time": time.perf_counter() - self.t0,
-                "forward_time": self.forward_time, "stop": self.stop, **({"draft_time": self.draft_time, "drafter_passes": self.drafter_passes}
-                                       if self.drafter_passes else {}), **extra}
+                "stop": self.stop, **extra}
 
 
 def start(models, prompt_ids, max_new_tokens, sampling=Sampling(), seed=None):
@@ -154,6 +108,5 @@ def tensor(ids, device):
 def prefill(run, target, cache):
     """The target reads the prompt and picks the first token itself, like `ar`. Returns (that token, the
     forward's Output: logits (1, P, V), hidden (1, P, C)). The token is not emitted yet, nor in the cache."""
-    with run.forwarding():
-        out = target(tensor(run.prompt, cache.device), cache=cache)
+    out = target(tensor(run.prompt, cache.device), cache=cache)
     return run.sample(out.logits[0, -1]), out

@@ -24,25 +24,19 @@ Cost per step: k draft forwards + 1 target forward for 1..k+1 tokens. If each gu
 probability a, independently, a step yields (1 - a^(k+1)) / (1 - a) tokens on average. The stats'
 `acceptance_rate` estimates that a: accepted / judged, where a guess is judged if every guess before it was
 accepted (guesses after a rejection are never looked at, so they say nothing about a).
-
-The guesses stay on the device: each draft forward reads the previous one's drawn token there, and the step's
-one host read brings back the guesses, the accepted count and the target's token together (chain_step.py). With
---runtime static both models' forwards are shape-static (nanospec/static.py), and the draft's k forwards and k
-draws run as one function of tensors, on CUDA one graph replayed per step (nanospec/draft_chain.py).
 """
 import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
-from nanospec.decoding.chain_step import chain_step
-from nanospec.decoding.options import RUNTIME_OPTION, Option, Sampling, read_options
+from nanospec.decoding.draft_chain import draft_chain
+from nanospec.decoding.options import Option, Sampling, read_options
 from nanospec.decoding.run import prefill, start, tensor
-from nanospec.draft_chain import chain_noise, draft_chain, run_chain
-from nanospec.static import runtime_model
+from nanospec.decoding.verify_step import chain_step
 
 NEEDS = ("draft",)  # model parts beyond the target
 USES = ()  # parts used when present
 OPTIONS = {"draft_len": Option(int, 4, "tokens the draft guesses per target forward (k)", low=1, high=64),
-           **ADAPTIVE_OPTIONS, **RUNTIME_OPTION}
+           **ADAPTIVE_OPTIONS}
 
 
 def check_draft(target, draft):
@@ -55,35 +49,15 @@ def check_draft(target, draft):
                          f"({target.config.block_size}): retrain the draft with the target's block_size")
 
 
-def draft_guesses(run, draft, cache, x, k, length, model):
-    """The draft reads x (1, T) and guesses k tokens autoregressively, each drawn from its warped law:
-    (drafts (k,), q_draft (k, V)) on the device, q_draft None when k == 0 (the target then just samples).
-    With a fixed k the chain is one function of tensors (on CUDA one graph, draft_chain.run_chain); the
-    confidence rule decides on the host after each guess, so it runs forward by forward. Either way the guesses
-    and their draws are the same (draft_chain.py): one sampler for both runtimes."""
-    if k == 0:
-        return torch.zeros(0, dtype=torch.long, device=cache.device), None
-    stop = length.stop if length.rule == "confidence" else None
-    noise = chain_noise(run, k, model)  # (k, V) the draws' randomness, or None (greedy)
-
-    def body(step, x, noise=None):  # k draft forwards over the last guess, k draws
-        return draft_chain(lambda x: step(x).logits[0, -1], x, k, run.sampling, noise, stop)
-
-    with run.drafting(0) as timer:
-        drafts, q_draft = run_chain(draft, cache, body, x, noise, fed=x.size(1) + k - 1, key=(k, run.sampling),
-                                    whole=stop is None)
-        timer.passes = len(drafts)
-    return drafts, q_draft
-
-
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
     o = read_options(OPTIONS, options)
-    check_draft(models.target, models.draft)
+    target, draft = models.target, models.draft
+    check_draft(target, draft)
     length = draft_length(o, o.draft_len)  # k per step: draft_len, or adaptive
     run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
-    target, target_cache, runtime = runtime_model(models.target, o.runtime)  # the model, or its static forwards
-    draft, draft_cache, _ = runtime_model(models.draft, o.runtime, role="draft")
+    target_cache, draft_cache = target.new_cache(), draft.new_cache()
+    stop = length.stop if length.rule == "confidence" else None  # confidence: stop after an unsure guess
     drafted = accepted = judged = draft_forwards = 0
 
     last, _ = prefill(run, target, target_cache)
@@ -93,12 +67,13 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         seq = run.seq
         k = run.draft_room(length.k)  # fewer guesses near the context end or the token budget
         x = tensor(seq[draft_cache.length:], draft_cache.device)  # (1, T) what the draft has not read: T = 1 or 2
-        drafts, q_draft = draft_guesses(run, draft, draft_cache, x, k, length, models.draft)  # (k,), (k, V)
+        drafts, q_draft = draft_chain(lambda x: draft(x, cache=draft_cache).logits[0, -1], x, k, run.sampling,
+                                      run.generator, stop)  # k ints, (k, V)
         k = len(drafts)
         draft_forwards += k
 
         # One target forward over [last, d1..dk]; the target cache rolls back to last + accepted drafts.
-        emitted, n, _ = chain_step(run, target, target_cache, seq[-1], drafts, q_draft=q_draft)
+        emitted, n, _ = chain_step(run, target, target_cache, seq[-1], drafts, q_draft)
         drafted, accepted, judged = drafted + k, accepted + n, judged + min(n + 1, k)
         length.update(k, n)
         # The draft cache read seq and d1..d(k-1). Keep seq + the accepted drafts, as far as it read them:
@@ -107,5 +82,4 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         done = run.emit(emitted)
 
     return run.out, run.stats(drafted=drafted, accepted=accepted, judged=judged,
-                              acceptance_rate=accepted / max(1, judged), draft_forwards=draft_forwards,
-                              runtime=runtime)
+                              acceptance_rate=accepted / max(1, judged), draft_forwards=draft_forwards)

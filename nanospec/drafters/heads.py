@@ -15,14 +15,13 @@ TARGET would emit, and a 3M-parameter model often emits something else than the 
     rollout  [prompt from the corpus] def f ( x ) : return x     (from "def" on: the target's own greedy text)
     at the position of "(": the main head said "x"; head 1 learns ")", head 2 ":", head 3 "return"
 
-Only the heads change; out/heads.pt holds them and `parts.load_models` puts them on the target in place
+Only the heads change; out/heads.pt holds them and `parts.load_models` (parts.load_heads) puts them on the target in place
 of the jointly trained ones (delete heads.pt to decode with those). The target's own output is untouched, so
 every method stays exact with respect to target.pt. The figures (agreement before and after) are in README.md.
 """
 import torch
 from torch.nn import functional as F
 
-from nanospec.checkpoint import check_target, load_checkpoint, load_weights, target_fingerprint
 
 PROMPT_LEN = 32  # tokens of training text each rollout starts from; the target writes the rest of the window
 POOL = 128  # rollouts generated at once: one batched generation, read by EPOCHS * POOL / batch_size steps
@@ -58,12 +57,3 @@ def head_losses(heads, target, seq):
         losses[f"agree{i}"] = (logits.argmax(-1) == truth).float().mean()
     losses["total"] = sum(losses[f"head{i}"] for i in range(1, len(heads) + 1))
     return losses
-
-
-def load_heads(path, target, tokenizer_identity=None, target_id=None):
-    """Put the heads from heads.pt on `target` (in place), after checking they were trained for it (target_id:
-    its fingerprint, computed here when not given)."""
-    ckpt = load_checkpoint(path, tokenizer_identity, part="heads")
-    check_target(path, ckpt, target_id or target_fingerprint(target), "heads")
-    load_weights(path, target.heads, ckpt["model"])
-    return target

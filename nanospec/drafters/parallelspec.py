@@ -36,12 +36,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-from torch.nn import functional as F
 
-from nanospec.checkpoint import load_module
-from nanospec.graphs import Graphs
 from nanospec.model import Block, KVCache
-from nanospec.static import kept, padded_mask
 
 
 @dataclass
@@ -93,114 +89,34 @@ class ParallelSpec(nn.Module):
         self.mask_emb = nn.Parameter(0.02 * torch.randn(config.n_masks, config.n_embd))  # (k, C) [M1 .. Mk]
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
 
-    def inputs(self, target, tokens, anchors, k, n_cached=0):
-        """The embedded input and the attention mask of one forward: tokens (B, T) real tokens at positions
-        n_cached.., then a group of k masks after each anchor (absolute positions of tokens among the T).
-        Returns x (B, T + G*k, C) and mask (T + G*k, n_cached + T + G*k)."""
+    def forward(self, target, tokens, anchors, k=None, cache=None, pos=None, mask=None):
+        """tokens (B, T) real tokens after the cache's; anchors: indices among them (a list or a (G,) tensor),
+        each followed by a group of k masks (default n_masks). Returns logits (B, G, k, V): guess j (0-based) of
+        the group after anchor a is for the token j+1 after it. With a cache, only the T real tokens stay in it:
+        the masks' keys are written after them and forgotten (no later token sees them)."""
         B, T = tokens.shape
-        mask, pos = group_layout(n_cached, T, anchors, k, tokens.device)
+        k = k or self.config.n_masks
+        pos, mask = self.layout(target, tokens, anchors, k, cache, pos, mask)  # (T + G*k,), (T + G*k, S)
         real = target.wte(tokens)  # (B, T, C)
-        anchor = real[:, torch.as_tensor(anchors, device=tokens.device) - n_cached]  # (B, G, C)
-        masks = self.mask_emb[:k] + anchor[:, :, None]  # (B, G, k, C): mask j of a group, plus its anchor
+        masks = self.mask_emb[:k] + real[:, anchors, None]  # (B, G, k, C): mask j of a group, plus its anchor
         x = torch.cat([real, masks.flatten(1, 2)], dim=1) + target.wpe(pos)  # (B, T + G*k, C)
-        return x, mask
-
-    def trunk(self, target, x, mask, n_real, cache=None):
-        """Run the block(s); return the mask tokens' logits (B, G*k, V). With a cache, only the n_real real
-        tokens stay in it: the masks' keys are written after them and forgotten (no later token sees them)."""
         for i, block in enumerate(self.blocks):
             x = block(x, mask, cache, i)
         if cache is not None:
-            cache.advance(n_real)
-        return target.lm_head(target.ln_f(x[:, n_real:]))  # (B, G*k, V)
+            cache.advance(T)
+        logits = target.lm_head(target.ln_f(x[:, T:]))  # (B, G*k, V)
+        return logits.view(B, -1, k, logits.size(-1))
 
-    def forward(self, target, tokens, anchors, k=None, cache=None):
-        """Logits (B, G, k, V): guess j (0-based) of the group after anchor a is for token a+1+j."""
-        k = k or self.config.n_masks
+    def layout(self, target, tokens, anchors, k=None, cache=None, pos=None, mask=None):
+        """The positions (T + G*k,) and mask (T + G*k, cached + T + G*k) of a forward (group_layout), or the
+        given ones."""
+        if pos is not None and mask is not None:
+            return pos, mask
         n_cached = cache.length if cache is not None else 0
-        x, mask = self.inputs(target, tokens, anchors, k, n_cached)
-        logits = self.trunk(target, x, mask, tokens.size(1), cache)  # (B, G*k, V)
-        return logits.view(tokens.size(0), -1, k, logits.size(-1))
-
-    def draft(self, target, cache, tokens, k):
-        """Inference: append the new real tokens (a list; the last one is the root) to the cache and guess the
-        k tokens after the root in the same pass. Returns logits (k, V)."""
-        ids = torch.tensor([tokens], dtype=torch.long, device=cache.device)  # (1, T)
-        root = cache.length + len(tokens) - 1
-        return self(target, ids, [root], k, cache)[0, 0]  # (k, V)
+        anchors = torch.as_tensor(anchors, dtype=torch.long, device=tokens.device) + n_cached  # (G,) absolute
+        mask, pos = group_layout(n_cached, tokens.size(1), anchors, k or self.config.n_masks, tokens.device)
+        return pos, mask
 
     def new_cache(self):
         w = self.mask_emb
         return KVCache(self.config, 1, w.device, w.dtype, max_len=self.config.block_size + self.config.n_masks)
-
-
-class StaticParallelSpec:
-    """The drafter's inference pass (`ParallelSpec.draft`) shape-static and, on CUDA, replayed from graphs
-    (nanospec/static.py's recipe): the real tokens' and the masks' keys are written at slot tensors, attention runs
-    over every slot under group_layout's mask padded to all of them, so a pass's shapes depend only on its number
-    of new tokens and k. Its logits are rewritten by the next pass of the same shape (clone what must outlive it)."""
-
-    def __init__(self, drafter, cache, capture=False):
-        self.drafter, self.cache = drafter, cache
-        self.graphs = Graphs(capture, protect=(cache.k, cache.v))
-
-    def draft(self, target, cache, tokens, k):
-        """What ParallelSpec.draft returns, logits (k, V), and the same cache afterwards."""
-        if cache is not self.cache:
-            raise ValueError("a StaticParallelSpec runs on the cache it was made with")
-        ids = torch.tensor([tokens], dtype=torch.long, device=cache.device)  # (1, T)
-        T, n = ids.size(1), cache.length
-        if n + T + k > cache.max_len:
-            raise ValueError(f"the parallelspec drafter's cache is full: {n + T + k} tokens > {cache.max_len}")
-        mask, pos = group_layout(n, T, [n + T - 1], k, cache.device)  # (T+k, n+T+k), (T+k,): one group, at the root
-        full = padded_mask(mask, cache.max_len)  # (T+k, max_len)
-        slots = torch.arange(n, n + T + k, device=cache.device)  # (T+k,) the masks' slots are reused next pass
-
-        def fn(ids, pos, slots, full):  # ParallelSpec.inputs + trunk with the anchor = the last real token
-            real = target.wte(ids)  # (1, T, C)
-            x = torch.cat([real, self.drafter.mask_emb[:k][None] + real[:, -1:]], dim=1) + target.wpe(pos)
-            for i, block in enumerate(self.drafter.blocks):
-                x = block(x, full, cache, i, slots)  # (1, T+k, C)
-            return (target.lm_head(target.ln_f(x[:, T:]))[0],)  # (k, V)
-
-        logits, = self.graphs(fn, ids, pos, slots, full, key=(k,))
-        cache.advance(T)  # only the real tokens stay
-        return logits
-
-
-def drafter_runtime(drafter, target, path):
-    """What runs the drafter's passes and its cache, for the target's runtime path (static.py's runtime_model):
-    (the drafter, a new cache) on "eager", else a StaticParallelSpec (graphs on "graph") on its emptied cache,
-    kept per drafter and target so that each shape is captured once per process, not per generation."""
-    if path == "eager":
-        return drafter, drafter.new_cache()
-    key = (target.wte.weight.data_ptr(), drafter.mask_emb.data_ptr(), drafter.mask_emb.dtype)
-    static = kept(drafter, key, lambda proxy: StaticParallelSpec(proxy, drafter.new_cache(), capture=path == "graph"))
-    return static, static.cache
-
-
-def load_parallelspec(path, tokenizer_identity=None, device="cpu", target_id=None):
-    """The drafter from parallelspec.pt (target_id: the fingerprint of the target it must have learnt from)."""
-    return load_module(path, tokenizer_identity, device, lambda cfg: ParallelSpec(ParallelSpecConfig(**cfg)),
-                       "parallelspec", target_id)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# What training minimises: the frozen target distilled into the drafter, many groups per sequence (the stage
-# itself: nanospec/drafters/training.py; the design choices behind it: docs/training-notes.md).
-
-
-def distill_losses(drafter, target, w, anchors):
-    """w (B, T+k) windows of text; the drafter reads the first T tokens with a group after each anchor (G,).
-    Mask j (0-based) of the group at anchor a learns the target's argmax after x_0..x_{a+j} along the text.
-    Returns {loss: cross-entropy, agree1..k: how often the drafter's top-1 is the target's, per mask}."""
-    k = drafter.config.n_masks
-    T = w.size(1) - k
-    with torch.no_grad():  # the target is frozen: its choices are the data
-        greedy = target(w[:, :T + k - 1]).logits.argmax(-1)  # (B, T+k-1) the target's token after each prefix
-    logits = drafter(target, w[:, :T], anchors)  # (B, G, k, V)
-    label_pos = torch.as_tensor(anchors, device=w.device)[:, None] + torch.arange(k, device=w.device)  # (G, k)
-    labels = greedy[:, label_pos]  # (B, G, k)
-    loss = F.cross_entropy(logits.flatten(0, 2), labels.flatten())
-    agree = (logits.argmax(-1) == labels).float().mean((0, 1))  # (k,)
-    return {"loss": loss, **{f"agree{j + 1}": agree[j] for j in range(k)}}

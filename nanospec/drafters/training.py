@@ -9,8 +9,8 @@ Every one follows the same skeleton, `train_drafter`:
     train (nanospec/trainer.py): each step draws random windows from the step's generator
     save out/<name>.pt with the config, the weights, the tokenizer's identity and the target's fingerprint
 
-What differs is a `Recipe`: the drafter's config and module, its losses (in nanospec/drafters/<name>.py, beside
-the model, so a reader finds what a drafter learns next to what it is), and the length of its windows. Only
+What differs is a `Recipe`: the drafter's config and module, its losses (nanospec/drafters/losses.py; the MTP
+heads' in heads.py), and the length of its windows. Only
 training imports this module: decoding reads the drafters through nanospec/parts.py and never loads the trainer.
 Why each recipe is what it is (the measurements behind it): docs/training-notes.md.
 """
@@ -24,9 +24,10 @@ import torch
 
 from nanospec.checkpoint import drafter_is_complete, frozen_target
 from nanospec.drafters import heads
-from nanospec.drafters.eagle import Eagle, eagle_config, eagle_losses
-from nanospec.drafters.early_exit import ExitAdapter, distill_losses as exit_losses
-from nanospec.drafters.parallelspec import ParallelSpec, ParallelSpecConfig, distill_losses as mask_losses
+from nanospec.drafters.eagle import Eagle, eagle_config
+from nanospec.drafters.early_exit import ExitAdapter
+from nanospec.drafters.losses import eagle_losses, exit_losses, mask_losses
+from nanospec.drafters.parallelspec import ParallelSpec, ParallelSpecConfig
 from nanospec.trainer import batch_rng, fixed_windows, train, windows
 
 

@@ -1,0 +1,77 @@
+"""
+The verify step, once for a chain of guesses and once for a tree: ONE target forward over the guesses, the rule
+of nanospec/verify.py that fits where they came from, and the KV cache cut back to what was accepted.
+
+    chain: cache = [.. prefix ..]; last = 12, drafts [5, 9, 2]; target argmax after 12, 5, 9, 2 = [5, 9, 7, 3]
+           -> accept 5, 9; emit [5, 9, 7]; cache = [.. prefix .., 12, 5, 9]; 7 opens the next forward.
+    tree:  root "(" with guesses "x" -> ")" and "self" (nanospec/tree.py draws it); argmax after "(" = "x",
+           after "x" = ","  -> path ["x"], emit ["x", ","]; the cache keeps "(" and "x" (`compact`).
+
+In a tree forward each node sees the cached prefix and its own ancestors (tree_mask) at position prefix + depth
+(tree_positions), so it gets exactly the logits a plain forward along its own root-to-node path would give.
+
+Which rule: greedy, "accept while the guess is the argmax" (verify_chain_greedy, verify_tree_greedy: no law
+built). Sampling, guesses DRAWN from a drafter's q_draft are judged against that q (verify_chain, Leviathan's rule;
+verify_tree_without_replacement for a tree's siblings drawn without replacement), and deterministic guesses
+(n-gram copies, top-k, Jacobi iterates) as point masses (verify_chain_point_mass, verify_tree_descend). medusa's
+`typical` rule (verify.typical_accept) is LOSSY by design.
+"""
+import torch
+
+from nanospec.tree import tree_mask, tree_positions
+from nanospec.verify import (typical_accept, verify_chain, verify_chain_greedy, verify_chain_point_mass,
+                             verify_tree_descend, verify_tree_greedy, verify_tree_without_replacement, warp)
+
+TREE_RULES = ("point-mass", "typical")  # lossless (greedy = its one-hot case), and Medusa's LOSSY typical acceptance
+
+
+def chain_step(run, target, cache, last, drafts, q_draft=None, **forward):
+    """One target forward over [last, d1..dk] and the chain rule; the cache then holds the sequence up to the last
+    accepted draft (`last` included, the new token not yet).
+
+    last: the newest emitted token, not yet in the cache; drafts: k guesses for the tokens after it (ints);
+    q_draft (k, V): the law each was drawn from, or None for deterministic guesses. forward: more arguments of
+    the target's forward (heads=True for the MTP heads' logits; early-exit's layers and hidden_in).
+    Returns (emitted = accepted drafts + the target's next token, n_accepted, the forward's Output)."""
+    prefix = cache.lengths[-1]  # the tokens before `last` (early-exit's lower layers may be ahead of the others)
+    ids = torch.tensor([[last] + list(drafts)], device=cache.device)  # (1, k+1)
+    out = target(ids, cache=cache, **forward)
+    logits, guesses = out.logits[0], ids[0, 1:]  # (k+1, V), (k,)
+    if run.sampling.greedy:
+        n, nxt = verify_chain_greedy(logits, drafts)
+    elif q_draft is None:
+        n, nxt = verify_chain_point_mass(warp(logits, *run.sampling), guesses, run.generator)
+    else:
+        n, nxt = verify_chain(warp(logits, *run.sampling), q_draft, guesses, run.generator)
+    cache.rollback(prefix + 1 + n)  # keep last and the accepted drafts
+    return list(drafts[:n]) + [nxt], n, out
+
+
+def tree_step(run, target, cache, tokens, parents, q_draft=None, rule="point-mass", heads=False):
+    """One target forward over a tree of guesses and the tree rule; the cache then holds the prefix, the root and
+    the accepted path.
+
+    tokens, parents: the tree (lists; node 0 = the root = the newest emitted token, not yet in the cache);
+    q_draft (N, V): for a tree whose children were DRAWN, the law node u's children were drawn from (without
+    replacement, in index order), else None; rule: "point-mass" or "typical" (for guesses not drawn).
+    Returns (emitted, path, out): emitted = the accepted guesses + the target's next token; path = the accepted
+    nodes (root excluded), so the last accepted node is path[-1] if path else 0; out = the forward's Output
+    (out.hidden[:, node] is the trunk state there, for drafting the next tree)."""
+    if rule not in TREE_RULES:
+        raise ValueError(f"unknown tree rule {rule!r}; choose one of: {', '.join(TREE_RULES)}")
+    prefix, device = cache.length, cache.device
+    ids = torch.tensor([tokens], device=device)  # (1, N)
+    out = target(ids, pos=tree_positions(parents, prefix, device), cache=cache,
+                 mask=tree_mask(parents, prefix, device), heads=heads)  # logits (1, N, V)
+    logits = out.logits[0]  # (N, V)
+    if run.sampling.greedy:  # every rule is "follow the argmax"
+        path, nxt = verify_tree_greedy(logits, tokens, parents)
+    elif q_draft is not None:  # drawn children: recursive rejection sampling against the q they came from
+        path, nxt = verify_tree_without_replacement(warp(logits, *run.sampling), q_draft, tokens, parents,
+                                                    run.generator)
+    elif rule == "typical":
+        path, nxt = typical_accept(warp(logits, *run.sampling), tokens, parents, generator=run.generator)
+    else:
+        path, nxt = verify_tree_descend(warp(logits, *run.sampling), tokens, parents, run.generator)
+    cache.compact(list(range(prefix)) + [prefix + n for n in [0] + path])  # the root, then the accepted path
+    return [tokens[n] for n in path] + [nxt], path, out

@@ -1,0 +1,171 @@
+"""
+The fast runtime: one layer around the models, chosen once per run, that no decoding method knows about.
+
+A decoding method calls its models as models: `target(x, cache=cache)`, `eagle(target, tokens, features,
+cache=dcache)`, with a cache from `model.new_cache()`. `prepare(models, runtime)` hands it either the models
+themselves (eager: plain PyTorch, the oracle) or each one wrapped in a `Fast`, which takes the same call and
+returns the same outputs, as fresh tensors the method may keep. What differs is how the forward runs:
+
+  shape-static  A plain cached forward attends over the cache's first n + T slots, so its shapes follow a Python
+                int that grows every step, and no step is like the one before. Here, as in gpt-fast, the T new
+                keys and values are written at `slots` (T,), a tensor (`SlotCache`), attention runs over all
+                max_len slots under the forward's mask padded with False to that width, and the positions come
+                in as a tensor: a forward's shapes depend on T alone.
+  CUDA graphs   On CUDA each shape is then captured once and replayed (nanospec/graphs.py): one launch instead
+                of a few hundred, which is what a tiny model's forward costs on a GPU.
+
+Example, max_len 6, the cache holds 2 tokens, a chain of 2 new tokens at slots [2, 3]:
+    slot:   0 1 2 3 4 5
+    new 0   1 1 1 . . .      the model's own mask (2, 4), padded with False to (2, 6): slots 4 and 5 may hold
+    new 1   1 1 1 1 . .      keys of rolled-back guesses, which no one sees; rollback and compact stay moves of
+                             the cache's lengths (KVCache), exactly as on the eager path.
+
+What a model must offer for this: its forward takes `pos`, `cache` and `mask` keywords, writes keys only through
+`cache.update` and moves the cache only through `cache.advance`, and it has a `layout` method that says, from
+the forward's own arguments, the positions and the (T, cached + T) mask the forward will use (model.layout).
+GPT, the EAGLE head and the ParallelSpec drafter all do; the tests hold each Fast model to the plain one.
+
+--runtime: eager = plain PyTorch everywhere; static = shape-static forwards, replayed from CUDA graphs on CUDA
+(on a CPU just called: the path the tests run); auto = static on CUDA, eager elsewhere (on a CPU the static path
+saves no overhead and attends over every slot, so it is slower).
+"""
+import sys
+from dataclasses import fields, is_dataclass, replace
+
+import torch
+
+from nanospec.graphs import CaptureFailed, Graphs
+
+RUNTIMES = ("auto", "eager", "static")
+
+
+def runtime_path(runtime, device):
+    """Which path `runtime` ("auto", "eager" or "static") takes on `device`: "eager", "static" or "graph"."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    cuda = torch.device(device).type == "cuda"
+    if runtime == "eager" or (runtime == "auto" and not cuda):
+        return "eager"
+    return "graph" if cuda else "static"
+
+
+class SlotCache:
+    """A KVCache seen by a shape-static forward: `update` writes the new keys and values at `slots` (T,), a
+    tensor, and returns every slot; `advance` is recorded in `moves`, for the caller to apply after the forward
+    (a replayed graph runs no Python). Everything else (lengths, max_len, device) reads the real cache."""
+
+    def __init__(self, cache, slots):
+        self.cache, self.slots, self.moves = cache, slots, []
+
+    def update(self, layer, k_new, v_new):
+        """(B, nh, T, hs) new keys/values of one layer, written at the slots -> every slot (B, nh, max_len, hs)."""
+        self.cache.k[layer].index_copy_(2, self.slots, k_new)
+        self.cache.v[layer].index_copy_(2, self.slots, v_new)
+        return self.cache.k[layer], self.cache.v[layer]
+
+    def advance(self, T, layers=None):
+        self.moves.append((T, None if layers is None else tuple(layers)))
+
+    def __getattr__(self, name):  # lengths, length, max_len, device: the real cache's
+        return getattr(self.cache, name)
+
+
+class Fast:
+    """A model whose cached forwards run shape-static (and replayed from CUDA graphs when capture is True).
+    Called like the model; every other attribute is the model's. `new_cache` hands out one cache per set of
+    arguments, emptied, the same tensors every generation: a graph replays on the buffers it was captured with."""
+
+    def __init__(self, model, capture=False):
+        self.model, self.capture = model, capture
+        self.graphs = Graphs(capture)
+        self.caches = {}  # new_cache's arguments -> the cache
+        self.made = {}  # graph key -> (the cache moves its forward makes, SlotCache.moves; its output's class)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def new_cache(self, *args, **kwargs):
+        key = (args, tuple(sorted(kwargs.items())))
+        if key not in self.caches:
+            self.caches[key] = self.model.new_cache(*args, **kwargs)
+        cache = self.caches[key]
+        cache.lengths = [0] * len(cache.lengths)  # every slot free: stale keys are masked
+        return cache
+
+    def __call__(self, *args, cache=None, pos=None, mask=None, **kwargs):
+        if cache is None or not self.graphs.enabled:  # no cache (training, the slow oracle), or capture failed
+            return self.model(*args, cache=cache, pos=pos, mask=mask, **kwargs)
+        pos, mask = self.model.layout(*args, cache=cache, pos=pos, mask=mask, **kwargs)  # (T,), (T, n+T) or None
+        T = pos.numel()
+        n = 0 if mask is None else mask.size(1) - T  # the cached tokens the new ones follow
+        if n + T > cache.max_len:
+            raise ValueError(f"KV cache full: {n + T} tokens > {cache.max_len}; shorten the prompt or the generation")
+        full = torch.zeros(T, cache.max_len, dtype=torch.bool, device=pos.device)  # (T, max_len) False: hidden
+        full[:, :n + T] = torch.ones(T, T, dtype=torch.bool, device=pos.device).tril() if mask is None else mask
+        slots = torch.arange(n, n + T, device=pos.device)  # (T,)
+        # tensors are the graph's inputs; everything else (T's layer range, heads, k, the target) keys it
+        given = list(args) + list(kwargs.values())
+        tensors = [a for a in given if torch.is_tensor(a)]
+        key = (id(cache), tuple(None if torch.is_tensor(a) else freeze(a) for a in given), tuple(kwargs))
+
+        def fn(pos, full, slots, *tensors):  # tensors in, tensors out: what a graph of this key records
+            it = iter(tensors)
+            filled = [next(it) if torch.is_tensor(a) else a for a in given]
+            view = SlotCache(cache, slots)
+            out = self.model(*filled[:len(args)], cache=view, pos=pos, mask=full,
+                             **dict(zip(kwargs, filled[len(args):])))
+            self.made[key] = view.moves, type(out) if is_dataclass(out) else None
+            return flatten(out)
+
+        try:
+            outputs = self.graphs(fn, pos, full, slots, *tensors, key=key, protect=(cache.k, cache.v))
+        except CaptureFailed as e:
+            print(f"warning: CUDA graph capture failed ({e}); the {self.model.__class__.__name__}'s forwards run "
+                  f"eager from here", file=sys.stderr)
+            return self.model(*args, cache=cache, pos=pos, mask=mask, **kwargs)
+        moves, kind = self.made[key]
+        for T_moved, layers in moves:
+            cache.advance(T_moved, layers)
+        return unflatten(kind, outputs)
+
+
+def freeze(value):
+    """A graph key part from a non-tensor argument: lists become tuples, anything else is kept (by identity
+    for a module, e.g. the target an EAGLE head reads through)."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def flatten(out):
+    """A forward's output as a tuple of tensors (None kept): a dataclass (model.Output) by its fields, a tensor
+    as itself."""
+    return tuple(getattr(out, f.name) for f in fields(out)) if is_dataclass(out) else (out,)
+
+
+def unflatten(kind, outputs):
+    """flatten's inverse, each tensor cloned (a replay rewrites the graph's outputs in place): kind is the
+    output's dataclass, or None for a bare tensor."""
+    outputs = [None if t is None else t.clone() for t in outputs]
+    return outputs[0] if kind is None else kind(*outputs)
+
+
+def fast(model, path):
+    """`model` for a runtime path: itself on "eager", else its Fast wrapper, kept on the model from one run to the
+    next (each shape is captured once per process, and dropping the model drops its graphs). Keyed by where the
+    weights live: moving a model (.to, .half) makes new weights, which old graphs would not read."""
+    if model is None or path == "eager":
+        return model
+    w = next(model.parameters())
+    runners = model.__dict__.setdefault("_fast", {})  # {(path, its weights' address, dtype): its Fast}
+    key = (path, w.data_ptr(), w.dtype)
+    if key not in runners:
+        runners[key] = Fast(model, capture=path == "graph")
+    return runners[key]
+
+
+def prepare(models, runtime="auto"):
+    """The models a method runs, as `runtime` asks, and the path taken: (models, "eager" | "static" | "graph").
+    The target, the draft GPT, the EAGLE head and the ParallelSpec drafter are wrapped; the exit adapters read one
+    position and keep no cache, so they run as they are."""
+    path = runtime_path(runtime, models.target.wte.weight.device)
+    wrapped = {part: fast(getattr(models, part), path) for part in ("target", "draft", "eagle", "parallelspec")}
+    return replace(models, **wrapped), path
