@@ -18,6 +18,8 @@ the target already chose; every other node's parent comes before it). Example, 4
 
 Each node then gets exactly the logits a plain forward along its own root-to-node path would give.
 """
+import heapq
+
 import torch
 
 
@@ -91,8 +93,8 @@ def tree_positions(parents, prefix_len, device="cpu"):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Shapes from paths of ranks (Medusa's "medusa_choices"; filling one with guesses is decoding/tree_guesses.py),
-# and two views of any tree: its root-to-leaf paths and an indented printout.
+# Shapes from paths of ranks (Medusa's "medusa_choices", and the shape of a tree of drawn guesses; filling one
+# with guesses is decoding/tree_guesses.py), and two views of any tree: its root-to-leaf paths and a printout.
 
 
 def tree_from_paths(paths):
@@ -115,6 +117,27 @@ def tree_from_paths(paths):
         parents.append(index[node[:-1]])
     return parents, nodes
     # END SOLUTION ex7
+
+
+def draw_rank_paths(n, depth, width, accept=0.75):
+    """The n nodes of a tree of DRAWN guesses most likely to be reached, as paths of draw ranks for
+    tree_from_paths: (0, 1) = the first draw below the root, then the second draw below that one.
+
+    If each draw is accepted with probability `accept`, draw r (0-based) of a node is the one accepted with
+    probability accept * (1 - accept)^r (the r before it rejected), and a node is reached with the product of
+    these along its path. Best first, at most `width` children per node and `depth` levels. The shape depends
+    on ranks only, never on the tokens drawn, so it is fixed before drawing, as verifying drawn children
+    needs (verify.verify_tree_without_replacement).
+    Example: n 4, depth 2, width 2, accept 0.75: (0,) 0.75, (0, 0) 0.56, (1,) 0.19, (0, 1) 0.14 -> those four."""
+    heap, paths = [(-accept, (0,))], []  # (minus the chance of reaching it, path): heapq pops the smallest
+    while heap and len(paths) < n:
+        minus_reach, path = heapq.heappop(heap)
+        paths.append(path)
+        if path[-1] + 1 < width:  # the next draw beside it: reached when this one is rejected
+            heapq.heappush(heap, (minus_reach * (1 - accept), path[:-1] + (path[-1] + 1,)))
+        if len(path) < depth:  # the first draw below it
+            heapq.heappush(heap, (minus_reach * accept, path + (0,)))
+    return paths
 
 
 def leaf_paths(parents):

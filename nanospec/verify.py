@@ -10,8 +10,8 @@ Everything rests on one rule (Leviathan et al. 2022, arXiv 2211.17192; Chen et a
 a token x drawn from q is accepted with probability `accept_prob = min(1, p(x)/q(x))`; on rejection the
 emitted token is drawn from `residual = norm(max(0, p - q))`. The output then follows p exactly:
     P(out = y) = min(p(y), q(y)) + (1 - sum min(p, q)) * residual(y) = p(y).
-The other rules are the same two functions applied differently. What the methods run (chain_step.py,
-tree_step.py), each held by the tests to the exact law:
+The other rules are the same two functions applied differently. What the methods run (through
+decoding/verify_step.py), each held by the tests to the exact law:
   - verify_chain             the rule at each position of a drafted chain, bonus token from p at the end
   - verify_chain_point_mass  deterministic drafts: q is a point mass at the draft, so accept_prob = p(x) and
                              the residual is p with x removed (= "sample y ~ p, keep it while it matches")
@@ -22,7 +22,6 @@ tree_step.py), each held by the tests to the exact law:
                              (`sample_without_replacement`; Jeon et al. 2024, arXiv 2402.14160)
   - verify_chain_greedy, verify_tree_greedy
                              the greedy case of the rules above, with no distribution built
-                             (verify_tree_greedy_on_device: the same walk as tensor ops, for the static runtime)
   - typical_accept           Medusa's typical acceptance (arXiv 2401.10774); LOSSY, kept as an option and
                              as a negative control for the tests.
 REFERENCE rules, which no method runs: the tests prove them exact on 1e5 rows at once and hold the rules above
@@ -104,14 +103,11 @@ def sample_without_replacement(probs, k, generator=None):
     return top.indices
 
 
-def gumbel_top_k(probs, k, generator=None, u=None):
+def gumbel_top_k(probs, k, generator=None):
     """`sample_without_replacement`'s draws without its check (no host read): the k largest of log probs + Gumbel
     noise, as (values, indices) (..., k). Where a row has fewer than k possible tokens, the values past them are
-    -inf and their indices meaningless: the caller drops them (trees.fill_tree knows each row's support).
-    u: the uniforms (..., V) to make the noise from, when drawn beforehand (inside a CUDA graph, draft_chain.py);
-    else drawn here from `generator`."""
-    if u is None:
-        u = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)  # (..., V)
+    -inf and their indices meaningless: the caller drops them (tree_guesses.fill_tree counts the finite ones)."""
+    u = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)  # (..., V)
     gumbel = -torch.log(-torch.log(u.clamp(min=torch.finfo(probs.dtype).tiny)))  # (..., V) Gumbel(0, 1) noise
     return (torch.log(probs) + gumbel).topk(k, dim=-1)  # log 0 = -inf: never among the k largest if k fit
 
@@ -191,7 +187,7 @@ def verify_chain(p_target, q_draft, draft_tokens, generator=None):
     a sample of norm([0, 0.4]) = token 1.
     """
     n, nxt = verify_chain_batched(p_target[None], q_draft[None], draft_tokens[None], generator)
-    return int(n[0]), int(nxt[0])
+    return tuple(torch.cat([n, nxt]).tolist())  # one host read: on a GPU each read waits for the queued kernels
 
 
 def verify_chain_point_mass_batched(p_target, draft_tokens, generator=None):
@@ -213,7 +209,7 @@ def verify_chain_point_mass(p_target, draft_tokens, generator=None):
     draft [5, 9, 2], target argmax [5, 9, 7, 3] -> (2, 7), emit [5, 9, 7].
     """
     n, nxt = verify_chain_point_mass_batched(p_target[None], draft_tokens[None], generator)
-    return int(n[0]), int(nxt[0])
+    return tuple(torch.cat([n, nxt]).tolist())  # one host read
 
 
 def verify_chain_greedy(logits, draft_tokens):
@@ -249,15 +245,13 @@ def _layout(parents):
     return parents, children(parents), depth
 
 
-def _walk_tree(p_target, tokens, parents, proposal, generator, valid=None):
+def _walk_tree(p_target, tokens, parents, proposal, generator):
     """The walk shared by both lossless tree rules, on B trees with the same shape.
 
     p_target (B, N, V); tokens (B, N); parents (N,). proposal(rows, node, child) -> (B, V) is the q the child's
     token was drawn from. At each node, from P = p_target[node]: try the children in index order, accepting
     child c with accept_prob(P, q_c, x_c); after a rejection P <- residual(P, q_c). Descend into an accepted
-    child; when none is accepted (or at a leaf) emit a sample of P. valid (B, N) bool, optional: a child that is
-    not valid is skipped exactly as an absent one (no test, P unchanged): a tree of fixed shape whose drafter
-    could not fill every node (trees.fill_tree, where q had fewer tokens than the node's rank).
+    child; when none is accepted (or at a leaf) emit a sample of P.
     Returns path (B, D) with -1 after the last accepted node (D = the tree's depth), next_token (B,).
     """
     B, N, V = p_target.shape
@@ -269,7 +263,6 @@ def _walk_tree(p_target, tokens, parents, proposal, generator, valid=None):
     for u, ch in enumerate(children):
         child_table[u, : len(ch)] = torch.tensor(ch, dtype=torch.long, device=device)
     rows = torch.arange(B, device=device)
-    valid = torch.ones(B, N, dtype=torch.bool, device=device) if valid is None else valid  # (B, N)
     node = torch.zeros(B, dtype=torch.long, device=device)  # (B,) where each tree's walk stands
     alive = torch.ones(B, dtype=torch.bool, device=device)  # (B,) still descending
     P = p_target[:, 0]  # (B, V) what the next token must follow, given the rejections so far
@@ -279,7 +272,7 @@ def _walk_tree(p_target, tokens, parents, proposal, generator, valid=None):
         for j in range(width):
             child = child_table[node, j]  # (B,)
             c = child.clamp(min=0)
-            trying = alive & (child >= 0) & (chosen < 0) & valid[rows, c]
+            trying = alive & (child >= 0) & (chosen < 0)
             x, q = tokens[rows, c], proposal(rows, node, c)  # (B,), (B, V)
             u = torch.rand(B, generator=generator, dtype=p_target.dtype, device=device)  # (B,)
             ok = u < accept_prob(P, q, x)
@@ -360,33 +353,6 @@ def verify_tree_greedy(logits, tokens, parents):
     return _descend(tokens, parents, best.__getitem__)
 
 
-def verify_tree_greedy_on_device(logits, tokens, parents):
-    """verify_tree_greedy with the walk on the device, for the static runtime: logits (N, V), tokens (N,) a list or
-    a LongTensor on the device, parents a list or a (N,) LongTensor there. Returns path (D,) LongTensor padded
-    with -1 (D = the tree's depth; N - 1 for parents on the device) and the next token (), both on the device:
-    no host read. The same walk as _descend: at node u the argmax y, then the first child of u holding y, over D
-    fixed steps (a walk that stopped stays put).
-    Example: tokens [0, 5, 8, 9], parents [-1, 0, 0, 1], argmax after nodes 0..3 = [8, 1, 7, 4] -> ([2, -1], 7)."""
-    N, device = len(parents), logits.device
-    if torch.is_tensor(parents):  # left on the device (EAGLE's reranked tree): walk as deep as N nodes can reach
-        par, depth = parents, [N - 1]
-    else:
-        parents, _, depth = _layout(parents)
-        par = torch.tensor(parents, dtype=torch.long, device=device)  # (N,)
-    best = logits.argmax(-1)  # (N,) same tie-break as warp(logits, 0)
-    tokens = torch.as_tensor(tokens, dtype=torch.long, device=device)  # (N,)
-    # match[u, c]: node c is a child of u and holds u's argmax; the first such c is where the walk goes from u
-    match = (par[None, :] == torch.arange(N, device=device)[:, None]) & (tokens[None, :] == best[:, None])  # (N, N)
-    has, first = match.any(-1), match.long().argmax(-1)  # (N,), (N,) argmax: the first True
-    node, path = torch.zeros((), dtype=torch.long, device=device), []
-    for _ in range(max(depth)):
-        step = has[node]  # () does the walk go on from here?
-        node = torch.where(step, first[node], node)
-        path.append(torch.where(step, node, -1))
-    path = torch.stack(path) if path else torch.zeros(0, dtype=torch.long, device=device)  # (D,)
-    return path, best[node]
-
-
 def _descend(tokens, parents, pick):
     """The walk both rules above share: at node u take y = pick(u); step into the first child of u holding y
     and repeat, or stop. Returns (path: entered nodes, root excluded; y at the last node)."""
@@ -450,10 +416,9 @@ def without_replacement_proposals(q, drawn):
     # END SOLUTION ex13
 
 
-def verify_tree_without_replacement_batched(p_target, q_draft, tokens, parents, generator=None, valid=None):
+def verify_tree_without_replacement_batched(p_target, q_draft, tokens, parents, generator=None):
     """`verify_tree_without_replacement` on B trees of one shape: p_target, q_draft (B, N, V), tokens (B, N),
-    parents (N,). valid (B, N) bool, optional: the nodes really drawn, for a tree of fixed shape where q had fewer
-    tokens than some node's rank (trees.fill_tree on the device); the others are never tried, as if absent.
+    parents (N,).
     Returns path (B, D) padded with -1, next_token (B,)."""
     _, children, _ = _layout(parents)
     q_child = torch.zeros_like(q_draft)  # (B, N, V) the law each child was drawn from; row 0 (the root) unused
@@ -464,7 +429,7 @@ def verify_tree_without_replacement_batched(p_target, q_draft, tokens, parents, 
     def proposal(rows, node, child):
         return q_child[rows, child]
 
-    return _walk_tree(p_target, tokens, parents, proposal, generator, valid)
+    return _walk_tree(p_target, tokens, parents, proposal, generator)
 
 
 def verify_tree_without_replacement(p_target, q_draft, tokens, parents, generator=None):

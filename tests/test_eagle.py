@@ -20,8 +20,7 @@ from nanospec.model import GPTConfig, KVCache, Output
 from nanospec.drafters.eagle import Eagle, eagle_config
 from nanospec.drafters.losses import eagle_losses
 from nanospec.parts import load_eagle
-from nanospec.decoding.tree_guesses import draw_rank_paths
-from nanospec.tree import frontier_mask, tree_from_paths
+from nanospec.tree import draw_rank_paths, frontier_mask, tree_from_paths
 from nanospec.verify import warp
 from test_model import TOL, random_ids, tiny_gpt
 from test_mtp_medusa import exact_law, trained_tiny

@@ -22,10 +22,10 @@ import torch
 
 from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options
 from nanospec.decoding.run import prefill, start, tensor
-from nanospec.decoding.tree_guesses import draw_rank_paths, draw_tree
+from nanospec.decoding.tree_guesses import draw_tree
 from nanospec.decoding.verify_step import tree_step
 from nanospec.model import Output
-from nanospec.tree import frontier_mask
+from nanospec.tree import draw_rank_paths, frontier_mask
 from nanospec.verify import warp
 
 NEEDS = ("eagle",)
@@ -93,7 +93,7 @@ def grow_tree(eagle, target, dcache, root, draft, depth, width, total_tokens):
 
 def grow_sampled_tree(eagle, target, dcache, root, draft, depth, width, total_tokens, sampling, generator):
     """The tree of DRAWN guesses (--draft-sampling sample): a fixed shape of total_tokens - 1 nodes by draw rank
-    (tree_guesses.draw_rank_paths), filled by tree_guesses.draw_tree: one head pass per level gives each node's
+    (tree.draw_rank_paths), filled by tree_guesses.draw_tree: one head pass per level gives each node's
     warped q. Returns (tokens, parents, q_draft (N, V)), the head's cache as it was."""
     if depth < 1 or total_tokens < 2:
         return [root], [-1], None

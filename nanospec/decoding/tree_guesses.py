@@ -8,19 +8,16 @@ the root, then the first candidate below it.
   medusa_tree      fills a shape from each depth's candidates, best first (Medusa's heads' top-k)
   fill_tree        for drafters whose guess at depth d does not depend on the guesses above it (MTP heads,
                    ParallelSpec's masks): each depth's candidates are its top-k, or draws without replacement
-  draw_rank_paths  the shape of a tree of DRAWN guesses, fixed before any draw
   draw_tree        for drafters whose law at a node depends on the tokens above it (EAGLE's head): one drafter
                    pass per level, each node's children drawn from its own q
 """
-import heapq
-
 import torch
 
 from nanospec.tree import children, depths, tree_from_paths
 from nanospec.verify import gumbel_top_k, warp
 
-# medusa's default: 4 paths chosen by scripts/medusa_tree.py on the trained model (docs/measurements.md has the
-# figures); "large" is the best 16 paths of the same measurement.
+# medusa's default: 4 paths chosen by scripts/medusa_tree.py on the trained model (docs/measurements.md); "large"
+# is the best 16 paths of the same measurement.
 DEFAULT_TREE = [(0,), (1,), (0, 0), (0, 0, 0)]
 TREES = {
     "default": DEFAULT_TREE,
@@ -82,8 +79,7 @@ def fill_tree(root, logits, paths, sampling, drawn=False, generator=None):
               leave its sibling verified against the wrong q); a rank beyond what q allows (top-k, top-p) has no
               draw, and its path is left out, with everything under it.
     Example: root 7, paths [(0,), (1,), (0, 0)], top-2 of row 0 = [5, 3], top-1 of row 1 = [9]
-             -> tokens [7, 5, 3, 9], parents [-1, 0, 0, 1], q_draft None.
-    Returns (tokens, parents, q_draft), lists and a (N, V) tensor or None; one host read."""
+             -> tokens [7, 5, 3, 9], parents [-1, 0, 0, 1], q_draft None. Returns (tokens, parents, q_draft)."""
     if not paths:
         return [int(root)], [-1], None
     D, width = max(map(len, paths)), max(max(p) for p in paths) + 1
@@ -96,41 +92,15 @@ def fill_tree(root, logits, paths, sampling, drawn=False, generator=None):
                              f"(r+1)-th draw, and each node's children must be draws 1..m in order")
     q = warp(logits[:D], *sampling)  # (D, V) the law each depth's candidates are drawn from
     draws = gumbel_top_k(q, width, generator)  # (D, width) each row's draws without replacement, in order
-    support = torch.isfinite(draws.values).sum(-1)  # (D,) how many draws q allows: -inf past its tokens
-    values = torch.cat([draws.indices.flatten(), support]).tolist()  # the one read
-    cand, support = [values[d * width:(d + 1) * width] for d in range(D)], values[D * width:]
-    paths = [p for p in paths if all(r < support[d] for d, r in enumerate(p))]
-    tokens, parents = medusa_tree(root, cand, paths)
+    cand = torch.where(torch.isfinite(draws.values), draws.indices, -1).tolist()  # -1 past q's tokens; one read
+    tokens, parents = medusa_tree(root, cand, [p for p in paths if min(cand[d][r] for d, r in enumerate(p)) >= 0])
     q_rows = torch.cat([q, torch.zeros_like(q[:1])])  # (D+1, V): a node at depth d draws from row d; D: none
     return tokens, parents, q_rows[depths(parents)]
 
 
-def draw_rank_paths(n, depth, width, accept=0.75):
-    """The n nodes of a tree of DRAWN guesses most likely to be reached, as paths of draw ranks for
-    tree_from_paths: (0, 1) = the first draw below the root, then the second draw below that one.
-
-    If each draw is accepted with probability `accept`, draw r (0-based) of a node is the one accepted with
-    probability accept * (1 - accept)^r (the r before it rejected), and a node is reached with the product of
-    these along its path. Best first, at most `width` children per node and `depth` levels. The shape depends
-    on ranks only, never on the tokens drawn, so it is fixed before drawing, as verifying drawn children
-    needs (verify.verify_tree_without_replacement).
-    Example: n 4, depth 2, width 2, accept 0.75: (0,) 0.75, (0, 0) 0.56, (1,) 0.19, (0, 1) 0.14 (then (1, 0) 0.14)
-             -> [(0,), (0, 0), (1,), (0, 1)]
-    """
-    heap, paths = [(-accept, (0,))], []  # (minus the chance of reaching it, path): heapq pops the smallest
-    while heap and len(paths) < n:
-        minus_reach, path = heapq.heappop(heap)
-        paths.append(path)
-        if path[-1] + 1 < width:  # the next draw beside it: reached when this one is rejected
-            heapq.heappush(heap, (minus_reach * (1 - accept), path[:-1] + (path[-1] + 1,)))
-        if len(path) < depth:  # the first draw below it
-            heapq.heappush(heap, (minus_reach * accept, path + (0,)))
-    return paths
-
-
 def draw_tree(root, paths, q_root, next_q, generator=None):
     """A tree of DRAWN guesses with a shape fixed in advance, for a drafter whose law at a node depends on the
-    tokens above it (EAGLE's head): paths = the shape in draw ranks (draw_rank_paths); q_root (V,) the drafter's
+    tokens above it (EAGLE's head): paths = the shape in draw ranks (tree.draw_rank_paths); q_root (V,) the drafter's
     warped law below the root; next_q(d, level, tokens, parents) -> (K, V) its warped laws at the nodes `level`
     (the drawn nodes of depth d that have children in the shape), given tokens (None where not drawn) and the
     shape's parents: one drafter pass per level, one host read per level. Each node's children are draws without
