@@ -15,6 +15,8 @@ decoding/verify_step.py), each held by the tests to the exact law:
   - verify_chain             the rule at each position of a drafted chain, bonus token from p at the end
   - verify_chain_point_mass  deterministic drafts: q is a point mass at the draft, so accept_prob = p(x) and
                              the residual is p with x removed (= "sample y ~ p, keep it while it matches")
+  - verify_block             the drafted chain judged jointly (block verification): the same law, at least as
+                             many drafts accepted in expectation (`--verify block`)
   - verify_tree_descend      a tree of deterministic drafts (Medusa / EAGLE-2 top-k trees, n-grams): the tree
                              point-mass rule as "draw y ~ p at the node, step into the child holding y"
   - verify_tree_without_replacement
@@ -228,6 +230,61 @@ def verify_chain_greedy(logits, draft_tokens):
         n += 1
     return n, best[n]
     # END SOLUTION ex2
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Block verification: the whole chain judged jointly (Sun, Mendlovic, Leviathan, Aharoni, Ro, Beirami and Suresh,
+# "Block Verification Accelerates Speculative Decoding", arXiv 2403.10444, ICLR 2025).
+
+
+def block_acceptance(p_target, q_draft, draft_tokens):
+    """What block verification decides with, on B chains: p_target (B, k+1, V), q_draft (B, k, V), draft_tokens
+    (B, k) -> h (B, k+1), the chance of stopping after i accepted drafts once every longer prefix has failed, and
+    the law (B, k+1, V) of the token emitted there.
+
+    The weight of the first i drafts, w_0 = 1, w_i = min(w_{i-1} p_i(x_i) / q_i(x_i), 1), is the chance the
+    output runs through them. Every position is tested, the longest prefix that passes wins: w_k for all k, then
+    for i < k, with the excess mass R_i = sum(max(w_i p_i - q_i, 0)) that the drafts after i could not carry,
+    h_i = R_i / (R_i + 1 - w_i), and the emitted token follows norm(max(w_i p_i - q_i, 0)): the token rule's
+    residual with p weighted by the block's w_i (h_0 = 1: the empty prefix always passes). After all k: p_k.
+    Example, the paper's: p = [1/3, 2/3] and q = [2/3, 1/3] at every position, drafts [0, 1]: w = [1, 1/2, 1],
+    so both are accepted every time, where the token rule keeps token 0 only half the time.
+    Greedy (one-hot p and q) it is "accept while the draft is the argmax", as the token rule."""
+    B, k = draft_tokens.shape
+    p_x = p_target[:, :k].gather(-1, draft_tokens[..., None])[..., 0]  # (B, k) p_i(x_i)
+    q_x = q_draft.gather(-1, draft_tokens[..., None])[..., 0]  # (B, k) q_i(x_i)
+    w = [p_target.new_ones(B)]  # (B,) w_0
+    for i in range(k):  # q_i(x_i) = 0 cannot happen for a real draw: count it as accepted when p_i(x_i) > 0
+        ratio = torch.where(q_x[:, i] > 0, w[-1] * p_x[:, i] / q_x[:, i].clamp(min=1e-30), (w[-1] * p_x[:, i] > 0))
+        w.append(ratio.clamp(max=1).to(p_x.dtype))
+    w = torch.stack(w, 1)  # (B, k+1)
+    excess = (w[:, :k, None] * p_target[:, :k] - q_draft).clamp(min=0)  # (B, k, V)
+    mass = excess.sum(-1)  # (B, k) R_i
+    fail = mass + 1 - w[:, :k]  # (B, k) the chance every longer prefix fails, given the first i drafts
+    h = torch.cat([torch.where(fail > 0, mass / fail.clamp(min=1e-30), 1.0), w[:, k:]], 1)  # (B, k+1)
+    left = torch.where(mass[..., None] > 0, excess / mass[..., None].clamp(min=1e-30), p_target[:, :k])  # (B, k, V)
+    return h, torch.cat([left, p_target[:, k:]], 1)
+
+
+def verify_block_batched(p_target, q_draft, draft_tokens, generator=None):
+    """`verify_block` on B chains: p_target (B, k+1, V), q_draft (B, k, V), draft_tokens (B, k) -> n_accepted (B,),
+    next_token (B,). One uniform per position; no early exit: the longest prefix whose test passes is kept."""
+    h, emit_law = block_acceptance(p_target, q_draft, draft_tokens)  # (B, k+1), (B, k+1, V)
+    B, k1 = h.shape
+    u = torch.rand(B, k1, generator=generator, dtype=h.dtype, device=h.device)  # (B, k+1)
+    passed = (u < h) | (torch.arange(k1, device=h.device) == 0)  # (B, k+1) the empty prefix always passes
+    n = torch.where(passed, torch.arange(k1, device=h.device), 0).max(-1).values  # (B,) the longest that passed
+    return n, sample(emit_law[torch.arange(B, device=h.device), n], generator)
+
+
+def verify_block(p_target, q_draft, draft_tokens, generator=None):
+    """Block verification of a chain of k drafts, each drawn from q_draft given the ones before it: the same
+    inputs and outputs as `verify_chain`, the output law the same (the target's), and in expectation at least as
+    many drafts accepted, often more (the paper proves it optimal among rules that see only the chain's own
+    probabilities). p = [1/3, 2/3], q = [2/3, 1/3] at both of k = 2 positions: 10/9 drafts accepted per step
+    with verify_chain, 11/9 with this rule. Returns (n_accepted, next_token)."""
+    n, nxt = verify_block_batched(p_target[None], q_draft[None], draft_tokens[None], generator)
+    return tuple(torch.cat([n, nxt]).tolist())  # one host read
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -458,6 +515,64 @@ def verify_tree_without_replacement(p_target, q_draft, tokens, parents, generato
         p_target[None], q_draft[None], torch.as_tensor(tokens, device=p_target.device)[None], parents, generator
     )
     return _path_list(path[0], nxt[0])
+
+
+def traverse_tree(p_target, q_draft, tokens, parents, coin):
+    """Traversal verification's walk over one tree whose children at each node u were drawn WITHOUT replacement
+    from q_draft[u], in index order, each node's independently of every other node's; its randomness is coin(prob)
+    -> True with probability prob. p_target, q_draft (N, V); tokens, parents (N,) lists. Returns (path: the
+    accepted nodes, root excluded; the law (V,) of the token emitted after the last of them).
+
+    The walk goes leaves first, in post-order (the first child's subtree, then the second's, ...), and judges each
+    node by the whole path above it: its weight w_c = min(w_u P_u(x_c) / Q_u(x_c), 1), the chance the output runs
+    through c (w_root = 1), from its parent's current target law P_u and proposal Q_u. A node with no child left
+    passes with probability w_c: the path to it is accepted and the next token follows P_c. When it fails, its
+    parent u tries its next child with what the failed one could not carry: the excess R = sum(max(w_u P_u - Q_u,
+    0)), w_u <- R / (R + 1 - w_u), P_u <- norm(max(w_u P_u - Q_u, 0)), Q_u <- Q_u without x_c (the next sibling's
+    law); with no child left, u itself is judged next. The root always passes.
+    On a chain this is block verification (`block_acceptance`); on a tree of depth 1 it is
+    verify_tree_without_replacement. Example: p = [1/3, 2/3], q = [2/3, 1/3] at every node, a chain root -> 0 -> 1:
+    w = 1/2 at node 1 and 1 at node 2, which passes every time (the top-down rule rejects token 0 half the time)."""
+    parents, kids, _ = _layout(parents)
+    P, Q = p_target.clone(), q_draft.clone()  # (N, V) each node's target law and proposal, updated as children fail
+    w, tried = [1.0] + [0.0] * (len(parents) - 1), [0] * len(parents)  # weights; children tried so far
+    node, path = 0, []
+    while True:
+        if tried[node] < len(kids[node]):  # down into the next untried child
+            c = kids[node][tried[node]]
+            px, qx = P[node, tokens[c]].item(), Q[node, tokens[c]].item()
+            w[c] = min(w[node] * px / qx, 1.0) if qx > 0 else float(w[node] * px > 0)
+            node, path = c, path + [c]
+        elif node == 0 or coin(w[node]):  # no child left to try: the node passes with probability w
+            return path, P[node]
+        else:  # it failed: its parent goes on with the mass it could not carry
+            u, x = parents[node], tokens[node]
+            excess = (w[u] * P[u] - Q[u]).clamp(min=0)  # (V,)
+            R = excess.sum().item()
+            w[u] = R / (R + 1 - w[u]) if R + 1 - w[u] > 0 else 1.0
+            P[u] = excess / R if R > 0 else P[u]
+            Q[u, x] = 0.0
+            Q[u] = Q[u] / Q[u].sum().clamp(min=1e-30)
+            tried[u] += 1
+            node, path = u, path[:-1]
+
+
+def verify_tree_traversal(p_target, q_draft, tokens, parents, generator=None):
+    """Traversal verification (Weng et al. 2025, "Traversal Verification for Speculative Tree Decoding", arXiv
+    2505.12398) of a tree of drawn guesses: `traverse_tree` with coins from `generator`, then the next token.
+    Lossless, like verify_tree_without_replacement (same inputs, same outputs), and it can keep a path whose first
+    token the top-down rule would have rejected. Each node's children must be drawn independently of every other
+    node's (tree_guesses.draw_tree): the walk judges several siblings' subtrees, and draws shared between them
+    would make the later ones depend on the earlier ones' failure. The walk runs on the host over float64 copies
+    of the tree's rows, one read for them and the uniforms. Returns (path, next_token)."""
+    (N, V), tokens = p_target.shape, [int(t) for t in tokens]
+    u = torch.rand(N + 1, generator=generator, dtype=p_target.dtype, device=p_target.device)  # N tests, one draw
+    host = torch.cat([p_target.flatten(), q_draft.flatten(), u]).double().cpu()  # the one read
+    P, Q, u = host[:N * V].view(N, V), host[N * V:2 * N * V].view(N, V), host[2 * N * V:].tolist()
+    coins = iter(u)
+    path, law = traverse_tree(P, Q, tokens, parents, lambda prob: next(coins) < prob)
+    cdf = law.cumsum(0)  # the next token by inverse CDF from the last uniform: the first where cdf > u * total
+    return path, int(torch.searchsorted(cdf, torch.tensor([u[N] * cdf[-1].item()], dtype=cdf.dtype), right=True))
 
 
 def typical_accept_batched(p_target, tokens, parents, posterior_threshold=0.09, posterior_alpha=0.3, generator=None):

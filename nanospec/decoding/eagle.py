@@ -16,7 +16,8 @@ through the target's own unembedding. Each step:
     best 3: x -0.51, ")"|x -0.62, self -1.20 -> tokens ["(", x, self, ")"], parents [-1, 0, 0, 1]
     target argmax after "(" = x, after x = ")", after ")" = ":"  ->  emit [x, ")", ":"] from one forward.
 Sampling (--draft-sampling sample, the default), the head DRAWS its guesses from its warped q, verified against q
-(verify_tree_without_replacement); a rerank would bias that, so grow_sampled_tree fixes the tree's shape first.
+(verify_tree_without_replacement, or from the leaves up with --verify traversal); a rerank would bias that, so
+grow_sampled_tree fixes the tree's shape first.
 """
 import torch
 
@@ -35,6 +36,8 @@ OPTIONS = {  # the defaults, and ACCEPT_GUESS below: docs/measurements.md (eagle
     "width": Option(int, 4, "nodes expanded per level, children per node (EAGLE-2's top_k)", low=1, high=32),
     "total_tokens": Option(int, 8, "tree size verified per target forward, root included", low=2, high=256),
     **DRAFT_SAMPLING_OPTION,
+    "verify": Option(str, "token", "how the target judges a drawn tree: token = root down (recursive rejection); "
+                                   "traversal = leaves up (the same law, more accepted)", choices=("token", "traversal")),
 }
 ACCEPT_GUESS = 0.75  # shapes the drawn tree: the chance a draw is accepted, about sum(min(p, q)) of a trained head
 
@@ -134,7 +137,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
                                                          run.sampling, run.generator)
         else:  # EAGLE-2's top-k tree: its guesses are point masses
             (tokens, parents), q_draft = grow_tree(eagle, target, dcache, last, draft, d, width, size), None
-        emitted, path, out = tree_step(run, target, cache, tokens, parents, q_draft)
+        emitted, path, out = tree_step(run, target, cache, tokens, parents, q_draft, o.verify)
         steps, nodes = steps + 1, nodes + len(tokens) - 1
         done = run.emit(emitted)
         last = emitted[-1]

@@ -24,7 +24,7 @@ import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
 from nanospec.decoding.draft_chain import draft_chain
-from nanospec.decoding.options import Option, Sampling, read_options
+from nanospec.decoding.options import CHAIN_VERIFY_OPTION, Option, Sampling, read_options
 from nanospec.decoding.run import prefill, start, tensor
 from nanospec.decoding.verify_step import chain_step
 from nanospec.drafters.early_exit import exit_logits
@@ -34,7 +34,7 @@ USES = ("early_exit",)  # the trained exit adapters when present, else the plain
 OPTIONS = {
     "exit_layer": Option(int, None, "blocks the draft runs before exiting, 1..n_layer-1 (None = default_exit_layer)"),
     "draft_len": Option(int, 4, "tokens the draft guesses per target forward (k)", low=1, high=64),
-    **ADAPTIVE_OPTIONS,
+    **ADAPTIVE_OPTIONS, **CHAIN_VERIFY_OPTION,
 }
 
 
@@ -74,7 +74,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         hidden.append(target(x, cache=cache, layers=(0, E)).hidden)  # (1, 1, C)
         # Verify: blocks E+1..L read the k+1 block-E outputs in one forward; the chain rule on its logits, then
         # every layer's cache rolls back to the newest token + the accepted guesses.
-        emitted, n, _ = chain_step(run, target, cache, last, drafts, q_draft, layers=(E, L),
+        emitted, n, _ = chain_step(run, target, cache, last, drafts, q_draft, o.verify, layers=(E, L),
                                    hidden_in=torch.cat(hidden, 1))  # (1, k+1, C)
         # judged: guesses the rule looked at (the accepted ones and the first rejected one), as in speculative
         drafted, accepted, judged = drafted + len(drafts), accepted + n, judged + min(n + 1, len(drafts))

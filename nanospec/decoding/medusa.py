@@ -18,6 +18,7 @@ replacement from head d's warped q and the tree is checked by recursive rejectio
 fine); with "topk" they are the heads' top-k, checked by the tree point-mass rule. With verify="typical",
 Medusa's typical acceptance judges the top-k guesses and is LOSSY: it accepts any plausible guess, so the
 output no longer follows the target's law. (A head's q is a marginal over the tokens before its own: see mtp.py.)
+With verify="traversal" a drawn tree is judged from its leaves up (verify.verify_tree_traversal): lossless too.
 The heads run inside the verify forward, at every node (heads=True), so the next tree's guesses are ready at
 whichever node is accepted last. The default tree was measured on the trained model (scripts/medusa_tree.py;
 tree_guesses.py, docs/measurements.md).
@@ -30,7 +31,7 @@ import torch
 from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options
 from nanospec.decoding.run import prefill, start
 from nanospec.decoding.tree_guesses import TREES, fill_tree, parse_tree  # noqa: F401 (TREES: the presets)
-from nanospec.decoding.verify_step import TREE_RULES, tree_step
+from nanospec.decoding.verify_step import tree_step
 from nanospec.tokenizer import render
 from nanospec.tree import depths, format_tree, tree_from_paths
 
@@ -40,9 +41,10 @@ OPTIONS = {
     "tree": Option(str, "default", "medusa's candidate tree: a preset (default, large, chain, wide) or paths like "
                                    "'0;0,0;1' where '0,1' = head 1's top-1 then head 2's top-2"),
     "verify": Option(str, "point-mass", "medusa's acceptance rule: point-mass (lossless: the tree rule that fits "
-                                        "--draft-sampling; greedy match at temperature 0) or typical (Medusa's "
-                                        "typical acceptance of the top-k guesses, whatever --draft-sampling says: "
-                                        "LOSSY when sampling)", choices=TREE_RULES),
+                                        "--draft-sampling, root down; greedy match at temperature 0), traversal "
+                                        "(lossless, drawn trees judged from their leaves up: more accepted) or typical "
+                                        "(Medusa's typical acceptance of the top-k guesses, whatever --draft-sampling "
+                                        "says: LOSSY when sampling)", choices=("point-mass", "traversal", "typical")),
     "show_tree": Option(bool, False, "print medusa's candidate tree for the first two steps, accepted path marked *"),
     **DRAFT_SAMPLING_OPTION,
 }
@@ -75,7 +77,8 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     paths = parse_tree(o.tree, target.config.n_future, target.config.vocab_size)
     depth = max(map(len, paths))
     run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
-    drawn = run.sampling.draws(o.draft_sampling) and o.verify == "point-mass"  # typical judges top-k guesses
+    drawn = run.sampling.draws(o.draft_sampling) and o.verify != "typical"  # typical judges top-k guesses
+    rule = {"point-mass": "token"}.get(o.verify, o.verify)  # medusa's name for the root-down rule
     cache = target.new_cache(max_len=target.config.block_size + len(paths) + 1)  # room for a tree at the end
 
     # prefill: the main head gives the first token (the first root), the heads the first candidates
@@ -88,7 +91,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         slots = cache.max_len - cache.length - 1  # cache slots left for guesses in this forward
         step_paths = [p for p in paths if len(p) <= d][:slots]
         tokens, parents, q_draft = fill_tree(last, head_logits[:d], step_paths, run.sampling, drawn, run.generator)
-        emitted, path, out = tree_step(run, target, cache, tokens, parents, q_draft, o.verify, heads=True)
+        emitted, path, out = tree_step(run, target, cache, tokens, parents, q_draft, rule, heads=True)
         steps, guesses, accepted = steps + 1, guesses + len(tokens) - 1, accepted + len(path)
         if o.show_tree and steps <= 2:
             print_tree(steps, tokens, parents, step_paths, path, emitted, models.tokenizer, drawn)

@@ -34,7 +34,7 @@ Faster Large Language Models via Multi-token Prediction, arXiv 2404.19737.
 import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
-from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options
+from nanospec.decoding.options import CHAIN_VERIFY_OPTION, DRAFT_SAMPLING_OPTION, Option, Sampling, read_options
 from nanospec.decoding.run import prefill, start
 from nanospec.decoding.verify_step import chain_step
 from nanospec.verify import sample, warp
@@ -44,7 +44,7 @@ USES = ("heads",)  # heads.pt, the heads retrained alone, replaces the jointly t
 OPTIONS = {
     "draft_len": Option(int, None, "tokens to guess per forward: MTP heads to use, 1..n_future (None = all heads)"),
     **ADAPTIVE_OPTIONS,  # confidence: a head's softmax probability of its guess
-    **DRAFT_SAMPLING_OPTION,
+    **DRAFT_SAMPLING_OPTION, **CHAIN_VERIFY_OPTION,
 }
 
 
@@ -80,7 +80,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     while not done:
         drafts = drafts[:run.draft_room(len(drafts))]  # near the end of the budget or context, guess fewer
         q_draft = q_draft[:len(drafts)] if q_draft is not None and len(drafts) else None
-        emitted, n, out = chain_step(run, model, cache, last, drafts, q_draft, heads=True)
+        emitted, n, out = chain_step(run, model, cache, last, drafts, q_draft, o.verify, heads=True)
         for i in range(len(drafts)):
             drafted[i] += 1
             accepted[i] += i < n

@@ -61,6 +61,16 @@ DRAFT_SAMPLING_OPTION = {
 }
 
 
+# How the target judges a chain of guesses when sampling (decoding/verify_step.py); greedy, every rule is the argmax.
+CHAIN_RULES = ("token", "block")
+CHAIN_VERIFY_OPTION = {
+    "verify": Option(str, "token", "how the target judges the guesses when sampling: token = one at a time, from the "
+                                   "first (Leviathan's rule); block = the chain jointly (block verification, "
+                                   "arXiv 2403.10444: the same law, at least as many accepted in expectation)",
+                     choices=CHAIN_RULES),
+}
+
+
 def read_options(options, given):
     """A method's options table + the values given -> a namespace with every option, defaults filled in. Any
     unknown name, value out of bounds or not among the choices is a one-line ValueError (decode.py calls this

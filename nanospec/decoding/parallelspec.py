@@ -20,6 +20,7 @@ draft_sampling: "sample" (default) DRAWS mask j's guess from its warped law q_j 
 replacement per depth, tree_guesses.fill_tree) and verifies by rejection sampling against q (verify_chain, or
 verify_tree_without_replacement); "topk" takes each mask's top candidates and verifies them as point masses.
 Mask j never sees the guesses before it, so q_j is a marginal over them; mtp.py says why that stays lossless.
+--verify block (a chain) and traversal (a drawn tree) judge the guesses jointly: the same law, more accepted.
 
 Paper: Xiao et al. 2024, ParallelSpec: Parallel Drafter for Efficient Speculative Decoding, arXiv 2410.05589.
 """
@@ -35,6 +36,7 @@ from nanospec.verify import sample, warp
 # Paths of ranks: (1, 0) = mask 1's second choice, then mask 2's first. Top-3 for the next token, then a chain.
 SMALL_TREE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)]
 
+VERIFY_RULES = ("token", "block", "traversal")  # block judges a chain jointly, traversal a drawn tree from its leaves
 NEEDS = ("parallelspec",)
 USES = ()  # parts used when present
 OPTIONS = {
@@ -45,6 +47,9 @@ OPTIONS = {
                               "(None = small, or chain with --adaptive)"),
     **ADAPTIVE_OPTIONS,  # chain only; confidence: a mask's probability of its guess
     **DRAFT_SAMPLING_OPTION,
+    "verify": Option(str, "token", "how the target judges the guesses when sampling: token = one at a time, from "
+                                   "the root down; block = a chain jointly (--tree chain); traversal = a drawn tree "
+                                   "from its leaves up (the same law, more accepted)", choices=VERIFY_RULES),
 }
 
 
@@ -57,7 +62,7 @@ def tree_paths(tree, k, vocab_size):
     return parse_tree(tree, k, vocab_size)
 
 
-def chain_step_guesses(run, target, cache, last, guesses, length, drawn):
+def chain_step_guesses(run, target, cache, last, guesses, length, drawn, rule):
     """Chain mode: each mask's top-1, or a draw from its warped q (drawn), cut at the first unconfident one
     (--adaptive confidence), verified by chain_step. guesses (d, V): the drafter's logits.
     Returns (emitted, guesses verified, guesses accepted)."""
@@ -65,18 +70,18 @@ def chain_step_guesses(run, target, cache, last, guesses, length, drawn):
     picks = sample(q_draft, run.generator) if drawn else guesses.argmax(-1)  # (d,)
     drafts = length.cut(guesses, picks.tolist())  # all d, unless unsure (confidence)
     q_draft = q_draft[:len(drafts)] if drawn else None
-    emitted, n, _ = chain_step(run, target, cache, last, drafts, q_draft)
+    emitted, n, _ = chain_step(run, target, cache, last, drafts, q_draft, rule)
     length.update(len(drafts), n)
     return emitted, len(drafts), n
 
 
-def tree_step_guesses(run, target, cache, last, guesses, paths, drawn):
+def tree_step_guesses(run, target, cache, last, guesses, paths, drawn, rule):
     """Tree mode: each mask's top candidates (or draws), Medusa-style (mask j's candidates sit at depth j),
     verified by tree_step. guesses (d, V): the drafter's logits. Returns (emitted, guesses verified, accepted)."""
     slots = cache.max_len - cache.length - 1  # cache slots left for guesses in this forward
     step_paths = [p for p in paths if len(p) <= guesses.size(0)][:slots]
     tokens, parents, q_draft = fill_tree(last, guesses, step_paths, run.sampling, drawn, run.generator)
-    emitted, path, _ = tree_step(run, target, cache, tokens, parents, q_draft)
+    emitted, path, _ = tree_step(run, target, cache, tokens, parents, q_draft, rule)
     return emitted, len(tokens) - 1, len(path)
 
 
@@ -99,6 +104,10 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     if not 1 <= k <= n_masks:
         raise ValueError(f"draft_len must be in 1..{n_masks} (the drafter's mask tokens), got {o.draft_len}")
     paths = tree_paths(o.tree or ("chain" if o.adaptive != "off" else "small"), k, target.config.vocab_size)
+    if o.verify == "block" and paths is not None:
+        raise ValueError("--verify block judges a chain of guesses: add --tree chain (for a tree: --verify traversal)")
+    if o.verify == "traversal" and paths is None:
+        raise ValueError("--verify traversal judges a tree of guesses: drop --tree chain (for a chain: --verify block)")
     if paths is not None and o.adaptive != "off":
         raise ValueError("--adaptive sets the length of a chain: use it with --tree chain")
     length = draft_length(o, k, most=n_masks)  # guesses per step: k, or adaptive
@@ -121,9 +130,9 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         ids = tensor(new_tokens, draft_cache.device)
         guesses = drafter(target, ids, [len(new_tokens) - 1], d, cache=draft_cache)[0, 0]  # (d, V) logits
         if paths is None:
-            emitted, m, n = chain_step_guesses(run, target, cache, last, guesses, length, drawn)
+            emitted, m, n = chain_step_guesses(run, target, cache, last, guesses, length, drawn, o.verify)
         else:
-            emitted, m, n = tree_step_guesses(run, target, cache, last, guesses, paths, drawn)
+            emitted, m, n = tree_step_guesses(run, target, cache, last, guesses, paths, drawn, o.verify)
         drafted, accepted = drafted + m, accepted + n
         done = run.emit(emitted)
         last, new_tokens = emitted[-1], emitted  # the accepted guesses and the new root: the drafter's next read

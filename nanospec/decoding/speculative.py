@@ -13,6 +13,7 @@ Sampling: draft token x, drawn from the draft's q, is accepted with probability 
 rejected one is replaced by a sample of norm(max(0, p - q)); if all k pass, the target's law after the last
 draft gives a bonus token (nanospec/verify.py has the rule and why it reproduces p exactly). Target and
 draft are warped with the same temperature / top-k / top-p, so the output follows the warped target.
+--verify block judges the k drafts jointly instead (verify.verify_block): same law, more accepted.
 
 Both models keep a KV cache. The target's holds the sequence minus its newest token, which opens the next
 verify forward. The draft's lags behind: it has not yet read the token the target just chose (correction or
@@ -29,14 +30,14 @@ import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
 from nanospec.decoding.draft_chain import draft_chain
-from nanospec.decoding.options import Option, Sampling, read_options
+from nanospec.decoding.options import CHAIN_VERIFY_OPTION, Option, Sampling, read_options
 from nanospec.decoding.run import prefill, start, tensor
 from nanospec.decoding.verify_step import chain_step
 
 NEEDS = ("draft",)  # model parts beyond the target
 USES = ()  # parts used when present
 OPTIONS = {"draft_len": Option(int, 4, "tokens the draft guesses per target forward (k)", low=1, high=64),
-           **ADAPTIVE_OPTIONS}
+           **ADAPTIVE_OPTIONS, **CHAIN_VERIFY_OPTION}
 
 
 def check_draft(target, draft):
@@ -73,7 +74,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         draft_forwards += k
 
         # One target forward over [last, d1..dk]; the target cache rolls back to last + accepted drafts.
-        emitted, n, _ = chain_step(run, target, target_cache, seq[-1], drafts, q_draft)
+        emitted, n, _ = chain_step(run, target, target_cache, seq[-1], drafts, q_draft, o.verify)
         drafted, accepted, judged = drafted + k, accepted + n, judged + min(n + 1, k)
         length.update(k, n)
         # The draft cache read seq and d1..d(k-1). Keep seq + the accepted drafts, as far as it read them:

@@ -7,13 +7,13 @@ A shape is a list of paths of ranks (tree.tree_from_paths): (1, 0) = the second 
 the root, then the first candidate below it.
   medusa_tree      fills a shape from each depth's candidates, best first (Medusa's heads' top-k)
   fill_tree        for drafters whose guess at depth d does not depend on the guesses above it (MTP heads,
-                   ParallelSpec's masks): each depth's candidates are its top-k, or draws without replacement
+                   ParallelSpec's masks): each depth's candidates are its top-k, or drawn as draw_tree draws
   draw_tree        for drafters whose law at a node depends on the tokens above it (EAGLE's head): one drafter
                    pass per level, each node's children drawn from its own q
 """
 import torch
 
-from nanospec.tree import children, depths, tree_from_paths
+from nanospec.tree import children, tree_from_paths
 from nanospec.verify import gumbel_top_k, warp
 
 # medusa's default: 4 paths chosen by scripts/medusa_tree.py on the trained model (docs/measurements.md); "large"
@@ -71,13 +71,10 @@ def fill_tree(root, logits, paths, sampling, drawn=False, generator=None):
     medusa_tree ((1, 0) = depth 1's candidate 1, then depth 2's candidate 0).
       top-k (drawn False): candidate r at depth d is the (r+1)-th most likely token of row d-1; the guesses
               are point masses (q_draft None).
-      drawn (drawn True): candidate r at depth d is the (r+1)-th of draws WITHOUT replacement from
-              warp(row d-1), one set of draws per depth, shared by every node at that depth. Each node's
-              children are then draws 0..m-1 from the law q_draft (N, V) gives for it, in draw order. Sharing
-              is fine: row d's draws do not depend on the tokens above them, and whichever parent is accepted
-              finds a fresh draw below it. A path of rank r needs ranks 0..r-1 beside it (a skipped draw would
-              leave its sibling verified against the wrong q); a rank beyond what q allows (top-k, top-p) has no
-              draw, and its path is left out, with everything under it.
+      drawn (drawn True): each node's children are draws WITHOUT replacement from warp(row d) (draw_tree, the
+              law the same at every node of a depth), in rank order: a path of rank r needs ranks 0..r-1 beside
+              it (a skipped draw would leave its sibling verified against the wrong q); a rank beyond what q
+              allows (top-k, top-p) has no draw, and its path is left out, with everything under it.
     Example: root 7, paths [(0,), (1,), (0, 0)], top-2 of row 0 = [5, 3], top-1 of row 1 = [9]
              -> tokens [7, 5, 3, 9], parents [-1, 0, 0, 1], q_draft None. Returns (tokens, parents, q_draft)."""
     if not paths:
@@ -90,21 +87,17 @@ def fill_tree(root, logits, paths, sampling, drawn=False, generator=None):
         if p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in have:
             raise ValueError(f"with drawn guesses tree path {p} needs {p[:-1] + (p[-1] - 1,)} too: rank r is the "
                              f"(r+1)-th draw, and each node's children must be draws 1..m in order")
-    q = warp(logits[:D], *sampling)  # (D, V) the law each depth's candidates are drawn from
-    draws = gumbel_top_k(q, width, generator)  # (D, width) each row's draws without replacement, in order
-    cand = torch.where(torch.isfinite(draws.values), draws.indices, -1).tolist()  # -1 past q's tokens; one read
-    tokens, parents = medusa_tree(root, cand, [p for p in paths if min(cand[d][r] for d, r in enumerate(p)) >= 0])
-    q_rows = torch.cat([q, torch.zeros_like(q[:1])])  # (D+1, V): a node at depth d draws from row d; D: none
-    return tokens, parents, q_rows[depths(parents)]
+    q = warp(logits[:D], *sampling)  # (D, V) the law of each depth's guesses, whatever the tokens above them
+    return draw_tree(root, paths, q[0], lambda d, level, tokens, parents: q[d].expand(len(level), -1), generator)
 
 
 def draw_tree(root, paths, q_root, next_q, generator=None):
     """A tree of DRAWN guesses with a shape fixed in advance, for a drafter whose law at a node depends on the
-    tokens above it (EAGLE's head): paths = the shape in draw ranks (tree.draw_rank_paths); q_root (V,) the drafter's
+    tokens above it (EAGLE's head; fill_tree's laws depend on the depth only): paths = the shape in draw ranks (tree.draw_rank_paths); q_root (V,) the drafter's
     warped law below the root; next_q(d, level, tokens, parents) -> (K, V) its warped laws at the nodes `level`
     (the drawn nodes of depth d that have children in the shape), given tokens (None where not drawn) and the
     shape's parents: one drafter pass per level, one host read per level. Each node's children are draws without
-    replacement from its q, in rank order; where q allows fewer tokens than the shape has children (top-k,
+    replacement from its q, in rank order, independent of every other node's (traversal verification needs it); where q allows fewer tokens than the shape has children (top-k,
     top-p), the rest are left out, with everything under them. The shape is fixed before any draw and no drawn
     node is pruned for its value, as verify_tree_without_replacement needs.
     Example: root 7, shape [(0,), (1,), (0, 0)]: draws 5, 3 from q_root; then next_q at node 1 (token 5), draw 9

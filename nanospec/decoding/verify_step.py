@@ -13,32 +13,42 @@ In a tree forward each node sees the cached prefix and its own ancestors (tree_m
 Which rule: greedy, "accept while the guess is the argmax" (verify_chain_greedy, verify_tree_greedy: no law
 built). Sampling, guesses DRAWN from a drafter's q_draft are judged against that q (verify_chain, Leviathan's rule;
 verify_tree_without_replacement for a tree's siblings drawn without replacement), and deterministic guesses
-(n-gram copies, top-k, Jacobi iterates) as point masses (verify_chain_point_mass, verify_tree_descend). medusa's
-`typical` rule (verify.typical_accept) is LOSSY by design.
+(n-gram copies, top-k, Jacobi iterates) as point masses (verify_chain_point_mass, verify_tree_descend). Those are
+the "token" rules, which judge one guess at a time from the root down. The "block" rule judges a chain jointly
+(verify_block), the "traversal" rule a drawn tree from its leaves up (verify_tree_traversal): the same law, more
+guesses accepted. medusa's "typical" rule (verify.typical_accept) is LOSSY by design.
 """
 import torch
 
+from nanospec.decoding.options import CHAIN_RULES  # "token": one guess at a time (Leviathan's rule); "block"
 from nanospec.tree import tree_mask, tree_positions
-from nanospec.verify import (typical_accept, verify_chain, verify_chain_greedy, verify_chain_point_mass,
-                             verify_tree_descend, verify_tree_greedy, verify_tree_without_replacement, warp)
+from nanospec.verify import (typical_accept, verify_block, verify_chain, verify_chain_greedy, verify_chain_point_mass,
+                             verify_tree_descend, verify_tree_greedy, verify_tree_traversal,
+                             verify_tree_without_replacement, warp)
 
-TREE_RULES = ("point-mass", "typical")  # lossless (greedy = its one-hot case), and Medusa's LOSSY typical acceptance
+TREE_RULES = ("token", "traversal", "typical")  # root down, leaves up (drawn trees), Medusa's LOSSY typical acceptance
 
 
-def chain_step(run, target, cache, last, drafts, q_draft=None, **forward):
+def chain_step(run, target, cache, last, drafts, q_draft=None, rule="token", **forward):
     """One target forward over [last, d1..dk] and the chain rule; the cache then holds the sequence up to the last
     accepted draft (`last` included, the new token not yet).
 
     last: the newest emitted token, not yet in the cache; drafts: k guesses for the tokens after it (ints);
-    q_draft (k, V): the law each was drawn from, or None for deterministic guesses. forward: more arguments of
-    the target's forward (heads=True for the MTP heads' logits; early-exit's layers and hidden_in).
+    q_draft (k, V): the law each was drawn from, or None for deterministic guesses; rule: "token" or "block"
+    (a deterministic guess is a point mass there: q = one_hot). forward: more arguments of the target's forward
+    (heads=True for the MTP heads' logits; early-exit's layers and hidden_in).
     Returns (emitted = accepted drafts + the target's next token, n_accepted, the forward's Output)."""
     prefix = cache.lengths[-1]  # the tokens before `last` (early-exit's lower layers may be ahead of the others)
     ids = torch.tensor([[last] + list(drafts)], device=cache.device)  # (1, k+1)
     out = target(ids, cache=cache, **forward)
     logits, guesses = out.logits[0], ids[0, 1:]  # (k+1, V), (k,)
+    if rule not in CHAIN_RULES:
+        raise ValueError(f"unknown chain rule {rule!r}; choose one of: {', '.join(CHAIN_RULES)}")
     if run.sampling.greedy:
         n, nxt = verify_chain_greedy(logits, drafts)
+    elif rule == "block":
+        q = q_draft if q_draft is not None else torch.nn.functional.one_hot(guesses, logits.size(-1)).to(logits.dtype)
+        n, nxt = verify_block(warp(logits, *run.sampling), q, guesses, run.generator)
     elif q_draft is None:
         n, nxt = verify_chain_point_mass(warp(logits, *run.sampling), guesses, run.generator)
     else:
@@ -47,13 +57,14 @@ def chain_step(run, target, cache, last, drafts, q_draft=None, **forward):
     return list(drafts[:n]) + [nxt], n, out
 
 
-def tree_step(run, target, cache, tokens, parents, q_draft=None, rule="point-mass", heads=False):
+def tree_step(run, target, cache, tokens, parents, q_draft=None, rule="token", heads=False):
     """One target forward over a tree of guesses and the tree rule; the cache then holds the prefix, the root and
     the accepted path.
 
     tokens, parents: the tree (lists; node 0 = the root = the newest emitted token, not yet in the cache);
     q_draft (N, V): for a tree whose children were DRAWN, the law node u's children were drawn from (without
-    replacement, in index order), else None; rule: "point-mass" or "typical" (for guesses not drawn).
+    replacement, in index order), else None; rule: "token", "traversal" (drawn guesses, each node's drawn
+    independently: tree_guesses.draw_tree) or "typical" (guesses not drawn).
     Returns (emitted, path, out): emitted = the accepted guesses + the target's next token; path = the accepted
     nodes (root excluded), so the last accepted node is path[-1] if path else 0; out = the forward's Output
     (out.hidden[:, node] is the trunk state there, for drafting the next tree)."""
@@ -66,9 +77,11 @@ def tree_step(run, target, cache, tokens, parents, q_draft=None, rule="point-mas
     logits = out.logits[0]  # (N, V)
     if run.sampling.greedy:  # every rule is "follow the argmax"
         path, nxt = verify_tree_greedy(logits, tokens, parents)
-    elif q_draft is not None:  # drawn children: recursive rejection sampling against the q they came from
-        path, nxt = verify_tree_without_replacement(warp(logits, *run.sampling), q_draft, tokens, parents,
-                                                    run.generator)
+    elif q_draft is not None:  # drawn children: judged against the q they came from, root down or leaves up
+        judge = verify_tree_traversal if rule == "traversal" else verify_tree_without_replacement
+        path, nxt = judge(warp(logits, *run.sampling), q_draft, tokens, parents, run.generator)
+    elif rule == "traversal" and len(tokens) > 1:
+        raise ValueError("traversal verification judges drawn guesses: use --draft-sampling sample")
     elif rule == "typical":
         path, nxt = typical_accept(warp(logits, *run.sampling), tokens, parents, generator=run.generator)
     else:
