@@ -4,6 +4,7 @@ Generate text with any decoding method and see which tokens each target forward 
     python decode.py --method ar --prompt "def fibonacci(n):"
     python decode.py --method list
     echo "import os" | python decode.py --method ar --json
+    python decode.py --method speculative --prompts-file prompts.txt --batch-size 8   # one prompt per line
 
 The continuation is printed with the tokens of each target forward grouped: alternating colours on a
 terminal, [brackets] otherwise. A method that produces several tokens per forward shows longer groups.
@@ -15,6 +16,7 @@ import sys
 
 from nanospec.checkpoint import CheckpointError
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
+from nanospec.decoding.batched import BATCHED, generate as generate_batch
 from nanospec.decoding.options import MIN_TEMPERATURE, Sampling, read_options
 from nanospec.device import pick_device
 from nanospec.parts import load_models
@@ -41,13 +43,18 @@ def method_flags(parser):
     return seen
 
 
+MAX_BATCH = 1024  # rows decoded at once: a KV cache per row, so more would mostly run out of memory
+BATCH_OPTIONS = ("draft_len", "max_ngram")  # the method options batched decoding takes
+
+
 def read_prompt(args):
     """The prompt text, from --prompt or standard input; text that is not UTF-8 is a one-line ValueError (it
     would otherwise reach the tokenizer as U+FFFD or lone surrogates, silently)."""
-    if args.prompt is None and not hasattr(sys.stdin, "buffer"):  # a text stream handed in by a caller
+    prompt = args.prompt[0] if args.prompt else None
+    if prompt is None and not hasattr(sys.stdin, "buffer"):  # a text stream handed in by a caller
         return sys.stdin.read()
     try:  # argv's undecodable bytes come back as they were typed
-        data = args.prompt.encode("utf-8", "surrogateescape") if args.prompt is not None else sys.stdin.buffer.read()
+        data = prompt.encode("utf-8", "surrogateescape") if prompt is not None else sys.stdin.buffer.read()
     except UnicodeEncodeError:
         raise ValueError("the prompt holds a lone surrogate, which is not text: pass UTF-8 text") from None
     try:
@@ -55,6 +62,26 @@ def read_prompt(args):
     except UnicodeDecodeError as e:
         raise ValueError(f"the prompt is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}): "
                          f"convert it first, e.g. with iconv") from None
+
+
+def read_prompts(args):
+    """The prompts of a batch: every --prompt, then each line of --prompts-file (a literal \\n inside a line stands
+    for a newline). An empty line or a file that is not UTF-8 text is a one-line ValueError."""
+    prompts = list(args.prompt or [])
+    if args.prompts_file is not None:
+        try:
+            with open(args.prompts_file, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"cannot read --prompts-file {args.prompts_file}: {type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}") from None
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                raise ValueError(f"line {i} of {args.prompts_file} is empty: write one prompt per line")
+        prompts += [line.replace("\\n", "\n") for line in lines]
+    if not prompts:
+        raise ValueError("no prompts: give --prompt (several times) or a --prompts-file with one prompt per line")
+    return prompts
 
 
 def grouped(tokenizer, ids, groups, colour):
@@ -82,13 +109,56 @@ def check_request(args, options):
     Sampling(args.temperature, args.top_k, args.top_p).check()
     kwargs = {name: getattr(args, name) for name in MODULES[args.method].OPTIONS if getattr(args, name) is not None}
     read_options(MODULES[args.method].OPTIONS, kwargs)
+    if batch_mode(args):
+        if args.method not in BATCHED:
+            raise ValueError(f"batched decoding runs {', '.join(BATCHED)}, not {args.method}: give one prompt")
+        if args.batch_size is not None and not 1 <= args.batch_size <= MAX_BATCH:
+            raise ValueError(f"--batch-size must be in 1..{MAX_BATCH}, got {args.batch_size}")
+        other = [n for n in kwargs if n not in BATCH_OPTIONS]
+        if other:
+            raise ValueError(f"--{other[0].replace('_', '-')} is not an option of batched decoding (it takes "
+                             f"{', '.join('--' + n.replace('_', '-') for n in BATCH_OPTIONS)})")
+        if args.json or getattr(args, "show_tree", None):
+            raise ValueError("--json prints one generation: drop it to decode a batch")
     return kwargs
+
+
+def batch_mode(args):
+    """Several prompts (--prompt more than once, or --prompts-file) or --batch-size: decode them as batches."""
+    return args.prompts_file is not None or args.batch_size is not None or len(args.prompt or []) > 1
+
+
+def decode_batches(args, kwargs, models, path):
+    """Decode the prompts in batches of --batch-size (default all at once); print each row's text, then each
+    batch's figures."""
+    prompts = read_prompts(args)
+    size = args.batch_size or len(prompts)
+    for first in range(0, len(prompts), size):
+        chunk = prompts[first:first + size]
+        try:
+            ids, stats = generate_batch(models, [models.tokenizer.encode(p) for p in chunk], args.max_new_tokens,
+                                        method=args.method, temperature=args.temperature, top_k=args.top_k,
+                                        top_p=args.top_p, seed=args.seed, **kwargs)
+        except ValueError as e:
+            raise ValueError(f"batch of prompts {first + 1}..{first + len(chunk)}: {e}") from None
+        for i, (prompt, row, row_stats) in enumerate(zip(chunk, ids, stats["rows"]), first + 1):
+            text = grouped(models.tokenizer, row, row_stats["accepted_per_step"], sys.stdout.isatty())
+            print(f"--- row {i}: {row_stats['new_tokens']} tokens, {row_stats['tokens_per_forward']:.2f} tokens/forward"
+                  f"\n{prompt}{text}")
+        print(f"\n=== {args.method}, batch of {len(chunk)}: {stats['new_tokens']} tokens, {stats['batch_forwards']} "
+              f"batched forwards, {stats['tokens_per_forward']:.2f} tokens/forward per row, {stats['wall_time']:.2f}s "
+              f"({stats['new_tokens'] / max(stats['wall_time'], 1e-9):.1f} tokens/s) [runtime {path}]\n")
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("--method", default="ar", help="decoding method, or 'list' to list them (default ar)")
-    p.add_argument("--prompt", default=None, help="prompt text (default: read standard input)")
+    p.add_argument("--prompt", action="append", default=None,
+                   help="prompt text (default: read standard input); give it several times to decode a batch")
+    p.add_argument("--prompts-file", default=None, help="a batch of prompts, one per line (\\n inside a line: a newline)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help=f"rows decoded at once, 1..{MAX_BATCH} (default: every prompt given); ar, speculative and "
+                        "prompt-lookup only")
     p.add_argument("--max-new-tokens", type=int, default=100, help="tokens to generate at most (default 100)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help=f"0 = greedy (default); >= {MIN_TEMPERATURE} samples (smaller ones overflow: refused)")
@@ -116,6 +186,8 @@ def main(argv=None):
         models = load_models(args.ckpt, pick_device(args.device), parts_for([args.method]))  # only what it uses
         check_method(args.method, models)
         models, path = prepare(models, args.runtime)  # the speed layer, chosen once: the method never knows
+        if batch_mode(args):
+            return decode_batches(args, kwargs, models, path)
         prompt = read_prompt(args)
         ids, stats = METHODS[args.method](models, models.tokenizer.encode(prompt), args.max_new_tokens,
                                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

@@ -35,6 +35,7 @@ from dataclasses import fields, is_dataclass, replace
 import torch
 
 from nanospec.graphs import CaptureFailed, Graphs
+from nanospec.model import KVCache
 
 RUNTIMES = ("auto", "eager", "static")
 
@@ -93,7 +94,8 @@ class Fast:
         return cache
 
     def __call__(self, *args, cache=None, pos=None, mask=None, **kwargs):
-        if cache is None or not self.graphs.enabled:  # no cache (training, the slow oracle), or capture failed
+        if not isinstance(cache, KVCache) or not self.graphs.enabled:  # no cache (training, the slow oracle), a
+            # cache of another kind (nanospec/ragged.py's, already shape-static), or capture failed
             return self.model(*args, cache=cache, pos=pos, mask=mask, **kwargs)
         pos, mask = self.model.layout(*args, cache=cache, pos=pos, mask=mask, **kwargs)  # (T,), (T, n+T) or None
         T = pos.numel()
