@@ -76,7 +76,8 @@ def test_decode_ar_matches_the_nocache_loop_and_prints_json(toy):
                   "--max-new-tokens", "12", "--json", "--device", "cpu")
     assert res.returncode == 0, res.stderr
     obj = json.loads(res.stdout)
-    assert set(obj) == {"method", "prompt", "ids", "text", "stats"}
+    assert set(obj) == {"method", "prompt", "ids", "text", "runtime", "stats"}
+    assert obj["runtime"] == "eager" and "runtime" not in obj["stats"]  # --runtime auto on a CPU: plain PyTorch
     for key in ("new_tokens", "target_forwards", "tokens_per_forward", "accepted_per_step", "wall_time"):
         assert key in obj["stats"]
     models = load_models(str(base / "out"))
@@ -90,6 +91,47 @@ def test_decode_groups_tokens_by_forward_in_brackets(toy, capsys):
     decode.main(["--ckpt", str(base / "out"), "--prompt", "def run_3(x0):", "--max-new-tokens", "5", "--device", "cpu"])
     out = capsys.readouterr().out
     assert out.startswith("def run_3(x0):[") and "tokens/forward" in out
+    assert out.rstrip().endswith("[runtime eager]")  # the path the forwards took, on the summary line
+
+
+@pytest.mark.parametrize("method", ["ar", "speculative"])
+def test_decode_runtime_static_gives_the_eager_greedy_text(toy, capsys, method):
+    """--runtime wraps the models once (runtime.prepare); the method cannot tell, so greedy text is the same."""
+    base, _ = toy
+    objs = {}
+    for runtime in ("eager", "static"):
+        decode.main(["--ckpt", str(base / "out"), "--method", method, "--prompt", "def run_3(x0):",
+                     "--max-new-tokens", "16", "--json", "--device", "cpu", "--runtime", runtime])
+        objs[runtime] = json.loads(capsys.readouterr().out)
+    assert objs["eager"]["runtime"] == "eager" and objs["static"]["runtime"] == "static"
+    assert objs["static"]["ids"] == objs["eager"]["ids"] and objs["static"]["text"] == objs["eager"]["text"]
+    assert len(objs["eager"]["ids"]) == 16
+
+
+def test_bad_runtime_is_a_one_line_error(toy):
+    base, _ = toy
+    res = run_cli("decode.py", "--ckpt", str(base / "out"), "--prompt", "def f(", "--runtime", "fast")
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    # argparse's choices error: the usage, then one line that says what was wrong and what is allowed
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("decode.py: error: argument --runtime: invalid choice: 'fast'")
+    assert all(runtime in last for runtime in ("auto", "eager", "static")), last
+
+
+TRAINING_MODULES = ("nanospec.corpus", "nanospec.trainer", "nanospec.stages", "nanospec.drafters.training",
+                    "nanospec.drafters.losses", "nanospec.muon")
+
+
+def test_decode_ar_imports_no_training_code(toy):
+    """Decoding needs the models and the methods, not the corpus builder, the trainer or the losses: a fresh
+    interpreter runs `decode.py --method ar` and none of those modules may have been imported."""
+    base, _ = toy
+    script = (f"import sys, decode; decode.main(['--ckpt', {str(base / 'out')!r}, '--method', 'ar', '--prompt', "
+              f"'def f(', '--max-new-tokens', '3', '--device', 'cpu']); "
+              f"print(sorted(m for m in {TRAINING_MODULES!r} if m in sys.modules), file=sys.stderr)")
+    res = run_cli("-c", script)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.strip().splitlines()[-1] == "[]", f"training code imported: {res.stderr.strip()}"
 
 
 def test_stdin_prompt(toy):

@@ -48,6 +48,31 @@ def test_the_run_folder_decodes(ckpt, capsys):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# --runtime: the speed layer, chosen once in decode.py (runtime.prepare); the method cannot tell
+
+
+@pytest.mark.parametrize("method", ["ar", "mtp", "medusa", "prompt-lookup", "jacobi", "lookahead"])
+@pytest.mark.parametrize("sampling", [[], ["--temperature", "1", "--seed", "3"]], ids=["greedy", "seeded"])
+def test_runtime_static_gives_the_eager_tokens(ckpt, capsys, method, sampling):
+    """Greedy and seeded sampling alike: the same code and the same RNG on both paths, so the same tokens."""
+    runs = {}
+    for runtime in ("eager", "static"):
+        decode.main(["--ckpt", ckpt, "--device", "cpu", "--max-new-tokens", "12", "--prompt", "def f(x):",
+                     "--method", method, "--json", "--runtime", runtime, *sampling])
+        runs[runtime] = json.loads(capsys.readouterr().out)
+        assert runs[runtime]["runtime"] == runtime  # the path taken, at the top level of the JSON object
+    assert runs["static"]["ids"] == runs["eager"]["ids"] and len(runs["eager"]["ids"]) == 12
+
+
+def test_bad_runtime_is_refused_by_argparse(ckpt, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        decode.main(["--ckpt", ckpt, "--device", "cpu", "--prompt", "x", "--runtime", "graph"])
+    assert exit_info.value.code == 2  # argparse's usage error, before any model is loaded
+    err = capsys.readouterr().err
+    assert "argument --runtime: invalid choice: 'graph'" in err.strip().splitlines()[-1] and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------------------------------------
 # lookahead: bounded options, and a tree that must fit in the context (the cache is context + one tree)
 
 

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from nanospec.checkpoint import save_atomic
-from nanospec.parts import Models
+from nanospec.parts import Models, load_eagle
 from nanospec.decoding import METHODS, check_method
 from nanospec.decoding import eagle as eagle_method
 from nanospec.decoding.run import tensor
 from nanospec.model import GPTConfig, KVCache, Output
 from nanospec.drafters.eagle import Eagle, eagle_config
 from nanospec.drafters.losses import eagle_losses
-from nanospec.parts import load_eagle
+from nanospec.runtime import prepare
 from nanospec.tree import draw_rank_paths, frontier_mask, tree_from_paths
 from nanospec.verify import warp
 from test_model import TOL, random_ids, tiny_gpt
@@ -240,10 +240,10 @@ def test_head_cache_after_each_step_equals_fresh_run_over_accepted_text(models, 
 @pytest.mark.parametrize("draft_sampling, sampling, n, width, runtime", [
     ("sample", (0.9, 4, None), 1500, 2, "eager"),  # drawn tree: shape 5 nodes deep 2; warping must reach q and p
     ("topk", (1.0, None, None), 1000, 2, "eager"),  # EAGLE-2's top-k tree, point-mass rule
-    # the static runtime's drawn tree stays on the device with its whole shape: width 3 under top-k 2 leaves the
-    # third draw of every node empty (-1), which the walk must skip (trees.draw_tree, on_device)
+    # the static runtime (models wrapped by runtime.prepare): width 3 under top-k 2 leaves every node's third
+    # draw undrawn (q has two tokens), so tree_guesses.draw_tree must leave it out of the tree
     ("sample", (1.0, 2, None), 1000, 3, "static"),
-    ("topk", (1.0, None, None), 1000, 2, "static"),  # the reranked tree's tokens and parents on the device
+    ("topk", (1.0, None, None), 1000, 2, "static"),  # the reranked tree through the shape-static forwards
 ])
 def test_sampling_follows_the_target_law(draft_sampling, sampling, n, width, runtime):
     """The first 2 tokens of 4 (so the first tree is 2 deep and both can come from it), V = 5: 25 outcomes.
@@ -251,11 +251,11 @@ def test_sampling_follows_the_target_law(draft_sampling, sampling, n, width, run
     0.102 for n = 1500, 0.125 for 1000. The head is trained on this target, so most draws accept a guess."""
     target = tiny_gpt(3, vocab_size=5, n_future=0, n_layer=1, n_embd=8, block_size=16)
     models, prompt = Models(target=target, eagle=train_head(target, 30, seed=3)[0]), [1, 2]
+    models = prepare(models, runtime)[0]
     codes, accepted = [], 0
     for seed in range(n):
         ids, stats = METHODS["eagle"](models, prompt, 4, temperature=sampling[0], top_k=sampling[1], seed=seed,
-                                      depth=2, width=width, total_tokens=6, draft_sampling=draft_sampling,
-                                      runtime=runtime)
+                                      depth=2, width=width, total_tokens=6, draft_sampling=draft_sampling)
         codes.append(ids[0] * 5 + ids[1])
         accepted += stats["accepted_per_step"][1] > 1
     law = empirical_law(torch.tensor(codes), 25)

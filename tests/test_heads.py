@@ -9,10 +9,9 @@ import pytest
 import torch
 
 from nanospec.checkpoint import CheckpointError, gpt_checkpoint, load_checkpoint, save_atomic
-from nanospec.parts import Models, load_models
+from nanospec.parts import Models, load_heads, load_models
 from nanospec.decoding import METHODS
 from nanospec.drafters.heads import head_losses, rollouts
-from nanospec.parts import load_heads
 from nanospec.drafters.training import train_heads as train_stage
 from nanospec.trainer import TrainConfig
 from test_model import random_ids, tiny_gpt

@@ -127,6 +127,41 @@ def test_tree_mask_literal():
     assert tree_positions([-1, 0, 1, 0], 2).tolist() == [2, 3, 4, 3]
 
 
+def test_layout_literal():
+    """2 tokens cached, 3 new: positions 2, 3, 4 and a causal mask over the 5; nothing cached: no mask at all."""
+    model = tiny_gpt()
+    cache = model.new_cache()
+    model(torch.tensor([[1, 2]]), cache=cache)
+    pos, mask = model.layout(torch.tensor([[3, 4, 5]]), cache=cache)
+    assert pos.tolist() == [2, 3, 4]
+    assert mask.int().tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    pos, mask = model.layout(torch.tensor([[3, 4, 5]]))
+    assert pos.tolist() == [0, 1, 2] and mask is None
+    tree = tree_mask([-1, 0, 0], 2)
+    assert model.layout(torch.tensor([[3, 4, 5]]), pos=tree_positions([-1, 0, 0], 2), cache=cache,
+                        mask=tree)[1] is tree  # given ones are kept
+
+
+@torch.no_grad()
+def test_layout_is_what_the_forward_uses():
+    """The fast runtime (nanospec/runtime.py) builds a forward from layout's answer: the forward given it
+    explicitly must compute exactly what it computes by default; a shifted position must not."""
+    model = tiny_gpt()
+    ids = random_ids(9, seed=3)
+    for split in (0, 4):
+        cache = model.new_cache()
+        if split:
+            model(torch.tensor([ids[:split]]), cache=cache)
+        x = torch.tensor([ids[split:]])
+        pos, mask = model.layout(x, cache=cache)
+        by_default = model(x, cache=cache).logits
+        cache.rollback(split)
+        told = model(x, pos=pos, mask=mask, cache=cache).logits
+        assert torch.equal(told, by_default)
+        cache.rollback(split)
+        assert not torch.allclose(model(x, pos=pos + 1, mask=mask, cache=cache).logits, by_default)
+
+
 def test_cache_overflow_is_a_clear_error():
     model = tiny_gpt(block_size=8)
     cache = model.new_cache()

@@ -16,11 +16,10 @@ import pytest
 import torch
 
 from nanospec.checkpoint import save_atomic
-from nanospec.parts import Models
+from nanospec.parts import Models, load_parallelspec
 from nanospec.decoding import METHODS, check_method
 from nanospec.drafters.losses import mask_losses
 from nanospec.drafters.parallelspec import ParallelSpec, ParallelSpecConfig, group_layout
-from nanospec.parts import load_parallelspec
 from nanospec.verify import warp
 from test_model import random_ids, tiny_gpt
 from test_verify import empirical_law, sequence_codes, tv, tv_bound
@@ -80,19 +79,31 @@ def test_group_layout_literal():
     assert torch.equal(mask, torch.ones(5, 10, dtype=torch.bool).tril(diagonal=5))
 
 
+def perturb_block_input(drafter, rows, generator):
+    """A hook that adds noise to the first block's input x (B, T + G*k, C) at `rows` (real tokens first, then the
+    masks group by group): how the tests below reach the embedded input without a second way of running the
+    drafter. Returns the hook's handle (remove it when done)."""
+    def hook(block, args):
+        x = args[0].clone()
+        x[0, rows] += torch.randn(len(rows), x.size(-1), generator=generator, dtype=x.dtype)
+        return (x,) + args[1:]
+    return drafter.blocks[0].register_forward_pre_hook(hook)
+
+
 @torch.no_grad()
 def test_no_group_sees_another_groups_tokens():
     target = tiny_gpt(0)
     drafter = tiny_drafter(target)
     ids, anchors, k = random_ids(12, seed=1), [2, 5, 6, 11], 3
-    x, mask = drafter.inputs(target, torch.tensor([ids]), anchors, k)
-    logits = drafter.trunk(target, x, mask, len(ids)).view(1, len(anchors), k, -1)  # (1, G, k, V)
+    logits = drafter(target, torch.tensor([ids]), anchors, k)  # (1, G, k, V)
     gen = torch.Generator().manual_seed(0)
 
-    def perturbed(rows):  # the logits after adding noise to the inputs at `rows`
-        x2 = x.clone()
-        x2[0, rows] += torch.randn(len(rows), x.size(-1), generator=gen, dtype=x.dtype)
-        return drafter.trunk(target, x2, mask, len(ids)).view(1, len(anchors), k, -1)
+    def perturbed(rows):  # the logits after adding noise to the block's input at `rows`
+        handle = perturb_block_input(drafter, rows, gen)
+        try:
+            return drafter(target, torch.tensor([ids]), anchors, k)
+        finally:
+            handle.remove()
 
     for g, a in enumerate(anchors):
         # what group g must not see: the real tokens after its anchor, and every other group's masks
@@ -102,11 +113,31 @@ def test_no_group_sees_another_groups_tokens():
         # negative control: what it does see (its anchor, its own first mask) changes its logits
         assert not torch.allclose(perturbed([a])[0, g], logits[0, g])
         assert not torch.allclose(perturbed([len(ids) + g * k])[0, g, 1:], logits[0, g, 1:])
-    # the same through the public forward, changing the real tokens after the first anchor
+    # the same through the tokens, changing the real tokens after the first anchor
     ids2 = ids[:anchors[0] + 1] + random_ids(len(ids) - anchors[0] - 1, seed=9)
     a = drafter(target, torch.tensor([ids]), anchors, k)
     b = drafter(target, torch.tensor([ids2]), anchors, k)
     assert torch.equal(a[0, 0], b[0, 0]) and not torch.allclose(a[0, 1:], b[0, 1:])
+
+
+def draft(drafter, target, cache, tokens, k):
+    """One inference pass as the method makes it: the new real tokens (a list; the last one is the root) join the
+    drafter's cache, k masks after the root guess the k tokens after it. Returns logits (k, V)."""
+    return drafter(target, torch.tensor([tokens]), [len(tokens) - 1], k, cache=cache)[0, 0]
+
+
+@torch.no_grad()
+def test_anchors_are_indices_into_the_new_tokens():
+    """With 4 tokens cached, anchor 1 is the 2nd NEW token (absolute position 5), not position 1."""
+    target = tiny_gpt(0)
+    drafter = tiny_drafter(target)
+    ids = random_ids(8, seed=4)
+    cache = drafter.new_cache()
+    draft(drafter, target, cache, ids[:4], 2)
+    got = drafter(target, torch.tensor([ids[4:]]), [1], 3, cache=cache)[0, 0]  # (3, V)
+    want = drafter(target, torch.tensor([ids]), [5], 3)[0, 0]  # no cache: the same group, absolute anchor 5
+    assert torch.allclose(got, want, atol=TOL)
+    assert not torch.allclose(got, drafter(target, torch.tensor([ids]), [1], 3)[0, 0])  # not position 1
 
 
 @torch.no_grad()
@@ -119,8 +150,8 @@ def test_training_logits_equal_inference_logits():
         cache = drafter.new_cache()
         split = a // 2  # the prefix reaches the drafter in two passes, as in decoding
         if split:
-            drafter.draft(target, cache, ids[:split], 2)
-        guesses = drafter.draft(target, cache, ids[split:a + 1], 4)  # (4, V)
+            draft(drafter, target, cache, ids[:split], 2)
+        guesses = draft(drafter, target, cache, ids[split:a + 1], 4)  # (4, V)
         assert cache.length == a + 1  # the masks did not stay in the cache
         assert torch.allclose(guesses, packed[0, g], atol=TOL)
         # fewer masks give the same first guesses: mask j only sees masks before it
@@ -157,15 +188,19 @@ def test_greedy_equals_ar(seed, tree):
     drafters = {"random": tiny_drafter(target, seed), "two blocks": tiny_drafter(target, seed + 1, n_layer=2),
                 "trained": trained_drafter(seed)}
     for name, drafter in drafters.items():
+        passes = []  # one entry per drafter forward
+        handle = drafter.register_forward_hook(lambda *_: passes.append(1))
         for p in range(3):
             prompt = random_ids(1 + 7 * p, seed=10 * seed + p)
             want, _ = METHODS["ar"](Models(target=target), prompt, 25)
             draft_len = [None, 1, 2][p]
+            passes.clear()
             got, stats = METHODS["parallelspec"](Models(target=target, parallelspec=drafter), prompt, 25,
                                                  tree=tree, draft_len=draft_len)
             assert got == want, (name, p, draft_len)
             steps = stats["target_forwards"] - 1  # the prefill drafts nothing
-            assert steps - 1 <= stats["drafter_passes"] <= steps  # one pass per step (none for a last lone token)
+            assert steps - 1 <= len(passes) <= steps  # one pass per step (none for a last lone token)
+        handle.remove()
     # runs into the context limit (block_size 40) without a crash
     got, stats = METHODS["parallelspec"](Models(target=target, parallelspec=drafters["trained"]), random_ids(30), 100,
                                          tree=tree)
@@ -239,13 +274,13 @@ def test_sampling_test_sees_a_biased_rule(monkeypatch):
     """Negative control: a rule that accepts every guess (and then samples the bonus) must fail the test
     above, even with few draws: the guesses are the drafter's top-1, not samples of the target. The bound
     for n = 300 is 0.41; this rule comes out near 0.96."""
-    import nanospec.decoding.chain_step as chain_step_module
+    import nanospec.decoding.verify_step as verify_step_module
 
-    def accept_all(p_target, draft_tokens, generator):  # the batched form chain_step runs: (B, k+1, V), (B, k)
-        B, k = draft_tokens.shape
-        return torch.full((B,), k), torch.multinomial(p_target[:, k], 1, generator=generator)[:, 0]
+    def accept_all(p_target, draft_tokens, generator):  # the rule chain_step runs: (k+1, V), (k,) -> two ints
+        k = len(draft_tokens)
+        return k, int(torch.multinomial(p_target[k], 1, generator=generator))
 
-    monkeypatch.setattr(chain_step_module, "verify_chain_point_mass_batched", accept_all)
+    monkeypatch.setattr(verify_step_module, "verify_chain_point_mass", accept_all)
     models, n, sampling = sampling_models(), 300, (1.0, None, None)
     law, _ = sampled_law(models, PROMPT, 3, n, sampling, tree="chain", draft_sampling="topk")
     assert tv(law, exact_law(models.target, PROMPT, 3, sampling)) > tv_bound(V ** 3, n)

@@ -18,7 +18,7 @@ import torch
 from nanospec.parts import Models
 from nanospec.decoding import METHODS, check_method
 from nanospec.decoding import speculative as speculative_module
-from nanospec.decoding.chain_step import chain_step
+from nanospec.decoding.verify_step import chain_step
 from nanospec.verify import warp
 from test_model import random_ids, tiny_gpt
 from test_verify import empirical_law, sequence_codes, tv, tv_bound
@@ -182,9 +182,9 @@ def test_sampling_follows_the_targets_law(k, sampling, n):
 def test_misaligned_draft_probabilities_are_caught(monkeypatch):
     """Negative control at the method level: verify each guess against the q of the guess before it (a bug
     the draft loop could make). The same statistic, with only 1000 runs, must exceed its bound."""
-    def misaligned(run, target, cache, last, drafts, q_draft):
+    def misaligned(run, target, cache, last, drafts, q_draft, *rule, **forward):
         q_wrong = None if q_draft is None else torch.roll(q_draft, 1, 0)  # (k, V) row i = q of guess i-1
-        return chain_step(run, target, cache, last, drafts, q_draft=q_wrong)
+        return chain_step(run, target, cache, last, drafts, q_wrong, *rule, **forward)
 
     monkeypatch.setattr(speculative_module, "chain_step", misaligned)
     distance, bound = sampled_tv(2, (1.0, None, None), 1000)

@@ -319,16 +319,9 @@ def resample_after_mismatch(p_target, draft_tokens, generator=None):
     return len(draft_tokens), sample(p_target[-1], generator).item()
 
 
-def resample_after_mismatch_batched(p_target, draft_tokens, generator=None):
-    """The broken rule in the batched form chain_step runs (verify_on_device), for a batch of one."""
-    n, nxt = resample_after_mismatch(p_target[0], draft_tokens[0], generator)
-    return torch.tensor([n]), torch.tensor([nxt])
-
-
 def test_broken_rule_fails_the_sampling_test(monkeypatch):
     """Negative control: the sampling test has the power to see the bias this classic bug causes."""
-    monkeypatch.setattr("nanospec.decoding.chain_step.verify_chain_point_mass_batched",
-                        resample_after_mismatch_batched)
+    monkeypatch.setattr("nanospec.decoding.verify_step.verify_chain_point_mass", resample_after_mismatch)
     models, n, sampling = Models(target=tiny_gpt(3, **SAMPLING_MODEL)), 1500, (1.0, None, None)
     law = exact_law(models.target, SAMPLING_PROMPT, L, sampling)
     distance = tv(method_law(models, "prompt-lookup", n, sampling, max_ngram=2), law)
