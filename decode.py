@@ -6,8 +6,9 @@ Generate text with any decoding method and see which tokens each target forward 
     echo "import os" | python decode.py --method ar --json
     python decode.py --method speculative --prompts-file prompts.txt --batch-size 8   # one prompt per line
 
-The continuation is printed with the tokens of each target forward grouped: alternating colours on a
-terminal, [brackets] otherwise. A method that produces several tokens per forward shows longer groups.
+The continuation is printed with the tokens of each target forward grouped: in [brackets], or on a terminal
+(--color) in colour: green for the guesses the target accepted, then the target's own token on cyan or yellow,
+alternating from one forward to the next. A method that produces several tokens per forward shows longer groups.
 """
 import argparse
 import json
@@ -22,8 +23,11 @@ from nanospec.device import pick_device
 from nanospec.parts import load_models
 from nanospec.runtime import RUNTIMES, prepare
 
-COLOURS = ("\033[30;46m", "\033[30;43m")  # black on cyan, black on yellow
+GUESS = "\033[30;42m"  # black on green: a guess the target accepted
+OWN = ("\033[30;46m", "\033[30;43m")  # black on cyan, black on yellow: the target's own token, forward by forward
 RESET = "\033[0m"
+LEGEND = (f"{GUESS}green{RESET}: guesses the target accepted; {OWN[0]}cyan{RESET}/{OWN[1]}yellow{RESET}: the "
+          f"target's own token, one per forward")
 
 
 def method_flags(parser):
@@ -84,16 +88,26 @@ def read_prompts(args):
     return prompts
 
 
-def grouped(tokenizer, ids, groups, colour):
-    """The continuation with each target forward's tokens marked."""
+def grouped(tokenizer, ids, groups, guesses, colour):
+    """The continuation with each target forward's tokens marked: groups[n] tokens came out of forward n, the
+    first guesses[n] of them accepted guesses, the rest (0 or 1) the target's own token. [brackets] per forward,
+    or colour: the guesses in GUESS, the target's token in OWN, alternating."""
     parts, i = [], 0
-    for n, size in enumerate(groups):
+    for n, (size, g) in enumerate(zip(groups, guesses)):
         if size == 0:
             continue
-        text = tokenizer.decode(ids[i:i + size])
+        if colour:
+            parts += [f"{GUESS}{tokenizer.decode(ids[i:i + g])}{RESET}" if g else "",
+                      f"{OWN[n % 2]}{tokenizer.decode(ids[i + g:i + size])}{RESET}" if size > g else ""]
+        else:
+            parts.append(f"[{tokenizer.decode(ids[i:i + size])}]")
         i += size
-        parts.append(f"{COLOURS[n % 2]}{text}{RESET}" if colour else f"[{text}]")
     return "".join(parts)
+
+
+def colour_on(args):
+    """--color: always, never, or auto (on a terminal)."""
+    return args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
 
 
 def check_request(args, options):
@@ -142,7 +156,8 @@ def decode_batches(args, kwargs, models, path):
         except ValueError as e:
             raise ValueError(f"batch of prompts {first + 1}..{first + len(chunk)}: {e}") from None
         for i, (prompt, row, row_stats) in enumerate(zip(chunk, ids, stats["rows"]), first + 1):
-            text = grouped(models.tokenizer, row, row_stats["accepted_per_step"], sys.stdout.isatty())
+            text = grouped(models.tokenizer, row, row_stats["accepted_per_step"], row_stats["guesses_per_step"],
+                           colour_on(args))
             print(f"--- row {i}: {row_stats['new_tokens']} tokens, {row_stats['tokens_per_forward']:.2f} tokens/forward"
                   f"\n{prompt}{text}")
         print(f"\n=== {args.method}, batch of {len(chunk)}: {stats['new_tokens']} tokens, {stats['batch_forwards']} "
@@ -173,6 +188,9 @@ def main(argv=None):
                         "shape-static forwards, replayed from CUDA graphs on CUDA; auto (default) = static on CUDA, "
                         "eager elsewhere")
     p.add_argument("--json", action="store_true", help="print one JSON object on one line instead")
+    p.add_argument("--color", default="auto", choices=("auto", "always", "never"),
+                   help="mark accepted guesses and the target's own tokens in colour: auto (default) = on a terminal, "
+                        "else [brackets] per forward")
     options = method_flags(p)
     args = p.parse_args(argv)
 
@@ -200,8 +218,10 @@ def main(argv=None):
         print(json.dumps({"method": args.method, "prompt": prompt, "ids": ids, "text": text, "runtime": path,
                           "stats": stats}))
         return
-    colour = sys.stdout.isatty()
-    print(prompt + grouped(models.tokenizer, ids, stats["accepted_per_step"], colour))
+    colour = colour_on(args)
+    print(prompt + grouped(models.tokenizer, ids, stats["accepted_per_step"], stats["guesses_per_step"], colour))
+    if colour:
+        print(LEGEND)
     notes = {"context": " (stopped: the model's context is full)", "eot": " (stopped at end-of-text)"}
     note = notes.get(stats["stop"], "")
     note += f" [runtime {path}]"  # which forwards ran: eager PyTorch, static, or static replayed from CUDA graphs

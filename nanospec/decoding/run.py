@@ -27,6 +27,7 @@ class Run:
     eot: int = None  # end-of-text id, or None to never stop early
     out: list = field(default_factory=list)  # generated ids so far
     accepted_per_step: list = field(default_factory=list)  # tokens produced by each target forward
+    guesses_per_step: list = field(default_factory=list)  # of those, accepted guesses (the rest: the target's own)
     target_forwards: int = 0
     stop: str = None  # why generation ended: "eot", "max_new_tokens" or "context"
     t0: float = field(default_factory=time.perf_counter)
@@ -64,6 +65,7 @@ class Run:
             if self.stop:
                 break
         self.accepted_per_step.append(kept)
+        self.guesses_per_step.append(min(kept, len(tokens) - 1))  # the last of `tokens` is the target's own
         return self.stop is not None
 
     def stats(self, **extra):
@@ -72,7 +74,8 @@ class Run:
         n = len(self.out)
         return {"new_tokens": n, "target_forwards": self.target_forwards,
                 "tokens_per_forward": n / max(1, self.target_forwards),
-                "accepted_per_step": self.accepted_per_step, "wall_time": time.perf_counter() - self.t0,
+                "accepted_per_step": self.accepted_per_step, "guesses_per_step": self.guesses_per_step,
+                "wall_time": time.perf_counter() - self.t0,
                 "stop": self.stop, **extra}
 
 

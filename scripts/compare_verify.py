@@ -1,0 +1,89 @@
+"""
+Token-wise against joint verification on the trained model: for every method that drafts from a q, the same
+prompts and seeds verified with the token rule and with block verification (chains) or traversal verification
+(drawn trees), at the temperatures given. Prints a Markdown table: tokens per target forward and wall-clock
+speedup over `ar` in the same run, for each rule, and the gain of the joint rule.
+
+    python scripts/compare_verify.py                         # out/, temperatures 1 and 0.7, 3 prompts per category
+    python scripts/compare_verify.py --temperatures 1 --prompts-per-category 6 --repeats 3
+
+Greedy decoding is left out: both rules are then "accept while the guess is the argmax", the same tokens.
+"""
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from nanospec.bench import load_prompts, timed, tokenize  # noqa: E402
+from nanospec.decoding import METHODS, check_method, parts_for  # noqa: E402
+from nanospec.parts import load_models  # noqa: E402
+
+# (row label, method, token-rule options, joint-rule options)
+PAIRS = [
+    ("speculative", "speculative", {}, {"verify": "block"}),
+    ("mtp", "mtp", {}, {"verify": "block"}),
+    ("early-exit", "early-exit", {}, {"verify": "block"}),
+    ("parallelspec (chain)", "parallelspec", {"tree": "chain"}, {"tree": "chain", "verify": "block"}),
+    ("medusa (tree)", "medusa", {}, {"verify": "traversal"}),
+    ("eagle (tree)", "eagle", {}, {"verify": "traversal"}),
+    ("parallelspec (tree)", "parallelspec", {}, {"verify": "traversal"}),
+]
+
+
+def run(models, method, options, prompts, temperature, n, seed, repeats):
+    """(new tokens, target forwards, seconds: the sum over prompts of each prompt's median) of one row."""
+    tokens = forwards = seconds = 0
+    for i, p in enumerate(prompts):
+        times = []
+        for _ in range(repeats):
+            (ids, stats), s = timed(METHODS[method], models, p["ids"], n, temperature=temperature, seed=seed + i,
+                                    **options)
+            times.append(s)
+        tokens, forwards, seconds = tokens + stats["new_tokens"], forwards + stats["target_forwards"], \
+            seconds + statistics.median(times)
+    return tokens, forwards, seconds
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    p.add_argument("--ckpt", default="out")
+    p.add_argument("--temperatures", default="1,0.7")
+    p.add_argument("--prompts", default="data/prompts.json")
+    p.add_argument("--prompts-per-category", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    names = sorted({method for _, method, _, _ in PAIRS})
+    try:
+        models = load_models(args.ckpt, "cpu", parts_for(names))
+        pairs = [pair for pair in PAIRS if not check_method(pair[1], models)]
+        prompts = load_prompts(args.prompts, None, args.prompts_per_category)
+        tokenize(prompts, models.tokenizer, models.target.config.block_size - args.max_new_tokens)
+        temperatures = [float(t) for t in args.temperatures.split(",")]
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    for method in names:  # warm-up: the first calls pay for allocations
+        METHODS[method](models, prompts[0]["ids"], 8, temperature=1.0, seed=0)
+    print(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens, seeds {args.seed}+i, 1 thread, "
+          f"{args.repeats} repeat(s), fp32, CPU\n")
+    for t in temperatures:
+        ar = run(models, "ar", {}, prompts, t, args.max_new_tokens, args.seed, args.repeats)
+        ar_speed = ar[0] / ar[2]
+        print(f"temperature {t:g}: ar {ar_speed:.0f} tokens/s\n")
+        print("| method | token rule tok/fwd | speedup | joint rule | tok/fwd | speedup | gain tok/fwd |")
+        print("|---|--:|--:|---|--:|--:|--:|")
+        for label, method, token_options, joint_options in pairs:
+            a = run(models, method, token_options, prompts, t, args.max_new_tokens, args.seed, args.repeats)
+            b = run(models, method, joint_options, prompts, t, args.max_new_tokens, args.seed, args.repeats)
+            print(f"| {label} | {a[0] / a[1]:.3f} | {a[0] / a[2] / ar_speed:.2f}x | {joint_options['verify']} | "
+                  f"{b[0] / b[1]:.3f} | {b[0] / b[2] / ar_speed:.2f}x | {(b[0] / b[1]) / (a[0] / a[1]) - 1:+.1%} |")
+        print()
+
+
+if __name__ == "__main__":
+    main()
