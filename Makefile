@@ -4,7 +4,7 @@ OUT ?= ../nanospec-handout
 PRECISION ?= auto  # `make train PRECISION=fp32`: the reference every README figure names
 PRESET ?= tiny  # `make train PRESET=gpu`: the deep GPU preset (one H100, ~5 min), into out-gpu/
 
-.PHONY: install deps train test bench bench-quick gpu-check handout grade
+.PHONY: install deps train test bench bench-quick gpu-check figures handout grade
 
 install:
 	$(PYTHON) -m pip install -r requirements.txt
@@ -26,6 +26,10 @@ bench:  # CKPT=out-gpu: the gpu preset's checkpoints
 
 bench-quick:
 	$(PYTHON) -m nanospec.bench --quick
+
+# The PNGs of README.md and docs/ from out/ and bench_results.json (needs matplotlib: pip install matplotlib).
+figures:
+	$(PYTHON) -m nanospec.figures
 
 # Every method at greedy, temperature 1 and 0.7 + top-p 0.9 on CUDA, greedy = ar, and the quick bench (needs out/).
 # Without a GPU it says so and exits 0.

@@ -1,0 +1,55 @@
+"""The figure code (nanospec/figures.py) on tiny inputs: every figure is written, non-empty, a valid PNG; the step
+and tree figures from tiny random models with a byte-level tokenizer. matplotlib is optional (the README says how
+to install it): without it these tests are skipped, and `python -m nanospec.figures` says how to install it."""
+import json
+
+import pytest
+import torch
+
+from nanospec import figures
+from nanospec.parts import Models
+from nanospec.tokenizer import Tokenizer
+from test_model import tiny_gpt
+
+pytest.importorskip("matplotlib")
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def is_png(path):
+    data = path.read_bytes()
+    return len(data) > 1000 and data.startswith(PNG)
+
+
+def test_each_drawing_writes_a_png(tmp_path):
+    figures.draw_step(tmp_path / "step.png", "def f(x):", ["a", "b", "c"], ["a", "b", "d", "e"], 2)
+    figures.draw_tree(tmp_path / "tree.png", ["(", "x", ")", "self"], [-1, 0, 1, 0], {0, 1}, torch.eye(4).bool())
+    rows = {"ar": {"greedy": (1.0, 1.0), "t=1": (1.0, 1.0)}, "mtp": {"greedy": (1.6, 1.2), "t=1": (1.5, 0.9)}}
+    figures.draw_bench(tmp_path / "bench.png", rows, "tiny")
+    figures.draw_curves(tmp_path / "curves.png", [("mtp", "greedy", 1.6, 1.2), ("mtp", "t=1", 1.5, 0.9)])
+    batch = {"greedy": {"ar": {"1": (100.0, 1.0), "4": (300.0, 1.0)}, "speculative": {"1": (150, 1.5), "4": (280, 0.9)}}}
+    figures.draw_batch(tmp_path / "batch.png", batch, "tiny")
+    for name in ("step", "tree", "bench", "curves", "batch"):
+        assert is_png(tmp_path / f"{name}.png"), name
+
+
+def byte_models():
+    """Tiny random target (with MTP heads) and draft over a byte-level tokenizer (256 bytes + end-of-text)."""
+    tokenizer = Tokenizer({bytes([b]): b for b in range(256)})
+    target = tiny_gpt(0, vocab_size=257, block_size=96, n_future=2)
+    return Models(target=target, draft=tiny_gpt(1, vocab_size=257, block_size=96, n_future=0), tokenizer=tokenizer)
+
+
+def test_the_step_and_tree_figures_from_models(tmp_path):
+    models = byte_models()
+    figures.step_figure(models, tmp_path / "step.png")
+    figures.tree_figure(models, tmp_path / "tree.png")
+    assert is_png(tmp_path / "step.png") and is_png(tmp_path / "tree.png")
+
+
+def test_main_draws_what_it_has_and_names_what_it_lacks(tmp_path, capsys):
+    results = {"title": "tiny", "methods": {"ar": {"greedy": [1.0, 1.0]}, "mtp": {"greedy": [1.6, 1.2]}}}
+    (tmp_path / "r.json").write_text(json.dumps(results))
+    figures.main(["--ckpt", str(tmp_path / "none"), "--results", str(tmp_path / "r.json"), "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert "run `make train`" in err and "no batch table" in err
+    assert is_png(tmp_path / "bench.png") and is_png(tmp_path / "speedup_curves.png")
