@@ -150,15 +150,16 @@ def unflatten(kind, outputs):
     return outputs[0] if kind is None else kind(*outputs)
 
 
-def fast(model, path):
+def fast(model, path, role="target"):
     """`model` for a runtime path: itself on "eager", else its Fast wrapper, kept on the model from one run to the
-    next (each shape is captured once per process, and dropping the model drops its graphs). Keyed by where the
+    next (each shape is captured once per process, and dropping the model drops its graphs). Keyed by the role it
+    plays (a model that is both target and draft needs two caches at once, so two wrappers) and by where the
     weights live: moving a model (.to, .half) makes new weights, which old graphs would not read."""
     if model is None or path == "eager":
         return model
     w = next(model.parameters())
-    runners = model.__dict__.setdefault("_fast", {})  # {(path, its weights' address, dtype): its Fast}
-    key = (path, w.data_ptr(), w.dtype)
+    runners = model.__dict__.setdefault("_fast", {})  # {(path, role, its weights' address, dtype): its Fast}
+    key = (path, role, w.data_ptr(), w.dtype)
     if key not in runners:
         runners[key] = Fast(model, capture=path == "graph")
     return runners[key]
@@ -169,5 +170,5 @@ def prepare(models, runtime="auto"):
     The target, the draft GPT, the EAGLE head and the ParallelSpec drafter are wrapped; the exit adapters read one
     position and keep no cache, so they run as they are."""
     path = runtime_path(runtime, models.target.wte.weight.device)
-    wrapped = {part: fast(getattr(models, part), path) for part in ("target", "draft", "eagle", "parallelspec")}
+    wrapped = {part: fast(getattr(models, part), path, part) for part in ("target", "draft", "eagle", "parallelspec")}
     return replace(models, **wrapped), path

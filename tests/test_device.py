@@ -8,7 +8,8 @@ without naming a device lands on `meta`. Mixing a meta tensor with CPU ones does
 or a gather with meta indices and CPU weights returns garbage on the CPU), so `on_meta_fails` turns every
 torch call that takes or makes a meta tensor into an error: the models are on the CPU, so no tensor of a correct
 run is ever on meta. Which tensors are made depends on the path a run takes (a tree with drawn children, an
-empty draft, a rejection), so each setting runs over a few seeds.
+empty draft, a rejection), so each setting runs over a few seeds, on both runtime paths: the models as they are
+(eager) and wrapped by nanospec/runtime.py (static: its masks, slots and buffers are made there too).
 
 A `torch.Generator()` is not a factory the default device reaches, so generators get their own check: every
 generator made during a run must name the model's device."""
@@ -19,6 +20,7 @@ from torch.utils._pytree import tree_leaves
 
 from nanospec.decoding import METHODS
 from nanospec.parts import Models
+from nanospec.runtime import prepare
 from test_early_exit_adaptive import random_adapter
 from test_eagle import random_head
 from test_model import random_ids, tiny_gpt
@@ -48,15 +50,16 @@ def models():
                   parallelspec=tiny_drafter(target), early_exit=random_adapter(target))
 
 
+@pytest.mark.parametrize("runtime", ["eager", "static"])
 @pytest.mark.parametrize("sampling", SAMPLINGS)
 @pytest.mark.parametrize("method", METHODS)
-def test_method_makes_every_tensor_on_the_models_device(models, method, sampling):
-    prompt = random_ids(6, seed=3)
+def test_method_makes_every_tensor_on_the_models_device(models, method, sampling, runtime):
+    prompt, (wrapped, _) = random_ids(6, seed=3), prepare(models, runtime)
     for seed in SEEDS:
         with torch.device("meta"), on_meta_fails():  # a tensor made without a device lands on meta, and fails
-            ids, _ = METHODS[method](models, prompt, 10, seed=seed, **SAMPLINGS[sampling])
+            ids, _ = METHODS[method](wrapped, prompt, 10, seed=seed, **SAMPLINGS[sampling])
         assert len(ids) == 10
-        if seed is not None:  # the checked run is the ordinary run
+        if seed is not None:  # the checked run is the ordinary (eager) run
             assert ids == METHODS[method](models, prompt, 10, seed=seed, **SAMPLINGS[sampling])[0]
 
 
