@@ -8,25 +8,29 @@ honest:
                      a mismatch is printed with its first differing position and `ar`'s top-2 logit gap there
     forward cost     a target forward over n new tokens costs more than one over 1 token, so k+1 tokens per
                      forward give less than a (k+1)x speedup: cost(n) / cost(1) for n = 1..64 says how much less
-    drafter cost c   each method's own drafting time (the `run.drafting()` timer inside it, read from its stats)
-                     per drafter pass, over one target forward
+    drafter cost c   each method's drafting seconds per drafter pass, over one target forward over 1 token
+    where time goes  per step: drafting, the target's forwards and the rest (the host's work between them)
+    host reads       how often a method reads a tensor's value per target forward (on a GPU each read waits)
     speculative      the speedup Leviathan's formula predicts from the measured acceptance rate a and draft cost
                      c, next to the measured one
-    runtime          which path the forwards ran (eager, or shape-static: replayed from CUDA graphs on CUDA,
-                     nanospec/static.py); on CUDA (or with --compare-runtimes) every method that takes --runtime
-                     runs static, with an eager row "name (eager)" beside it, speedups against the static `ar`,
-                     and the forward cost and c both ways
+    runtime          which path the forwards ran (nanospec/runtime.py: eager, or shape-static, replayed from CUDA
+                     graphs on CUDA); on CUDA (or with --compare-runtimes) every method runs static, with an eager
+                     row "name (eager)" beside it, speedups against the static `ar`, and the forward cost and c
+                     both ways
     repetitiveness   how much `ar`'s own output repeats itself: a small model's greedy text falls into loops,
                      where every guessing method looks brilliant. The temperature-1 table is the fairer test.
 
-This file measures; nanospec/report.py writes the Markdown report from the measurements.
+This file measures; nanospec/report.py writes the Markdown report from the measurements. The methods hold no
+timer: the models are wrapped once per runtime path, `runtime.prepare` first, then nanospec/probes.py's Timed
+around each part, which adds every call's seconds to drafting or to target forwards.
 
-Timing: batch size 1; one warm-up run per method and temperature; then, for each prompt, `ar` and every
-method back to back (the order rotated from prompt to prompt), the whole repeated --repeats times. A method's
-tokens/s in a category is its tokens over the sum of its per-prompt median times; speedup = that / ar's.
-Every method gets the same seed on a prompt. Prompts are text (data/prompts.json, cut from the validation
-files by scripts/make_prompts.py), tokenized here. A part that will not load, or a method that fails in its
-warm-up, becomes a "skipped" line with its reason, and the bench goes on with the rest.
+Timing: batch size 1; one warm-up run per method and temperature, then one untimed run on the first prompt
+that counts host reads; then, for each prompt, `ar` and every method back to back (the order rotated from
+prompt to prompt), the whole repeated --repeats times. A method's tokens/s in a category is its tokens over the
+sum of its per-prompt median times; speedup = that / ar's. Every method gets the same seed on a prompt.
+Prompts are text (data/prompts.json, cut from the validation files by scripts/make_prompts.py), tokenized here.
+A part that will not load, or a method that fails in its warm-up, becomes a "skipped" line with its reason,
+and the bench goes on with the rest.
 
     python -m nanospec.bench                       # `make bench`: every method, data/prompts.json, out/
     python -m nanospec.bench --quick               # smoke run: 2 prompts per category, 16 tokens
@@ -51,7 +55,8 @@ from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.decoding.options import DRAFT_SAMPLING
 from nanospec.device import pick_device
 from nanospec.parts import load_models
-from nanospec.static import RUNTIMES, runtime_model
+from nanospec.probes import Ledger, counting_host_reads, timed_models
+from nanospec.runtime import RUNTIMES, prepare
 from nanospec.verify import sample, warp
 
 
@@ -87,12 +92,12 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="smoke run: 2 prompts per category, 16 tokens (unless "
                    "those flags are given), forward costs for n = 1..8 only")
     p.add_argument("--runtime", default="auto", choices=RUNTIMES,
-                   help="how the forwards run, passed to every method that takes the option (nanospec/static.py): "
-                        "eager = plain PyTorch; static = shape-static forwards, replayed from CUDA graphs on CUDA; "
-                        "auto = each method's default. On CUDA, auto compares the two (--compare-runtimes)")
+                   help="how the forwards run (nanospec/runtime.py wraps the models once): eager = plain PyTorch; "
+                        "static = shape-static forwards, replayed from CUDA graphs on CUDA; auto = static on CUDA, "
+                        "eager elsewhere. On CUDA, auto compares the two (--compare-runtimes)")
     p.add_argument("--compare-runtimes", action="store_true",
-                   help="run every method that takes --runtime static, plus an eager row \"name (eager)\" of each; "
-                        "forward costs and drafter costs both ways (the default with --runtime auto on CUDA)")
+                   help="run every method on the static path plus an eager row \"name (eager)\" of each; forward "
+                        "costs and drafter costs both ways (the default with --runtime auto on CUDA)")
     p.add_argument("--out", default="bench_results.md", help="the report is also written here")
     args = p.parse_args(argv)
     if args.prompts_per_category is None:
@@ -211,8 +216,9 @@ def choose_methods(wanted, models, broken):
     return names, notes
 
 
-def prepare(args):
-    """Check the settings, load the models and prompts. Returns a dict of what the measurements need."""
+def set_up(args):
+    """Check the settings, load the models and prompts, and wrap the models once for each runtime path the rows
+    run (runtime.prepare, then probes.Timed around each part). Returns a dict of what the measurements need."""
     temperatures = check_args(args)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -234,8 +240,14 @@ def prepare(args):
         notes.append(f"- {cut} prompt(s) kept only their last {block - args.max_new_tokens} tokens, to fit "
                      f"the context ({block}) with {args.max_new_tokens} new tokens")
     categories = list(dict.fromkeys(q["category"] for q in prompts))
+    compare = compares(args, device)
+    ledger = Ledger(cuda=device.startswith("cuda"))  # every timed part of every path adds to it
+    paths = {}  # path ("eager", "static" or "graph") -> the models its rows run, each part in a Timed
+    for runtime in ("static", "eager") if compare else (args.runtime,):
+        prepared, path = prepare(models, runtime)
+        paths[path] = timed_models(prepared, ledger)
     return dict(device=device, models=models, names=names, notes=notes, prompts=prompts, categories=categories,
-                temperatures=temperatures, compare=compares(args, device))
+                temperatures=temperatures, compare=compare, paths=paths, ledger=ledger)
 
 
 def compares(args, device):
@@ -257,43 +269,36 @@ def timed(fn, *args, **kwargs):
     return result, time.perf_counter() - t
 
 
-def takes_runtime(name):
-    """Whether the method takes the --runtime option (nanospec/decoding/options.py's RUNTIME_OPTION)."""
-    return "runtime" in MODULES[name].OPTIONS
-
-
-def table_rows(names, temperature, runtime="auto", compare=False):
-    """The rows of one temperature's table, row label -> (method, options): every method with its defaults, and
-    `runtime` for each method that takes the option (static when comparing; auto, each method's default, is not
-    passed). Comparing, each of those also has an eager row "name (eager)" right after it, so that eager and
-    replayed show side by side. When sampling, also each method that has a --draft-sampling switch in its other
-    mode, labelled like "eagle (topk)", so that the two ways of drafting show side by side (at temperature 0
-    they are the same thing)."""
+def table_rows(names, temperature, paths=("eager",)):
+    """The rows of one temperature's table, row label -> (method, options, path): every method with its defaults
+    on the first of `paths` (the runtime paths, e.g. ("static", "eager") when comparing), and on each other path
+    as a row "name (path)" right after it, so that eager and replayed show side by side. When sampling, also each
+    method that has a --draft-sampling switch in its other mode, labelled like "eagle (topk)", so that the two
+    ways of drafting show side by side (at temperature 0 they are the same thing)."""
     rows = {}
+    first, *others = paths
     for name in names:
-        chosen = "static" if compare else runtime
-        path = {"runtime": chosen} if takes_runtime(name) and chosen != "auto" else {}
-        rows[name] = (name, dict(path))
-        if compare and path:
-            rows[f"{name} (eager)"] = (name, {"runtime": "eager"})
+        rows[name] = (name, {}, first)
+        rows.update({f"{name} ({path})": (name, {}, path) for path in others})
         default = MODULES[name].OPTIONS.get("draft_sampling", (None, None))[1]
         for mode in DRAFT_SAMPLING if default is not None and temperature > 0 else ():
             if mode != default:
-                rows[f"{name} ({mode})"] = (name, {"draft_sampling": mode, **path})
+                rows[f"{name} ({mode})"] = (name, {"draft_sampling": mode}, first)
     return rows
 
 
-def warm_up(models, rows, prompt_ids, max_new_tokens, notes):
-    """One short run of every row at every temperature: the first calls pay for allocations and kernel choices,
-    which the timings must not. A row that fails here is dropped everywhere, with a '- skipped' line in `notes`;
-    `ar` failing is an error (it is every speedup's baseline)."""
+def warm_up(paths, rows, prompt_ids, max_new_tokens, notes):
+    """One short run of every row at every temperature, on its path's models (`paths`: path -> models): the
+    first calls pay for allocations, kernel choices and graph captures, which the timings must not. A row that
+    fails here is dropped everywhere, with a '- skipped' line in `notes`; `ar` failing is an error (it is every
+    speedup's baseline)."""
     dropped = {}
     for t, rows_t in rows.items():
-        for label, (method, options) in rows_t.items():
+        for label, (method, options, path) in rows_t.items():
             if label in dropped:
                 continue
             try:
-                METHODS[method](models, prompt_ids, min(8, max_new_tokens), temperature=t, seed=0, **options)
+                METHODS[method](paths[path], prompt_ids, min(8, max_new_tokens), temperature=t, seed=0, **options)
             except Exception as e:  # one broken method must not sink the whole table
                 if label == "ar":
                     raise ValueError(f"ar, the baseline, fails: {one_line(e)}") from None
@@ -303,8 +308,30 @@ def warm_up(models, rows, prompt_ids, max_new_tokens, notes):
     return {t: {label: row for label, row in rows_t.items() if label not in dropped} for t, rows_t in rows.items()}
 
 
-def run_all(models, rows, prompts, temperature, max_new_tokens, repeats, seed, failed):
-    """results[row][prompt id] = dict(ids, stats, seconds (median over repeats)), rows as table_rows gives them.
+def count_reads(paths, rows, prompt, temperature, max_new_tokens, seed, failed):
+    """{row label: host reads per target forward} from one untimed run of each row on `prompt` (probes.
+    counting_host_reads patches every read, which slows it: never inside a timed run). A row that raises is
+    reported in `failed`."""
+    reads = {}
+    for label, (method, options, path) in rows.items():
+        if label in failed:
+            continue
+        try:
+            with counting_host_reads() as counts:
+                _, stats = METHODS[method](paths[path], prompt["ids"], max_new_tokens, temperature=temperature,
+                                           seed=seed, **options)
+        except Exception as e:
+            failed[label] = f"{one_line(e)} (prompt {prompt['id']}, temperature {temperature:g}, counting reads)"
+            log(f"FAILED {label}: {failed[label]}")
+            continue
+        reads[label] = sum(counts.values()) / stats["target_forwards"]
+    return reads
+
+
+def run_all(paths, ledger, rows, prompts, temperature, max_new_tokens, repeats, seed, failed):
+    """results[row][prompt id] = dict(ids, stats, seconds (median over repeats), timing), rows as table_rows
+    gives them, each run on its path's models. timing (the last repetition's): its wall seconds, and what the
+    Timed parts added to the ledger: drafting and target-forward seconds, drafter passes, target forwards.
     For each prompt and repetition `ar` and every row run back to back, so that a slow minute of the shared
     machine hits all of them alike; the order rotates so that no row always runs first. A row that raises is
     reported in `failed` and left out from then on."""
@@ -317,16 +344,17 @@ def run_all(models, rows, prompts, temperature, max_new_tokens, repeats, seed, f
             for name in names[shift:] + names[:shift]:
                 if name in failed:
                     continue
-                method, options = rows[name]
+                method, options, path = rows[name]
+                ledger.clear()
                 try:
-                    (ids, stats), seconds = timed(METHODS[method], models, p["ids"], max_new_tokens,
+                    (ids, stats), seconds = timed(METHODS[method], paths[path], p["ids"], max_new_tokens,
                                                   temperature=temperature, seed=seed + i, **options)
                 except Exception as e:  # one broken method must not sink the whole table
                     failed[name] = f"{one_line(e)} (prompt {p['id']}, temperature {temperature:g})"
                     log(f"FAILED {name}: {failed[name]}")
                     continue
                 times[name].append(seconds)
-                results[name][p["id"]] = dict(ids=ids, stats=stats)
+                results[name][p["id"]] = dict(ids=ids, stats=stats, timing=dict(wall=seconds, **ledger.totals()))
         for name in names:
             if times[name]:
                 results[name][p["id"]]["seconds"] = statistics.median(times[name])
@@ -352,58 +380,56 @@ def fastest(calls, reps):
     return [min(t) for t in times]
 
 
-def cached(model, prefix_len, gen, runtime="auto"):
-    """A KV cache of `model` holding prefix_len random tokens (as after a prompt) and 64 more random ids to feed,
-    (1, prefix_len + 64), made on the model's device with `gen` (a generator on that device). Returns (forward,
-    cache, ids, path): what runs the model's forwards on that cache as `runtime` asks (nanospec/static.py's
-    runtime_model: the model itself, eager, or its static forwards) and which path that is."""
+def cached(model, prefix_len, gen):
+    """A KV cache of `model` (as runtime.prepare wrapped it, or not) holding prefix_len random tokens (as after a
+    prompt) and 64 more random ids to feed, (1, prefix_len + 64), made on the model's device with `gen` (a
+    generator on that device). Returns (cache, ids)."""
     device = model.wte.weight.device
     ids = torch.randint(0, model.config.vocab_size, (1, prefix_len + 64), generator=gen, device=device)
-    forward, cache, path = runtime_model(model, runtime, role="bench")  # the bench's own cache, not a method's
-    forward(ids[:, :prefix_len], cache=cache)
-    return forward, cache, ids, path
+    cache = model.new_cache()
+    model(ids[:, :prefix_len], cache=cache)
+    return cache, ids
 
 
 @torch.inference_mode()
-def step_calls(jobs, prefix_len, runtime="auto"):
+def step_calls(jobs, prefix_len):
     """A callable for each job (model, n, temperature): one forward of `model` over n new tokens on top of a
     cached prefix of prefix_len tokens, then, unless temperature is None, picking the next token from the
     last position as a decoding step does (warp + sample). `fastest` times them. Every tensor and generator
-    is made on the model's device (a CPU generator cannot sample CUDA probabilities). The forwards run as
-    `runtime` asks (static: replayed from CUDA graphs on CUDA, from the second call of a shape on). Returns
-    (the callables, the path they run: eager, static or graph)."""
+    is made on the model's device (a CPU generator cannot sample CUDA probabilities)."""
     gens, caches = {}, {}
     for model, _, _ in jobs:
         if id(model) not in caches:  # one cache per model, filled once with random tokens of its own seed
             device = model.wte.weight.device
             gens[id(model)] = torch.Generator(device=device).manual_seed(0)
-            caches[id(model)] = cached(model, prefix_len, gens[id(model)], runtime)
+            caches[id(model)] = cached(model, prefix_len, gens[id(model)])
 
     def call(model, n, temperature):
-        forward, cache, ids, _ = caches[id(model)]
+        cache, ids = caches[id(model)]
 
         def run():
             cache.rollback(prefix_len)
-            logits = forward(ids[:, prefix_len:prefix_len + n], cache=cache).logits[0, -1]  # (V,)
+            logits = model(ids[:, prefix_len:prefix_len + n], cache=cache).logits[0, -1]  # (V,)
             if temperature is not None:
                 sample(warp(logits, temperature, None, None), gens[id(model)])
         return run
-    paths = {c[3] for c in caches.values()}
-    return [call(*job) for job in jobs], "/".join(sorted(paths))
+    return [call(*job) for job in jobs]
 
 
 def forward_costs(models, names, temperatures, quick, runtime="auto"):
     """Target forward cost against n, on top of a ~100-token cached prefix (as after a prompt); and, for
     Leviathan's model of `speculative`, the draft's forward and decoding step (forward + warp + sample) against
-    the target's, timed in turns; the forwards run as `runtime` asks. Returns (cost {n: seconds}, step
+    the target's, timed in turns. The models run as runtime.prepare(models, runtime) wraps them (static:
+    replayed from CUDA graphs on CUDA, from the second call of a shape on). Returns (cost {n: seconds}, step
     {(is draft, temperature or None): seconds}, prefix length, repetitions, the path: eager, static or graph)."""
+    models, path = prepare(models, runtime)
     sizes = list(range(1, 9 if quick else 65))
     prefix = min(100, models.target.config.block_size - max(sizes))
     reps = 3 if quick else 21  # the first timed round of a static shape captures its graph: min() leaves it out
     jobs = [(models.target, n, None) for n in sizes]
     if "speculative" in names:
         jobs += [(m, 1, t) for t in temperatures for m in (models.target, models.draft)] + [(models.draft, 1, None)]
-    calls, path = step_calls(jobs, prefix, runtime)
+    calls = step_calls(jobs, prefix)
     log(f"timing target forwards over n = 1..{max(sizes)} tokens ({path})")
     seconds = fastest(calls, reps)
     cost = dict(zip(sizes, seconds))
@@ -411,71 +437,68 @@ def forward_costs(models, names, temperatures, quick, runtime="auto"):
     return cost, step, prefix, reps, path
 
 
-def drafting(stats):
-    """(seconds inside the method's `run.drafting(passes)` timer, drafter passes) of one run, from its stats
-    (decoding/run.py reports both once a method has drafted; a run that never drafted gives (0, 0))."""
-    return stats.get("draft_time", 0.0), stats.get("drafter_passes", 0)
-
-
 def drafter_costs(results, names, cost_1, suffix=""):
-    """{method: c} for every method that drafts with a trained part: its own drafting seconds per drafter pass,
-    summed over its timed runs at every temperature (the rows labelled name + suffix, e.g. " (eager)"), over one
-    target forward over 1 token (cost_1 seconds, on the same path); None for a method that made no drafter pass."""
+    """{method: c} for every method that drafts with a trained part: its drafting seconds per drafter pass, as
+    the Timed parts measured them, summed over its timed runs at every temperature (the rows labelled name +
+    suffix, e.g. " (eager)"), over one target forward over 1 token (cost_1 seconds, on the same path); None for a
+    method that made no drafting call (mtp and medusa: their heads run inside the target's forward)."""
     c = {}
     for name in (n for n in names if parts_for([n])):
-        runs = [drafting(r["stats"]) for by_prompt in results.values()
-                for r in by_prompt.get(name + suffix, {}).values()]
-        seconds, passes = sum(r[0] for r in runs), sum(r[1] for r in runs)
+        runs = [r["timing"] for by_prompt in results.values() for r in by_prompt.get(name + suffix, {}).values()]
+        seconds, passes = sum(r["drafting"] for r in runs), sum(r["passes"] for r in runs)
         c[name] = seconds / passes / cost_1 if passes else None
     return c
 
 
 # ----------------------------------------------------------------------------- the whole bench
 
-def costs(models, names, temperatures, args, compare):
-    """The forward costs (bench.forward_costs) on the path the table's rows ran, and, comparing, eager too.
-    Returns {"": (cost, step, prefix, reps, path)} plus " (eager)": the same on the eager path, when comparing."""
-    got = {"": forward_costs(models, names, temperatures, args.quick, "static" if compare else args.runtime)}
-    if compare:
+def costs(models, names, temperatures, args, paths):
+    """The forward costs (forward_costs) on each runtime path the rows ran, the table's own first. Returns
+    {"": (cost, step, prefix, reps, path)} plus " (eager)": the same on the eager path, when comparing."""
+    first, *others = paths
+    got = {"": forward_costs(models, names, temperatures, args.quick, "eager" if first == "eager" else "static")}
+    if others:
         got[" (eager)"] = forward_costs(models, names, temperatures, args.quick, "eager")
     return got
 
 
 def measure(args, argv, setup, rows):
-    """Time every row at every temperature, then the forward costs; everything the report reads, as a Measured."""
-    models, names, temperatures = setup["models"], setup["names"], setup["temperatures"]
-    failed, results = {}, {}
+    """Count each row's host reads, time every row at every temperature, then the forward costs; everything the
+    report reads, as a Measured."""
+    names, temperatures, paths = setup["names"], setup["temperatures"], setup["paths"]
+    failed, results, reads = {}, {}, {}
     t_start, load_before = time.perf_counter(), report.load_average()
     for t in temperatures:
-        results[t] = run_all(models, rows[t], setup["prompts"], t, args.max_new_tokens, args.repeats, args.seed,
-                             failed)
-    by_path = costs(models, names, temperatures, args, setup["compare"])
+        reads[t] = count_reads(paths, rows[t], setup["prompts"][0], t, args.max_new_tokens, args.seed, failed)
+        results[t] = run_all(paths, setup["ledger"], rows[t], setup["prompts"], t, args.max_new_tokens,
+                             args.repeats, args.seed, failed)
+    by_path = costs(setup["models"], names, temperatures, args, list(paths))
     cost, step, prefix, reps, path = by_path[""]
     eager = by_path.get(" (eager)")
     return report.Measured(
-        args=args, command=" ".join(argv if argv is not None else sys.argv[1:]), models=models,
+        args=args, command=" ".join(argv if argv is not None else sys.argv[1:]), models=setup["models"],
         device=setup["device"], prompts=setup["prompts"], categories=setup["categories"], temperatures=temperatures,
         names=names, rows=rows, results=results, notes=setup["notes"], failed=failed, cost=cost, prefix=prefix,
         reps=reps, step=step, c=drafter_costs(results, names, cost[1]), seconds=time.perf_counter() - t_start,
-        loads=(load_before, report.load_average()), cost_path=path, cost_eager=eager and eager[0],
-        c_eager=eager and drafter_costs(results, [n for n in names if takes_runtime(n)], eager[0][1], " (eager)"))
+        loads=(load_before, report.load_average()), reads=reads, cost_path=path, cost_eager=eager and eager[0],
+        c_eager=eager and drafter_costs(results, names, eager[0][1], " (eager)"))
 
 
 def main(argv=None):
     args = parse_args(argv)
     try:
-        setup = prepare(args)
+        setup = set_up(args)
     except (ValueError, FileNotFoundError, CheckpointError) as e:
         sys.exit(f"error: {e}")
-    names, prompts, compare = setup["names"], setup["prompts"], setup["compare"]
+    names, prompts, paths = setup["names"], setup["prompts"], list(setup["paths"])
     log(f"settings: {len(prompts)} prompts ({args.prompts_per_category} per category), {args.max_new_tokens} new "
         f"tokens, temperatures {args.temperatures}, {args.repeats} repeat(s), device {setup['device']}, "
-        f"{args.dtype}, {torch.get_num_threads()} thread(s), runtime {args.runtime}"
-        f"{' (comparing static with eager)' if compare else ''}, methods {', '.join(names)}")
+        f"{args.dtype}, {torch.get_num_threads()} thread(s), runtime {args.runtime} ({' and '.join(paths)} path"
+        f"{'s' * (len(paths) > 1)}), methods {', '.join(names)}")
     for line in setup["notes"]:
         log(line[2:])
     try:
-        rows = warm_up(setup["models"], {t: table_rows(names, t, args.runtime, compare) for t in setup["temperatures"]},
+        rows = warm_up(setup["paths"], {t: table_rows(names, t, paths) for t in setup["temperatures"]},
                        prompts[0]["ids"], args.max_new_tokens, setup["notes"])
     except ValueError as e:
         sys.exit(f"error: {e}")
@@ -487,7 +510,7 @@ def main(argv=None):
         f.write(text)
     log(f"wrote {args.out}")
     return dict(summaries=summaries, skipped=setup["notes"], failed=measured.failed, report=text,
-                results=measured.results)
+                results=measured.results, reads=measured.reads)
 
 
 if __name__ == "__main__":

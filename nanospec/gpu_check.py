@@ -6,11 +6,11 @@
     2. every method's greedy output equal to `ar`'s, token for token (every method is lossless with its default
        options; fp32 by default, as the README's figures);
     3. the bench's `--quick` run to completion: no method failed or skipped;
-    4. (--runtime static, the default) the static path against eager: every method that takes the --runtime
-       option runs every setting again with --runtime static (a row "name (static)"), reports that it ran the
-       replayed path ("graph" on CUDA; "static", just called, on a CPU), and its greedy output equals its own
-       eager output token for token; the other rows then run with --runtime eager, and the quick bench
-       compares the two paths (--compare-runtimes).
+    4. (--runtime static, the default) the static path against eager: every method runs every setting again on
+       the models runtime.prepare(models, "static") wraps (a row "name (static)": the replayed path, "graph", on
+       CUDA; "static", just called, on a CPU), no CUDA graph capture may fail (a failed one makes that model
+       run eager from then on), and its greedy output equals its own eager output token for token; the other
+       rows run on the eager models, and the quick bench compares the two paths (--compare-runtimes).
 
 It prints a grid (method x setting: ok or FAIL), one line per failure, and a last line with the count; the
 exit status is 0 when everything passed. Without a GPU it says so in one line and exits 0, so that `make
@@ -19,7 +19,7 @@ checkpoints).
 
     python -m nanospec.gpu_check                                  # `make gpu-check`: CUDA, out/
     python -m nanospec.gpu_check --device cpu --ckpt /tmp/run/out --dtype float64
-    python -m nanospec.gpu_check --runtime eager                  # the methods' default options, no comparison
+    python -m nanospec.gpu_check --runtime eager                  # the eager path only, no comparison
 """
 import argparse
 import contextlib
@@ -34,6 +34,7 @@ from nanospec import bench
 from nanospec.checkpoint import CheckpointError
 from nanospec.decoding import MODULES, METHODS, check_method
 from nanospec.parts import PARTS
+from nanospec.runtime import Fast, prepare
 
 # (column label, sampling keywords every method's generate takes)
 SETTINGS = (
@@ -55,8 +56,8 @@ def parse_args(argv=None):
     p.add_argument("--seeds", type=int, default=3, help="seeds per prompt and setting (default 3)")
     p.add_argument("--prompts", default="data/prompts.json", help="the bench's prompt file")
     p.add_argument("--runtime", default="static", choices=["static", "eager"],
-                   help="static (default): also run every method that takes --runtime on the static path and "
-                        "compare it with eager; eager: each method's default options only")
+                   help="static (default): also run every method on the static path (runtime.prepare) and "
+                        "compare it with eager; eager: the eager path only")
     args = p.parse_args(argv)
     for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--seeds", args.seeds)):
         if value < 1:
@@ -73,23 +74,28 @@ def no_gpu(device):
     return None
 
 
-def takes_runtime(name):
-    return "runtime" in MODULES[name].OPTIONS
-
-
 def rows_of(name, runtime):
-    """The grid's rows for one method, label -> options: the method itself (eager when comparing) and, when
-    runtime is static and the method takes the option, "name (static)"."""
-    if runtime != "static" or not takes_runtime(name):
-        return {name: {}}
-    return {name: {"runtime": "eager"}, f"{name} (static)": {"runtime": "static"}}
+    """The grid's rows for one method, label -> the runtime path it runs: the method itself (eager) and, when
+    runtime is static, "name (static)"."""
+    return {name: "eager", **({f"{name} (static)": "static"} if runtime == "static" else {})}
+
+
+def paths_of(models, args):
+    """{"eager": the models, "static": runtime.prepare(models, "static")'s (with --runtime static)}, and the
+    line to report for every static row when that path is not the one this device should take, or None."""
+    paths = {"eager": models}
+    if args.runtime != "static":
+        return paths, None
+    paths["static"], path = prepare(models, "static")
+    replayed = "graph" if args.device.startswith("cuda") else "static"  # replayed on CUDA, just called on a CPU
+    return paths, None if path == replayed else f"runtime.prepare took the {path} path, not {replayed}"
 
 
 def run_methods(models, args):
     """grid[row][setting] = None (passed) or the first failure, as one line; rows as rows_of gives them."""
     encoded = [models.tokenizer.encode(text) for text in PROMPTS]
     reference = {}  # (prompt index, seed) -> ar's greedy output
-    replayed = "graph" if args.device.startswith("cuda") else "static"  # the path a static run must report
+    paths, wrong_path = paths_of(models, args)
     grid = {}
     for name in MODULES:  # ar first: the reference
         rows = rows_of(name, args.runtime)
@@ -99,36 +105,44 @@ def run_methods(models, args):
             grid.update({label: {s: f"cannot run: {e}" for s, _ in SETTINGS} for label in rows})
             continue
         eager = {}  # (prompt index, seed) -> this method's greedy output on the eager path
-        for label, options in rows.items():
-            static = options.get("runtime") == "static"
-            grid[label] = {s: first_failure(name, models, encoded, dict(sampling, **options), args,
-                                            eager if static else reference, None if static else eager,
-                                            replayed if static else None)
+        for label, path in rows.items():
+            static = path == "static"
+            grid[label] = {s: wrong_path if static and wrong_path else
+                           first_failure(name, paths[path], encoded, sampling, args, eager if static else reference,
+                                         None if static else eager)
                            for s, sampling in SETTINGS}
     return grid
 
 
-def first_failure(name, models, encoded, options, args, reference, record=None, path=None):
-    """Run one method with `options` (sampling keywords, maybe runtime) over every prompt and seed; the first
-    error or greedy mismatch, or None. reference: (prompt index, seed) -> the greedy output to equal (ar's; a
-    static run's: the same method's eager output); a key it lacks is set by this run. record: where to keep
-    this run's greedy outputs. path: the stats["runtime"] every run must report (a static run), or None."""
-    against = "eager's" if path else "ar's"
+def given_up(models):
+    """The wrapped parts whose CUDA graphs were given up (a capture failed: runtime.Fast then runs them eager)."""
+    return [part for part in ("target", "draft", "eagle", "parallelspec")
+            if isinstance(getattr(models, part), Fast) and not getattr(models, part).graphs.enabled]
+
+
+def first_failure(name, models, encoded, sampling, args, reference, record=None):
+    """Run one method on `models` (eager, or runtime.prepare's) with `sampling` over every prompt and seed; the
+    first error, failed capture or greedy mismatch, or None. reference: (prompt index, seed) -> the greedy
+    output to equal (ar's; a static run's: the same method's eager output); a key it lacks is set by this run.
+    record: where to keep this run's greedy outputs (an eager run's, for its static row)."""
+    static = isinstance(models.target, Fast)
+    against = "eager's" if static else "ar's"
     for i, ids in enumerate(encoded):
         for seed in range(args.seeds):
             try:
-                out, stats = METHODS[name](models, ids, args.max_new_tokens, seed=seed, **options)
+                out, _ = METHODS[name](models, ids, args.max_new_tokens, seed=seed, **sampling)
             except Exception as e:
                 return f"prompt {i}, seed {seed}: {bench.one_line(e)}"
-            if path and stats.get("runtime") != path:
-                return f"prompt {i}, seed {seed}: ran the {stats.get('runtime', 'eager')} path, not {path}"
-            if options["temperature"] == 0:
+            if given_up(models):
+                return (f"prompt {i}, seed {seed}: the {', '.join(given_up(models))}'s CUDA graph capture failed: "
+                        f"it ran eager")
+            if sampling["temperature"] == 0:
                 want = reference.setdefault((i, seed), out)  # ar runs first and sets it
                 if record is not None:
                     record[(i, seed)] = out
                 if out != want:
                     at = next((j for j, (a, b) in enumerate(zip(out, want)) if a != b), min(len(out), len(want)))
-                    where = " on the static path" if path else ""
+                    where = " on the static path" if static else ""
                     return f"prompt {i}, seed {seed}: greedy output{where} differs from {against} at token {at}"
     return None
 
@@ -170,8 +184,8 @@ def main(argv=None):
     failures += [f"{name} at {label}: {why}" for name, row in grid.items() for label, why in row.items() if why]
     print(f"gpu-check on {bench.report.device_name(args.device)} ({args.dtype}, torch {torch.__version__}): every "
           f"method x setting, {len(PROMPTS)} prompts x {args.seeds} seeds, {args.max_new_tokens} tokens"
-          + ("; \"name (static)\": --runtime static, its greedy output against its eager one" if args.runtime ==
-             "static" else ""))
+          + ("; \"name (static)\": on the static path (replayed on CUDA), its greedy output against its eager one"
+             if args.runtime == "static" else ""))
     print(bench.report.table(["method", *[label for label, _ in SETTINGS]],
                              [[name, *["FAIL" if row[label] else "ok" for label, _ in SETTINGS]]
                               for name, row in grid.items()]))

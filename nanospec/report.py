@@ -1,8 +1,9 @@
 """
 The Markdown report of `make bench` (nanospec/bench.py measures, this module writes): the conditions (machine,
-device, model, prompts, settings), a table per temperature, the greedy-equality check, how repetitive `ar`'s
-output is, the cost of a target forward against the tokens it reads, and Leviathan's model of `speculative`
-set beside the measured speedup. Everything here reads the measurements; nothing is timed here.
+device, model, prompts, settings), a table per temperature (with each row's host reads per target forward), the
+greedy-equality check, how repetitive `ar`'s output is, the cost of a target forward against the tokens it
+reads, where a step's time goes, and Leviathan's model of `speculative` set beside the measured speedup.
+Everything here reads the measurements; nothing is timed here.
 
     report.build(measured)   -> the whole report as Markdown text, from a `Measured` record
 """
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nanospec.decoding import MODULES
+from nanospec.decoding import MODULES, parts_for
 from nanospec.decoding.run import tensor
 from nanospec.presets import PRESETS
 
@@ -32,20 +33,21 @@ class Measured:
     categories: list  # in the prompt file's order
     temperatures: list
     names: list  # the methods that ran (ar first)
-    rows: dict  # temperature -> {row label: (method, options)}, see bench.table_rows
-    results: dict  # temperature -> {row label: {prompt id: dict(ids, stats, seconds)}}
+    rows: dict  # temperature -> {row label: (method, options, runtime path)}, see bench.table_rows
+    results: dict  # temperature -> {row label: {prompt id: dict(ids, stats, seconds, timing)}}, see bench.run_all
     notes: list  # "- skipped ..." lines
     failed: dict  # row label -> one-line reason it stopped
     cost: dict  # n -> seconds of one target forward over n new tokens after a cached prefix
     prefix: int  # that prefix's length
     reps: int  # the cost runs (fastest of)
     step: dict  # (is the draft, temperature or None) -> seconds of one forward (None) or decoding step
-    c: dict  # method with a trained drafter -> c from its own drafting time, or None if it never drafted
+    c: dict  # method with a trained drafter -> c from its drafting calls, or None if it made none (mtp, medusa)
     seconds: float  # of measurements
     loads: tuple  # load average before and after
+    reads: dict = None  # temperature -> {row label: host reads per target forward}, from one untimed run
     cost_path: str = "eager"  # the path `cost` and `step` ran: eager, static (just called) or graph (replayed)
     cost_eager: dict = None  # comparing runtimes: `cost` on the eager path (cost_path is then static or graph)
-    c_eager: dict = None  # comparing runtimes: c of each drafter that takes --runtime, from its "(eager)" rows
+    c_eager: dict = None  # comparing runtimes: c of each drafter from its "(eager)" rows
 
 
 # ----------------------------------------------------------------------------- the conditions
@@ -177,8 +179,9 @@ def totals(results, name, ids):
             sum(r["seconds"] for r in runs))
 
 
-def method_rows(results, names, prompts, categories, greedy, failed):
-    """One row per method: per category 'speedup (tokens/forward)', then the totals over every prompt."""
+def method_rows(results, names, prompts, categories, greedy, failed, reads=None):
+    """One row per method: per category 'speedup (tokens/forward)', then the totals over every prompt and the
+    host reads per target forward (`reads`: row -> reads, '-' where missing)."""
     groups = [(c, [p["id"] for p in prompts if p["category"] == c]) for c in categories]
     groups.append(("all", [p["id"] for p in prompts]))
     rows, summary = [], {}
@@ -196,8 +199,9 @@ def method_rows(results, names, prompts, categories, greedy, failed):
                 cells.append(f"{speedup:.2f}x ({tokens / forwards:.2f})")
         s = summary[name]["all"]
         accepted = round(s["tokens_per_forward"] - 1, 2) + 0.0  # + 0.0: no "-0.00" (ar stopped by end-of-text)
+        read = (reads or {}).get(name)
         row = [name, *cells, f"{s['tokens_per_forward']:.2f}", f"{accepted:.2f}", f"{s['tokens_per_s']:.1f}",
-               f"{s['speedup']:.2f}x"]
+               f"{s['speedup']:.2f}x", "-" if read is None else f"{read:.2f}"]
         if greedy:
             equal = sum(results[name][p["id"]]["ids"] == results["ar"][p["id"]]["ids"] for p in prompts)
             summary[name]["equal"] = equal
@@ -248,14 +252,9 @@ PATHS = {"eager": "eager (plain PyTorch)", "static": "static (shape-static forwa
 
 
 def row_paths(m):
-    """{row label: the paths its timed runs took, as their stats["runtime"] say ("eager" when a method does not
-    say), joined by "/"}, over every temperature."""
-    seen = {}
-    for t in m.temperatures:
-        for label, by_prompt in m.results[t].items():
-            paths = seen.setdefault(label, set())
-            paths.update(r["stats"].get("runtime", "eager") for r in by_prompt.values())
-    return {label: "/".join(sorted(p)) for label, p in seen.items() if p}
+    """{row label: the runtime path its runs took (bench.table_rows: the models runtime.prepare wrapped for it)},
+    over every temperature."""
+    return {label: path for t in m.temperatures for label, (_, _, path) in m.rows[t].items()}
 
 
 def runtime_line(m):
@@ -282,9 +281,12 @@ def header(m):
     eager = m.c_eager or {}
     measured = ", ".join(f"{name} {c:.2f}" + (f" (eager {eager[name]:.2f})" if eager.get(name) else "")
                          for name, c in m.c.items() if c is not None)
-    idle = [name for name, c in m.c.items() if c is None]
-    costs = (measured or ("none drafted" if m.c else "no method with a trained drafter ran")) + (
-        f"; {', '.join(idle)} made no drafter pass" if idle else "")
+    heads = [name for name, c in m.c.items() if c is None and "heads" in parts_for([name])]
+    idle = [name for name, c in m.c.items() if c is None and name not in heads]
+    costs = [measured] if measured else []
+    costs += [f"{', '.join(heads)}: in the target's forward (the heads, no drafting call)"] if heads else []
+    costs += [f"{', '.join(idle)}: made no drafter pass"] if idle else []
+    costs = "; ".join(costs) or "no method with a trained drafter ran"
     return [f"# nanospec bench, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
             f"- machine: {machine()}; device: {device_name(m.device)}; torch {torch.__version__}; "
             f"Python {platform.python_version()}; commit {git_commit()}",
@@ -295,8 +297,8 @@ def header(m):
             f"- settings: {args.max_new_tokens} new tokens per prompt, batch size 1, temperatures "
             f"{', '.join(f'{t:g}' for t in m.temperatures)}, {args.repeats} timed run(s) per prompt and method "
             f"after a warm-up, seed {args.seed} + prompt index, each method with its default options",
-            "- drafter cost c = seconds per drafter pass inside the method's own drafting timer (its timed runs) / "
-            "one target forward over 1 token (fastest of the cost runs), each on its own path"
+            "- drafter cost c = drafting seconds per drafter pass (the drafter's calls, timed by wrapping the models, "
+            "over its timed runs) / one target forward over 1 token (fastest of the cost runs), each on its own path"
             + (" (timed on the GPU by CUDA events)" if m.device.startswith("cuda") else "") + ": " + costs,
             runtime_line(m),
             f"- command: python -m nanospec.bench {m.command}".rstrip(),
@@ -307,16 +309,17 @@ def header(m):
 def temperature_section(m, t):
     """One temperature's table (and, greedy, the equality check). Returns (lines, {row: summary})."""
     greedy = t == 0
-    cells, summary = method_rows(m.results[t], list(m.rows[t]), m.prompts, m.categories, greedy, m.failed)
+    cells, summary = method_rows(m.results[t], list(m.rows[t]), m.prompts, m.categories, greedy, m.failed,
+                                 (m.reads or {}).get(t))
     head = (["method", *[f"{c}: speedup (tok/fwd)" for c in m.categories], "tokens/forward", "accepted/step",
-             "tokens/s", "speedup"] + (["output = ar"] if greedy else []))
+             "tokens/s", "speedup", "host reads/forward"] + (["output = ar"] if greedy else []))
     out = [f"## {'greedy (temperature 0)' if greedy else f'temperature {t:g}'}", "", table(head, cells), ""]
     if "ar (eager)" in summary:
         ratio = 1 / summary["ar (eager)"]["all"]["speedup"]
         out += [f"Every speedup here is against ar on the {m.cost_path} path ({PATHS.get(m.cost_path, m.cost_path)}), "
                 f"which runs {ratio:.2f}x as fast as eager ar (\"ar (eager)\"): a row \"name (eager)\" is that "
-                f"method with --runtime eager.", ""]
-    if len(m.rows[t]) > len(m.names):
+                f"method on the eager path (--runtime eager).", ""]
+    if any("draft_sampling" in options for _, options, _ in m.rows[t].values()):
         out += ["A row \"method (topk)\" or \"method (sample)\" is that method with --draft-sampling set the other "
                 "way: its guesses are the drafter's top-k (verified as point masses) or draws from its q.", ""]
     if greedy:
@@ -365,23 +368,25 @@ def cost_section(m):
 
 def split_section(m):
     """Where a step's time goes, per method and temperature: milliseconds per target forward spent drafting (the
-    method's run.drafting timer), in the target's forwards (run.forwarding: prefill and verify) and in the rest,
-    the host's work between them (building trees, the verify rules, Python), from the last timed run's stats."""
+    drafters' calls), in the target's forwards (prefill and verify) and in the rest, the host's work between them
+    (building trees, the verify rules, Python), each prompt's last timed run as the bench's Timed parts saw it."""
     rows = []
     for t in m.temperatures:
         for name in (n for n in m.rows[t] if n not in m.failed):
-            runs = [r["stats"] for r in m.results[t][name].values()]
-            forwards = sum(s["target_forwards"] for s in runs)
-            wall, draft, target = (sum(s.get(key, 0.0) for s in runs) * 1e3 / forwards
-                                   for key in ("wall_time", "draft_time", "forward_time"))
+            runs = [r["timing"] for r in m.results[t][name].values()]
+            forwards = sum(r["stats"]["target_forwards"] for r in m.results[t][name].values())
+            wall, draft, target = (sum(r[key] for r in runs) * 1e3 / forwards
+                                   for key in ("wall", "drafting", "target"))
             rows.append([f"{t:g}", name, f"{wall:.3f}", f"{draft:.3f}", f"{target:.3f}", f"{wall - draft - target:.3f}",
                          f"{(wall - draft - target) / wall:.0%}"])
     head = ["temperature", "method", "ms per target forward", "drafting", "target forwards", "the rest", "rest share"]
     return ["## Where a step's time goes", "", table(head, rows), "",
-            "Milliseconds per target forward (a step), summed over every prompt's generation: drafting (the "
-            "method's own drafter timer), the target's forwards (prefill and verify) and the rest, the host's "
-            "work between them (building trees, the verify rules, Python). On a GPU the timers are CUDA events, "
-            "so a forward that waits for the host to launch its kernels counts that wait.", ""]
+            "Milliseconds per target forward (a step), summed over every prompt's generation: drafting (every "
+            "call of a drafter, timed by wrapping the models: the draft GPT, the EAGLE head, the ParallelSpec "
+            "drafter, early-exit's passes through the target's first layers and its exit head; mtp and medusa "
+            "draft inside the target's forward), the target's forwards (prefill and verify) and the rest, the "
+            "host's work between them (building trees, the verify rules, Python). On a GPU the calls are timed "
+            "by CUDA events, so a forward that waits for the host to launch its kernels counts that wait.", ""]
 
 
 def leviathan_section(m, summaries):
@@ -427,7 +432,12 @@ def build(m):
         out += lines
     out += ["Cells: wall-clock speedup over ar (tokens per target forward). Times are whole generate() calls, "
             "prefill included; tokens/forward counts the prefill forward (1 token); accepted/step = "
-            "tokens/forward - 1.", ""]
+            "tokens/forward - 1.", "",
+            "host reads/forward: how often Python reads a tensor's value (.item(), .tolist(), int(t), ...) per "
+            "target forward, counted on one extra, untimed run of the first prompt. On a GPU each read waits for "
+            "every kernel queued before it, so the host cannot queue the next forward (or graph replay) while it "
+            "decides: `ar` reads 1 (its token), a chain method at most 2 (its guesses, then the verdict), a tree "
+            "method a few more, per level of the tree it grows (tests/test_host_reads.py bounds each).", ""]
     out += repetition_section(m) + cost_section(m) + split_section(m)
     if "speculative" in m.names and "speculative" not in m.failed:
         out += leviathan_section(m, summaries)

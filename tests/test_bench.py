@@ -1,17 +1,25 @@
-"""The benchmark: its prompts come from validation text only, its helpers compute what they claim, and a quick
-run on a toy model (trained here, in seconds) gives a row per registered method with greedy outputs equal
-to ar's. No timing is asserted: the machine is shared."""
+"""The benchmark: its prompts come from validation text only, its helpers compute what they claim, the timing
+wrapper (nanospec/probes.py's Timed) files every call of every method under drafting or target forwards, and a
+quick run on a toy model (trained here, in seconds) gives a row per registered method with greedy outputs equal
+to ar's. No timing is asserted: the machine is shared (the wrapper's laws run on a fake clock)."""
 import json
 import random
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import train_tiny
 from nanospec import bench, corpus, report
+from nanospec.decoding import METHODS, MODULES
+from nanospec.decoding.early_exit import default_exit_layer
+from nanospec.model import KVCache
 from nanospec.presets import PRESETS
-from nanospec.decoding import MODULES
+from nanospec.probes import Ledger, Timed, timed_models
+from nanospec.runtime import prepare
+from test_host_reads import every_part
+from test_model import random_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -107,15 +115,104 @@ def test_helpers_on_literal_examples():
     assert report.table(["a", "b"], [["x", 1]]) == "| a | b |\n|---|--:|\n| x | 1 |"
 
 
-def test_drafter_cost_comes_from_the_methods_own_drafting_time():
-    # a method's stats: seconds inside run.drafting(passes) and the passes made there
-    assert bench.drafting({"draft_time": 0.2, "drafter_passes": 4}) == (0.2, 4)
-    assert bench.drafting({"new_tokens": 8}) == (0.0, 0)  # a run that never drafted
-    results = {0.0: {"parallelspec": {"p1": {"stats": {"draft_time": 0.2, "drafter_passes": 4}},
-                                      "p2": {"stats": {"draft_time": 0.4, "drafter_passes": 8}}},
-                     "speculative": {"p1": {"stats": {"new_tokens": 8}}}}}
-    c = bench.drafter_costs(results, ["ar", "jacobi", "speculative", "parallelspec"], cost_1=0.1)
-    assert c == {"speculative": None, "parallelspec": pytest.approx(0.5)}  # 0.6 s / 12 passes / 0.1 s
+def timing(drafting, passes, target=0.1, forwards=4, wall=1.0):
+    """One run's timing as bench.run_all records it beside the method's stats."""
+    return {"timing": dict(wall=wall, drafting=drafting, passes=passes, target=target, forwards=forwards)}
+
+
+def test_drafter_cost_comes_from_the_drafting_calls():
+    results = {0.0: {"parallelspec": {"p1": timing(0.2, 4), "p2": timing(0.4, 8)},
+                     "parallelspec (eager)": {"p1": timing(0.9, 3)},
+                     "mtp": {"p1": timing(0.0, 0)}},  # its heads run inside the target's forward
+               1.0: {"parallelspec": {"p1": timing(0.3, 3)}}}
+    c = bench.drafter_costs(results, ["ar", "jacobi", "mtp", "parallelspec"], cost_1=0.1)
+    assert c == {"mtp": None, "parallelspec": pytest.approx(0.6)}  # 0.9 s / 15 passes / 0.1 s, both temperatures
+    assert bench.drafter_costs(results, ["parallelspec"], 0.1, " (eager)") == {"parallelspec": pytest.approx(3.0)}
+
+
+# ----------------------------------------------------------------------------- timing by wrapping the models
+
+def tick():
+    """A fake clock that moves one second each time it is read: each timed call then lasts exactly one second."""
+    now = iter(range(10**9))
+    return lambda: float(next(now))
+
+
+def spy_calls(module):
+    """A list that gets the `layers` keyword of every call of `module` (a forward pre-hook on the real model)."""
+    seen = []
+    module.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs.get("layers")), with_kwargs=True)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def parts():
+    return every_part()
+
+
+@pytest.mark.parametrize("runtime", ["eager", "static"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_timed_files_each_call_as_drafting_or_a_target_forward(runtime, temperature):
+    """On a fake clock each outermost call adds one second to its kind: the ledger's seconds count the calls it
+    filed there. Early-exit: every pass through the target's first E layers drafts (a pass), and so do the
+    adapter and the borrowed final norm and head after each guess (no pass: they finish it); the verify over
+    layers E..L is a target forward. Speculative: every call of the draft GPT is a pass. ar and mtp (heads in
+    the target's forward): no drafting at all. The EAGLE head reads the target's modules inside its own call,
+    which is its own time, not a second entry."""
+    models = every_part()  # fresh hooks for this test
+    target_calls, draft_calls, eagle_calls = spy_calls(models.target), spy_calls(models.draft), spy_calls(models.eagle)
+    ledger = Ledger(clock=tick())
+    timed = timed_models(prepare(models, runtime)[0], ledger)
+    L = models.target.config.n_layer
+    E = default_exit_layer(L)  # early-exit's exit: blocks 1..E draft
+    for method in ("early-exit", "speculative", "ar", "mtp", "eagle"):
+        target_calls.clear(), draft_calls.clear(), eagle_calls.clear()
+        ledger.clear()
+        _, stats = METHODS[method](timed, random_ids(8, seed=1), 24, temperature=temperature, seed=0)
+        got = ledger.totals()
+        assert got["forwards"] == got["target"] == stats["target_forwards"], method
+        if method == "early-exit":
+            lower = target_calls.count((0, E))
+            assert lower == stats["drafted"] + stats["target_forwards"] - 1  # k guesses + the read-back, per step
+            assert target_calls.count((E, L)) == stats["target_forwards"] - 1  # every verify; the prefill: None
+            assert got["passes"] == lower and got["drafting"] == lower + 3 * stats["drafted"]  # adapter, ln_f, head
+        elif method == "speculative":
+            assert got["passes"] == got["drafting"] == len(draft_calls) > 0
+        elif method == "eagle":
+            assert got["passes"] == len(eagle_calls) > 0  # tree levels; refresh's unembed adds seconds, no pass
+            refreshes = stats["target_forwards"] - 1  # after the prefill and every verify but the last
+            assert got["drafting"] == got["passes"] + 2 * refreshes  # refresh's unembed: ln_f + lm_head
+        else:
+            assert got["passes"] == got["drafting"] == 0 and not draft_calls and not eagle_calls, method
+
+
+def test_without_the_layers_rule_early_exit_drafting_counts_as_target_forwards(parts, monkeypatch):
+    """Negative control: a Timed that files every target call as a target forward miscounts early-exit."""
+    monkeypatch.setattr(Timed, "kind_of", lambda self, layers: self.kind)
+    ledger = Ledger()
+    _, stats = METHODS["early-exit"](timed_models(parts, ledger), random_ids(8, seed=1), 24, seed=0)
+    got = ledger.totals()
+    assert got["forwards"] > stats["target_forwards"] and got["passes"] == 0
+
+
+def test_timed_passes_the_model_through(parts):
+    ledger = Ledger()
+    target = Timed(parts.target, ledger, "target")
+    assert target.config is parts.target.config and target.wte is parts.target.wte  # attributes are the model's
+    assert isinstance(target.new_cache(), KVCache) and target.new_cache() is not target.new_cache()  # eager: fresh
+    head = target.lm_head  # borrowed outside the target's forward: drafting, no pass
+    assert isinstance(head, Timed) and head.model is parts.target.lm_head
+    assert head.kind == "drafting" and not head.counts
+    fast = Timed(prepare(parts, "static")[0].target, ledger, "target")
+    assert fast.new_cache() is fast.new_cache()  # the Fast's pooled cache, through the wrapper
+    x = random_ids(5, seed=2)
+    with torch.inference_mode():
+        assert torch.equal(target(torch.tensor([x])).logits, parts.target(torch.tensor([x])).logits)
+    assert ledger.totals()["forwards"] == 1 and ledger.depth == 0
+    wrapped = timed_models(parts, ledger)
+    parts_called = ("target", "draft", "eagle", "parallelspec", "early_exit")
+    assert all(isinstance(getattr(wrapped, part), Timed) for part in parts_called)
+    assert timed_models(type(parts)(target=parts.target), ledger).draft is None  # a missing part stays missing
 
 
 # ----------------------------------------------------------------------------- the whole bench, quick
@@ -152,13 +249,28 @@ def test_quick_bench_on_a_toy_model(tmp_path, capsys):
     assert not any("(" in name for name in greedy)  # greedy: one row per method, both modes are the same there
     assert "## speculative: predicted against measured" in report
     c_line = next(line for line in report.splitlines() if line.startswith("- drafter cost c = "))
-    drafters = ("speculative", "early-exit", "mtp", "medusa", "eagle", "parallelspec")
-    for name in drafters:  # each drafter once
+    drafters = ("speculative", "early-exit", "eagle", "parallelspec")  # a drafter with calls of its own
+    for name in drafters + ("mtp", "medusa"):  # each drafter once
         assert c_line.count(f" {name}") == 1, c_line
-    for name in ("eagle", "parallelspec"):  # c from the method's own drafting timer, as its stats report it
+    for name in drafters:  # c from the drafter's calls, as the Timed parts measured them
         assert float(c_line.split(f" {name} ")[1].split(",")[0].split(";")[0]) > 0, c_line
+    assert "mtp, medusa: in the target's forward" in c_line  # not a c of 0
     assert "MISMATCH" not in report
-    # where a step's time goes: a row per method and temperature; the drafting and target-forward timers run
+    for t in (0.0, 1.0):  # every run: the Timed target's forwards are the method's own count
+        for label, by_prompt in got["results"][t].items():
+            for r in by_prompt.values():
+                assert r["timing"]["forwards"] == r["stats"]["target_forwards"], label
+                assert (r["timing"]["passes"] > 0) == (label.split()[0] in drafters), label
+    # host reads per target forward: one untimed run per row and temperature, in the table's own column
+    for t in (0.0, 1.0):
+        assert set(got["reads"][t]) == set(got["summaries"][t]) and got["reads"][t]["ar"] == 1.0
+        assert all(r >= 1 for r in got["reads"][t].values())  # at least the token each forward gives
+    table = report.split("## greedy (temperature 0)")[1].split("\n\n")[1]
+    head = [c.strip() for c in table.splitlines()[0].strip("|").split("|")]
+    ar_row = next([c.strip() for c in line.strip("|").split("|")] for line in table.splitlines() if "| ar " in line)
+    assert ar_row[head.index("host reads/forward")] == "1.00"
+    assert "each read waits for every kernel queued before it" in report
+    # where a step's time goes: a row per method and temperature; the drafting and target-forward calls run
     # inside the generation's wall clock, one after the other, so on a CPU their sum never exceeds it
     split = report.split("## Where a step's time goes")[1].split("\n## ")[0]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in split.splitlines()[4:] if line.startswith("|")]

@@ -1,7 +1,9 @@
-"""The bench and the runtime option (issue 20): --runtime reaches every method that takes it and the report
-says which path ran; comparing runtimes (the default on CUDA, --compare-runtimes anywhere) shows eager and
-static `ar` as two rows, speedups against the static `ar`, drafter cost c and the forward-cost table both
-ways. On the CPU the static path is just called, not replayed: these tests check the logic, not the gain."""
+"""The bench and the runtime paths (issue 20; issue 26: "speed is one layer, chosen once"): a row is (method,
+options, path), its models are runtime.prepare's for that path, wrapped once per path; the report says which
+path ran; comparing runtimes (the default on CUDA, --compare-runtimes anywhere) shows every method on the static
+path with an eager row "name (eager)" beside it, speedups against the static `ar`, drafter cost c and the
+forward-cost table both ways. On the CPU the static path is just called, not replayed: these tests check the
+logic, not the gain."""
 from pathlib import Path
 
 import pytest
@@ -9,12 +11,13 @@ import torch
 
 from nanospec import bench
 from nanospec.decoding import MODULES
+from nanospec.probes import Timed
+from nanospec.runtime import Fast, prepare
 
 from test_bench import train_toy
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = str(ROOT / "data" / "prompts.json")
-TAKES = [name for name in MODULES if "runtime" in MODULES[name].OPTIONS]
 
 
 @pytest.fixture(scope="module")
@@ -28,49 +31,46 @@ def quick(ckpt, out, *flags):
                        "float64", "--prompts-per-category", "1", "--max-new-tokens", "8", "--out", str(out), *flags])
 
 
-def runtimes(got, t, label):
-    return {r["stats"].get("runtime") for r in got["results"][t][label].values()}
-
-
-def test_table_rows_pass_the_runtime_to_the_methods_that_take_it():
-    assert "ar" in TAKES and "speculative" in TAKES
+def test_table_rows_put_every_method_on_every_path():
     names = list(MODULES)
     plain = bench.table_rows(names, 0.0)
-    assert all(options == {} for _, options in plain.values())  # auto: each method's default, nothing passed
-    static = bench.table_rows(names, 0.0, "static")
-    for name in names:
-        assert static[name] == (name, {"runtime": "static"} if name in TAKES else {})
-    both = bench.table_rows(names, 1.0, compare=True)
+    assert plain == {name: (name, {}, "eager") for name in names}  # greedy: one row per method, its defaults
+    both = bench.table_rows(names, 1.0, ("static", "eager"))
     labels = list(both)
-    for name in TAKES:  # the eager row right after the static one
-        assert both[name][1]["runtime"] == "static" and both[f"{name} (eager)"] == (name, {"runtime": "eager"})
+    for name in names:  # every method on both paths, the eager row right after the static one
+        assert both[name] == (name, {}, "static") and both[f"{name} (eager)"] == (name, {}, "eager")
         assert labels.index(f"{name} (eager)") == labels.index(name) + 1
-    for label, (name, options) in both.items():
-        assert ("runtime" in options) == (name in TAKES), label
-        if "draft_sampling" in options and name in TAKES:  # the other drafting mode on the static path too
-            assert options["runtime"] == "static"
-    assert not any(f"{name} (eager)" in both for name in names if name not in TAKES)
+    for label, (name, options, path) in both.items():
+        if "draft_sampling" in options:  # the other drafting mode, on the table's own path
+            assert path == "static" and label == f"{name} ({options['draft_sampling']})"
+    assert any("draft_sampling" in options for _, options, _ in both.values())
 
 
-def test_runtime_flag_reaches_the_methods_and_the_header_says_which_path_ran(toy_out, tmp_path):
+def test_set_up_wraps_the_models_once_per_path(toy_out, tmp_path):
+    args = bench.parse_args(["--quick", "--ckpt", str(toy_out), "--prompts", PROMPTS, "--device", "cpu", "--methods",
+                             "speculative", "--compare-runtimes", "--out", str(tmp_path / "r.md")])
+    setup = bench.set_up(args)
+    static, eager = setup["paths"]["static"], setup["paths"]["eager"]
+    assert list(setup["paths"]) == ["static", "eager"]  # the table's path first
+    for part in ("target", "draft"):  # the Timed layer outermost, over runtime.prepare's
+        assert isinstance(getattr(static, part), Timed) and isinstance(getattr(static, part).model, Fast)
+        assert getattr(eager, part).model is getattr(setup["models"], part)  # eager: the model itself
+        assert getattr(static, part).ledger is getattr(eager, part).ledger is setup["ledger"]
+    assert prepare(setup["models"], "static")[0].target is static.target.model  # one Fast per model, kept
+
+
+def test_runtime_flag_picks_the_path_and_the_header_says_which_ran(toy_out, tmp_path):
     got = quick(toy_out, tmp_path / "r.md", "--runtime", "static", "--temperatures", "0",
                 "--methods", "speculative,jacobi")
-    for name in TAKES:
-        if name in got["results"][0.0]:
-            assert runtimes(got, 0.0, name) == {"static"}, name
     line = next(line for line in got["report"].splitlines() if line.startswith("- runtime: "))
     assert line.startswith("- runtime: --runtime static;")
-    if all(name in TAKES for name in ("ar", "speculative", "jacobi")):  # every row took the option
-        assert "ran static (shape-static forwards, just called) for every row" in line
-    else:
-        assert "static (shape-static forwards, just called): ar" in line
-    if "jacobi" not in TAKES:  # a method without the option runs eager, and the line names it there
-        assert "eager (plain PyTorch): jacobi" in line
+    assert "ran static (shape-static forwards, just called) for every row" in line
     assert "forward costs below: static" in line
     assert "ar (eager)" not in got["summaries"][0.0]  # not comparing on a CPU unless asked
     eager = quick(toy_out, tmp_path / "e.md", "--runtime", "eager", "--temperatures", "0", "--methods", "ar")
-    assert runtimes(eager, 0.0, "ar") == {"eager"}
     assert "the forwards ran eager (plain PyTorch) for every row; forward costs below: eager" in eager["report"]
+    auto = quick(toy_out, tmp_path / "a.md", "--temperatures", "0", "--methods", "ar")
+    assert "--runtime auto; the forwards ran eager (plain PyTorch) for every row" in auto["report"]  # a CPU
 
 
 def test_comparing_runtimes_shows_eager_and_static_side_by_side(toy_out, tmp_path):
@@ -78,18 +78,22 @@ def test_comparing_runtimes_shows_eager_and_static_side_by_side(toy_out, tmp_pat
     report = got["report"]
     for t in (0.0, 1.0):
         rows = got["summaries"][t]
-        assert "ar" in rows and "ar (eager)" in rows and rows["ar"]["all"]["speedup"] == pytest.approx(1.0)
-        assert runtimes(got, t, "ar") == {"static"} and runtimes(got, t, "ar (eager)") == {"eager"}
-        assert runtimes(got, t, "speculative") == {"static"} and "speculative (eager)" in rows
+        assert rows["ar"]["all"]["speedup"] == pytest.approx(1.0)
+        for name in ("ar", "speculative", "eagle", "jacobi"):  # every method, both paths
+            assert name in rows and f"{name} (eager)" in rows, name
+            assert got["reads"][t][name] == got["reads"][t][f"{name} (eager)"]  # the same code reads alike
     assert got["summaries"][0.0]["ar (eager)"]["equal"] == 3  # the eager row's greedy output is ar's too
     assert "| ar (eager) " in report and "MISMATCH" not in report and not got["failed"]
+    line = next(line for line in report.splitlines() if line.startswith("- runtime: "))
+    assert "static (shape-static forwards, just called): ar, speculative, eagle, jacobi" in line
+    assert "eager (plain PyTorch): ar (eager), speculative (eager)" in line
     c_line = next(line for line in report.splitlines() if line.startswith("- drafter cost c = "))
-    for name in ("speculative", "eagle"):  # c both ways for every drafter that takes the option
-        if name in TAKES:
-            assert c_line.count(f" {name} ") == 1 and c_line.split(f" {name} ")[1].split(")")[0].count("eager") == 1
+    for name in ("speculative", "eagle"):  # c both ways for every drafter
+        assert c_line.count(f" {name} ") == 1 and c_line.split(f" {name} ")[1].split(")")[0].count("eager") == 1
     assert "## Cost of one target forward over n new tokens, relative to n = 1 (static and eager)" in report
     assert "static (shape-static forwards, just called): cost(1) = " in report
     assert "eager (plain PyTorch): cost(1) = " in report and "as much eager as static over 1 token" in report
+    assert "Every speedup here is against ar on the static path" in report
     args = bench.parse_args([])
     assert args.runtime == "auto" and not args.compare_runtimes  # on a CPU, comparing is asked for, not a default
 

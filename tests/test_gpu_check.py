@@ -1,9 +1,10 @@
 """`make gpu-check` (nanospec/gpu_check.py), its logic on the CPU: on toy checkpoints every method passes at
 every setting and the quick bench completes; a method that crashes when sampling, or whose greedy output
 differs from ar's, is named (negative controls); without a GPU it prints one line and exits 0; without
-checkpoints one line says how to make them. With --runtime static (the default) every method that takes the
-option also runs on the static path, its greedy output held to its eager one; a static path that differs, or a
-method that ignores the option, is named (negative controls)."""
+checkpoints one line says how to make them. With --runtime static (the default) every method also runs on the
+static path (runtime.prepare's models), its greedy output held to its eager one; a static path that differs, a
+capture that fails (its model then runs eager) or a device that does not take the path it should, is named
+(negative controls)."""
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from nanospec import gpu_check
+from nanospec.runtime import Fast
 
 from test_bench import train_toy
 
@@ -30,9 +32,8 @@ def test_every_method_passes_on_toy_checkpoints(toy_out, capsys):
     assert gpu_check.main(CPU + ["--ckpt", toy_out]) == 0
     out = capsys.readouterr().out
     assert "bench --quick: ok, every method ran" in out and "FAIL" not in out
-    takes = [name for name in gpu_check.MODULES if gpu_check.takes_runtime(name)]
-    assert takes and all(f"| {name} (static) " in out for name in takes)
-    rows = len(gpu_check.MODULES) + len(takes)  # every method, and again on the static path where it can
+    assert all(f"| {name} (static) " in out for name in gpu_check.MODULES)
+    rows = 2 * len(gpu_check.MODULES)  # every method, and again on the static path
     assert out.strip().splitlines()[-1] == f"gpu-check: all {rows * 3 + 1} checks passed"
 
 
@@ -86,7 +87,7 @@ def test_the_static_path_runs_every_setting_and_is_held_to_eager(toy_out, monkey
     real = gpu_check.METHODS["speculative"]
 
     def spy(models, ids, n, **kw):
-        seen.append(kw.get("runtime"))
+        seen.append("static" if isinstance(models.target, Fast) and isinstance(models.draft, Fast) else "eager")
         return real(models, ids, n, **kw)
     monkeypatch.setitem(gpu_check.METHODS, "speculative", spy)
     grid = grid_of(toy_out, monkeypatch, ["ar", "speculative"])
@@ -94,27 +95,41 @@ def test_the_static_path_runs_every_setting_and_is_held_to_eager(toy_out, monkey
     assert all(why is None for row in grid.values() for why in row.values()), grid
     assert seen.count("static") == seen.count("eager") == 3 * 3  # 3 settings x 3 prompts x 1 seed, both paths
     plain = grid_of(toy_out, monkeypatch, ["ar", "speculative"], "--runtime", "eager")
-    assert set(plain) == {"ar", "speculative"} and seen.count(None) == 9  # eager: the method's own default
+    assert set(plain) == {"ar", "speculative"} and seen.count("eager") == 18  # eager only: 9 more
 
 
-def test_a_static_path_that_differs_or_is_not_taken_is_named(toy_out, monkeypatch):
+def test_a_static_path_that_differs_or_gives_up_its_graphs_is_named(toy_out, monkeypatch):
     real_spec, real_ar = gpu_check.METHODS["speculative"], gpu_check.METHODS["ar"]
 
     def off_by_one_when_static(models, ids, n, **kw):
         out, stats = real_spec(models, ids, n, **kw)
-        if kw.get("runtime") == "static":
+        if isinstance(models.target, Fast):
             out = out[:3] + [(t + 1) % models.target.config.vocab_size for t in out[3:]]
         return out, stats
 
-    def ignores_the_option(models, ids, n, runtime="auto", **kw):
-        out, stats = real_ar(models, ids, n, runtime="eager", **kw)
-        return out, stats
+    def capture_fails(models, ids, n, **kw):  # as runtime.Fast does when a CUDA graph capture fails
+        if isinstance(models.draft, Fast):
+            monkeypatch.setattr(models.draft.graphs, "enabled", False)
+        return real_ar(models, ids, n, **kw)
     monkeypatch.setitem(gpu_check.METHODS, "speculative", off_by_one_when_static)
-    monkeypatch.setitem(gpu_check.METHODS, "ar", ignores_the_option)
+    monkeypatch.setitem(gpu_check.METHODS, "ar", capture_fails)
+    grid = grid_of(toy_out, monkeypatch, ["ar", "speculative"])
+    assert grid["ar (static)"]["greedy"] == "prompt 0, seed 0: the draft's CUDA graph capture failed: it ran eager"
+    assert grid["ar"]["greedy"] is None
+    assert grid["speculative"]["greedy"] is None
+    assert grid["speculative (static)"]["greedy"].endswith("CUDA graph capture failed: it ran eager")  # the draft
+    monkeypatch.undo()  # the graphs back, the plain methods back; a mismatch on the static path alone
+    monkeypatch.setitem(gpu_check.METHODS, "speculative", off_by_one_when_static)
     grid = grid_of(toy_out, monkeypatch, ["ar", "speculative"])
     assert grid["speculative (static)"]["greedy"] == ("prompt 0, seed 0: greedy output on the static path differs "
                                                      "from eager's at token 3")
-    assert grid["speculative"]["greedy"] is None
+    assert grid["speculative"]["greedy"] is None and grid["ar (static)"]["greedy"] is None
     assert grid["speculative (static)"]["t=1"] is None  # sampled: nothing to compare with
-    assert grid["ar (static)"]["greedy"] == "prompt 0, seed 0: ran the eager path, not static"
-    assert grid["ar"]["greedy"] is None
+
+
+def test_a_device_that_does_not_take_its_path_is_named(toy_out, monkeypatch):
+    real = gpu_check.prepare
+    monkeypatch.setattr(gpu_check, "prepare", lambda models, runtime: (real(models, runtime)[0], "eager"))
+    grid = grid_of(toy_out, monkeypatch, ["ar"])
+    assert grid["ar (static)"] == {s: "runtime.prepare took the eager path, not static" for s, _ in gpu_check.SETTINGS}
+    assert all(why is None for why in grid["ar"].values())

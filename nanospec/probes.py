@@ -1,0 +1,137 @@
+"""
+What the bench watches from outside the methods: where a generation's time goes, and how often it reads the host.
+A decoding method has no timer and no counter in it; the bench wraps the models a method is handed instead.
+
+    Timed     a model part whose calls add their seconds to a Ledger, as "drafting" or "target" (a target
+              forward), outermost (around nanospec/runtime.py's Fast, if any): the method calls it as the model
+    Ledger    one generation's totals: seconds and calls of each kind; on CUDA each call is bracketed by a pair
+              of CUDA events (the kernels are only queued when the call returns), read after one synchronize
+    counting_host_reads   counts every read of a tensor's value by Python while it is open
+
+Which calls draft: every call of the draft GPT, the EAGLE head and the ParallelSpec drafter (a drafter pass
+each), and early-exit's passes through the target's first E layers (`layers=(0, E)`, E < n_layer): the same
+model as the target, drafting. The early-exit adapter and the target's final norm and head, when a drafter
+borrows them outside the target's forward (the exit's head, the EAGLE head's unembedding), add their seconds to
+drafting but no pass: they finish the pass before them. Every other target call is a target forward. A call
+made inside another timed call (the EAGLE head reading the target's embedding) is its caller's time.
+
+    ledger = Ledger(cuda=False)
+    models = timed_models(models, ledger)          # after runtime.prepare: Timed(Fast(model))
+    ledger.clear(); METHODS["speculative"](models, ids, 64); ledger.totals()
+    -> {"drafting": 0.021, "target": 0.034, "passes": 60, "forwards": 17}   (seconds; calls)
+"""
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import replace
+
+import torch
+
+BORROWED = ("ln_f", "lm_head")  # the target's parts a drafter borrows outside the target's forward
+READS = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__", "nonzero")  # host reads of a tensor
+
+
+class Ledger:
+    """Seconds and calls of one generation, by kind: "drafting" and "target". `clear()` before the run,
+    `totals()` after it (on CUDA it waits for the GPU once, then reads every pair of events). Only the outermost
+    timed call is timed: one made inside it (a drafter reading the target's embedding) is its caller's time."""
+
+    def __init__(self, cuda=False, clock=time.perf_counter):
+        self.cuda, self.clock = cuda, clock  # clock: the host's seconds (a test may pass a fake one)
+        self.clear()
+
+    def clear(self):
+        self.seconds = {"drafting": 0.0, "target": 0.0}
+        self.calls = {"drafting": 0, "target": 0}  # drafter passes, target forwards
+        self.events = []  # CUDA: (kind, begin, end) of each call, read by totals()
+        self.depth = 0  # timed calls in progress: only the outermost one is timed
+
+    @contextmanager
+    def timing(self, kind, counts=True):
+        """`with ledger.timing("drafting"):` adds the seconds inside to `kind`, and one call when `counts`."""
+        if self.depth:  # inside another timed call: its time already
+            yield
+            return
+        self.depth += 1
+        self.calls[kind] += counts
+        if self.cuda:  # the call only queues kernels: time them on the GPU
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+        t = self.clock()
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if self.cuda:
+                end.record()
+                self.events.append((kind, begin, end))
+            else:
+                self.seconds[kind] += self.clock() - t
+
+    def totals(self):
+        """{"drafting": s, "target": s, "passes": drafter passes, "forwards": target forwards} of the run."""
+        if self.events:
+            torch.cuda.synchronize()  # one wait for the whole run
+            for kind, begin, end in self.events:
+                self.seconds[kind] += begin.elapsed_time(end) / 1000  # ms -> s
+            self.events.clear()
+        return dict(drafting=self.seconds["drafting"], target=self.seconds["target"],
+                    passes=self.calls["drafting"], forwards=self.calls["target"])
+
+
+class Timed:
+    """A model part called as the model, each call's seconds added to `ledger` as `kind` ("drafting" or
+    "target"; counts: whether a call is one drafter pass or target forward). Every other attribute is the
+    model's (`config`, `new_cache`, ...), so it can also be the `target` a drafter reads its modules from."""
+
+    def __init__(self, model, ledger, kind, counts=True):
+        self.model, self.ledger, self.kind, self.counts = model, ledger, kind, counts
+
+    def __getattr__(self, name):
+        value = getattr(self.model, name)
+        if self.kind == "target" and name in BORROWED:  # outside the target's forward, a drafter's work
+            return Timed(value, self.ledger, "drafting", counts=False)
+        return value
+
+    def kind_of(self, layers):
+        """A target call through its first E < n_layer layers is early-exit drafting; any other, a target forward."""
+        if self.kind == "target" and layers is not None and layers[0] == 0 and layers[1] < self.config.n_layer:
+            return "drafting"
+        return self.kind
+
+    def __call__(self, *args, **kwargs):
+        with self.ledger.timing(self.kind_of(kwargs.get("layers")), self.counts):
+            return self.model(*args, **kwargs)
+
+
+def timed_models(models, ledger):
+    """`models` (a parts.Models, wrapped or not by runtime.prepare) with every part a method calls in Timed."""
+    def wrap(part, kind, counts=True):
+        model = getattr(models, part)
+        return None if model is None else Timed(model, ledger, kind, counts)
+    return replace(models, target=wrap("target", "target"), draft=wrap("draft", "drafting"),
+                   eagle=wrap("eagle", "drafting"), parallelspec=wrap("parallelspec", "drafting"),
+                   early_exit=wrap("early_exit", "drafting", counts=False))
+
+
+@contextmanager
+def counting_host_reads():
+    """Inside `with counting_host_reads() as counts:` every host read of a tensor (READS: `.item()`, `.tolist()`,
+    `int(t)`, `float(t)`, `if t:`, `t` as an index, `nonzero`) adds one to counts[name]. On a GPU each one waits
+    for every kernel queued before it. The patch slows every read: never time inside it."""
+    counts = Counter()
+    originals = {name: getattr(torch.Tensor, name) for name in READS}
+
+    def counted(name, read):
+        def wrapper(*args, **kwargs):
+            counts[name] += 1
+            return read(*args, **kwargs)
+        return wrapper
+
+    for name, read in originals.items():
+        setattr(torch.Tensor, name, counted(name, read))
+    try:
+        yield counts
+    finally:
+        for name, read in originals.items():
+            setattr(torch.Tensor, name, read)
