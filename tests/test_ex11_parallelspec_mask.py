@@ -105,9 +105,10 @@ def test_packed_training_logits_equal_inference_logits():
     packed = drafter(target, torch.tensor([ids]), anchors)  # (1, G, 4, V)
     for g, a in enumerate(anchors):
         cache = drafter.new_cache()
-        if a >= 2:
-            drafter.draft(target, cache, ids[:a // 2], 2)
-        guesses = drafter.draft(target, cache, ids[cache.length:a + 1], 4)  # (4, V)
+        if a >= 2:  # a first pass reads x_0..x_(a//2 - 1), its 2 masks after the last of them (then forgotten)
+            drafter(target, torch.tensor([ids[:a // 2]]), [a // 2 - 1], 2, cache=cache)
+        new = ids[cache.length:a + 1]  # the rest of the prefix; the masks follow its last token, x_a
+        guesses = drafter(target, torch.tensor([new]), [len(new) - 1], 4, cache=cache)[0, 0]  # (4, V)
         off = (guesses - packed[0, g]).abs().max().item()
         assert off <= TOL, (f"group {g} (anchor {a}) of the packed training forward differs by {off:.3g} from what "
                             f"inference gives for the prefix x_0..x_{a}")

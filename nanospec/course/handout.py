@@ -378,11 +378,12 @@ def student_exercises(text, exercises):
             if table == "exercises" and row and int(row.group(1)) not in chosen:
                 continue
             if table == "methods" and line.startswith("| `"):
-                cells = line.split("|")
-                needs = [n for n in re.findall(r"\d+", cells[2]) if int(n) in chosen]
-                rest = re.sub(r"[\d,\s]+", "", cells[2]).strip()  # "nothing: it runs in any handout"
-                cells[2] = f" {', '.join(needs) if needs else 'nothing left to write'} " if not rest or needs \
-                    else cells[2]
+                cells = line.split("|")  # ["", method, needs greedy, needs at temperature 1, ""]
+                for i in range(2, len(cells) - 1):
+                    needs = [n for n in re.findall(r"\d+", cells[i]) if int(n) in chosen]
+                    rest = re.sub(r"[\d,\s]+", "", cells[i]).strip()  # "nothing: it runs in any handout"
+                    cells[i] = f" {', '.join(needs) if needs else 'nothing left to write'} " if not rest or needs \
+                        else cells[i]
                 line = "|".join(cells)
             lines.append(line)
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -1,5 +1,5 @@
 """
-Every exercise of the course, once. Three things read this list and nothing else:
+Every exercise of the course, once. Three things read this list (and, to check them, the kit's own tests):
 
   - the graded tests: exercise N's tests carry the pytest marker `exN` (tests/conftest.py registers one
     marker per exercise, and pytest runs with --strict-markers, so a misspelt marker is an error);
@@ -8,6 +8,8 @@ Every exercise of the course, once. Three things read this list and nothing else
   - the autograder (grade.py): it runs the tests of `test_file` selected by the marker, checks that exactly
     `tests` of them ran (a typo or an empty selection must not pass), and scales the passed share to `points`.
 
+Every region is code the project runs: each is called when the methods that need it decode, on the eager and on
+the static runtime, as EXERCISES.md's "Which methods run" table says (tests/test_course_runs.py checks both).
 An exercise without regions is an open one, graded by hand (the autograder lists it and gives no points).
 The tests of an exercise never need another exercise's blanked code (tests/test_course.py proves it on a
 handout with every exercise blanked), so `prerequisites` is reading order, not a grading dependency.
@@ -24,7 +26,7 @@ Bump VERSION and add a line to EXERCISES.md's changelog whenever an exercise, it
 """
 from dataclasses import dataclass
 
-VERSION = "1.1"
+VERSION = "1.2"
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ EXERCISES = (
              "tests/test_ex06_tree_mask.py", 8, 8, (5,),
              gates=("test_docstring_example", "test_random_trees_agree_with_their_paths", "test_tree_forward_equals_a_plain_forward_along_each_path")),
     Exercise(7, "Medusa's tree from the heads' top-k",
-             (("nanospec/tree.py", "tree_from_paths"), ("nanospec/tree.py", "medusa_tree")),
+             (("nanospec/tree.py", "tree_from_paths"), ("nanospec/decoding/tree_guesses.py", "medusa_tree")),
              "tests/test_ex07_medusa_tree.py", 9, 8, (6,),
              gates=("test_docstring_example", "test_nodes_by_depth_then_rank_and_duplicates_merged", "test_medusa_tree_docstring_example", "test_the_heads_fill_medusas_presets")),
     Exercise(8, "The tree rule: sample and descend",
