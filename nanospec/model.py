@@ -13,7 +13,7 @@ head. nanospec's heads are residual MLP blocks (as in Medusa, arXiv 2401.10774),
 Meta's design: an MLP head reads one position and keeps no cache, so drafting from the heads costs a few
 matrix-vector products at the last accepted position and tree verification needs no per-head cache.
 The heads are trained with the trunk, then retrained alone on the frozen target's own text
-(nanospec/drafters/heads.py), which makes their guesses far more often right (figures in README.md).
+(nanospec/drafters/heads.py), which makes their guesses far more often right (figures in docs/training.md).
 """
 import math
 from dataclasses import dataclass

@@ -12,7 +12,7 @@ iterations leave the singular values near 1, not at 1; that trains as well and c
 
 Only the hidden matrices of the transformer blocks (attention and MLP weights) take Muon; embeddings, the
 unembedding, norms and the MTP heads keep AdamW, as in the papers. In nanospec's sweep (8 layers x 128, batch
-8 x 256, fp32, 900 steps; README, "The target") the target reached 2.13 bits per byte of validation text with
+8 x 256, fp32, 900 steps; docs/training.md, "Muon") the target reached 2.13 bits per byte of validation text with
 Muon and 2.37 with AdamW alone, and Muon was already at 2.23 by step 600; its step cost about 15% more time.
 
 Papers/notes: Jordan et al. 2024, "Muon: an optimizer for hidden layers" (kellerjordan.github.io/posts/muon);

@@ -21,7 +21,7 @@ PRESETS = {
                 parallelspec_train=TrainConfig(max_iters=20, batch_size=8, eval_interval=10, warmup_iters=5),
                 early_exit_train=TrainConfig(max_iters=20, batch_size=8, eval_interval=10, warmup_iters=5)),
     # tiny: deep and thin, so that a one-layer drafter costs about a tenth of a target forward; Muon, width 64
-    # and MTP heads on 1/16 of the positions bought the most learning per CPU-second in fp32 (README, "The target")
+    # and MTP heads on 1/16 of the positions bought the most learning per CPU-second in fp32 (docs/training.md, "Choosing the tiny target")
     "tiny": dict(corpus_bytes=4_000_000, vocab_size=2048, head_weight=0.3, head_fraction=1 / 16,
                  target=GPTConfig(vocab_size=0, block_size=256, n_layer=8, n_head=4, n_embd=64, n_future=3),
                  draft=GPTConfig(vocab_size=0, block_size=256, n_layer=1, n_head=2, n_embd=96, n_future=0),

@@ -60,7 +60,7 @@ def fast_bf16(device):
 def autocast_dtype(device, precision="auto"):
     """The autocast dtype of training: bfloat16 with precision "bf16", or "auto" where the hardware does it fast;
     None (plain fp32) otherwise. Weights and optimizer state stay fp32 either way; only matmuls run in bf16.
-    fp32 is the reference: what most machines train in, and what every figure in README.md names."""
+    fp32 is the reference: what most machines train in, and what every figure in README.md and docs/ names."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if precision == "bf16" or (precision == "auto" and fast_bf16(device)):

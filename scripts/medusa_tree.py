@@ -197,7 +197,7 @@ def main():
     # timings on a shared machine wobble by about 5%: among the trees that fast, take the one that guesses most
     quickest = min(sec for _, sec in timed.values())
     chosen = max(size for size, (_, sec) in timed.items() if sec <= 1.05 * quickest)
-    print(f"\nthe largest tree within 5% of the fastest, for DEFAULT_TREE in nanospec/decoding/trees.py "
+    print(f"\nthe largest tree within 5% of the fastest, for DEFAULT_TREE in nanospec/decoding/tree_guesses.py "
           f"({chosen} paths): {show(best[:chosen])}")
 
 

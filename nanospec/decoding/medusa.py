@@ -14,8 +14,8 @@ next token comes from the same forward, as do the heads' guesses for the next tr
 Verification: greedy = accept while a node equals the target's argmax (the output is `ar`'s token for token).
 Sampling, lossless either way: with draft_sampling "sample" (default) the candidates of depth d are DRAWN without
 replacement from head d's warped q and the tree is checked by recursive rejection sampling against those q
-(verify.verify_tree_without_replacement; one set of draws per depth, tree_guesses.fill_tree says why that is
-fine); with "topk" they are the heads' top-k, checked by the tree point-mass rule. With verify="typical",
+(verify.verify_tree_without_replacement; each node's children drawn on their own from its depth's q,
+tree_guesses.fill_tree); with "topk" they are the heads' top-k, checked by the tree point-mass rule. With verify="typical",
 Medusa's typical acceptance judges the top-k guesses and is LOSSY: it accepts any plausible guess, so the
 output no longer follows the target's law. (A head's q is a marginal over the tokens before its own: see mtp.py.)
 With verify="traversal" a drawn tree is judged from its leaves up (verify.verify_tree_traversal): lossless too.

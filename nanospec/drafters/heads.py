@@ -17,7 +17,7 @@ TARGET would emit, and a 3M-parameter model often emits something else than the 
 
 Only the heads change; out/heads.pt holds them and `parts.load_models` (parts.load_heads) puts them on the target in place
 of the jointly trained ones (delete heads.pt to decode with those). The target's own output is untouched, so
-every method stays exact with respect to target.pt. The figures (agreement before and after) are in README.md.
+every method stays exact with respect to target.pt. The figures (agreement before and after) are in docs/training.md.
 """
 import torch
 from torch.nn import functional as F
