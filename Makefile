@@ -4,7 +4,7 @@ OUT ?= ../nanospec-handout
 PRECISION ?= auto  # `make train PRECISION=fp32`: the reference every README figure names
 PRESET ?= tiny  # `make train PRESET=gpu`: the deep GPU preset (one H100, ~5 min), into out-gpu/
 
-.PHONY: install deps train test bench bench-quick gpu-check figures handout grade
+.PHONY: install deps train test bench bench-batch bench-quick gpu-check figures handout grade
 
 install:
 	$(PYTHON) -m pip install -r requirements.txt
@@ -23,6 +23,9 @@ test: deps
 
 bench:  # CKPT=out-gpu: the gpu preset's checkpoints
 	$(PYTHON) -m nanospec.bench $(if $(CKPT),--ckpt $(CKPT))
+
+bench-batch:  # batched ar, speculative and prompt-lookup at B = 1..32 (nanospec/bench_batch.py)
+	$(PYTHON) -m nanospec.bench --batch-sizes 1,2,4,8,16,32 $(if $(CKPT),--ckpt $(CKPT))
 
 bench-quick:
 	$(PYTHON) -m nanospec.bench --quick

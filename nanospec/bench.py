@@ -49,7 +49,7 @@ import time
 
 import torch
 
-from nanospec import report
+from nanospec import bench_batch, report
 from nanospec.checkpoint import CheckpointError
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.decoding.options import DRAFT_SAMPLING
@@ -98,10 +98,14 @@ def parse_args(argv=None):
     p.add_argument("--compare-runtimes", action="store_true",
                    help="run every method on the static path plus an eager row \"name (eager)\" of each; forward "
                         "costs and drafter costs both ways (the default with --runtime auto on CUDA)")
-    p.add_argument("--out", default="bench_results.md", help="the report is also written here")
+    p.add_argument("--out", default="bench_results.md",
+                   help="the report is also written here; the figures' numbers beside it, as .json (make figures)")
+    p.add_argument("--batch-sizes", default=None,
+                   help="e.g. 1,2,4,8,16,32: instead of the method table, the batch table (nanospec/bench_batch.py): "
+                        "batched ar, speculative and prompt-lookup at each batch size")
     args = p.parse_args(argv)
-    if args.prompts_per_category is None:
-        args.prompts_per_category = 2 if args.quick else 6
+    if args.prompts_per_category is None:  # a batch table takes every prompt: B rows of distinct prompts
+        args.prompts_per_category = 2 if args.quick else -1 if args.batch_sizes else 6
     if args.max_new_tokens is None:
         args.max_new_tokens = 16 if args.quick else 64
     return args
@@ -129,6 +133,8 @@ def check_args(args):
     folder = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
         raise ValueError(f"--out {args.out}: the folder {folder} does not exist or is not writable")
+    if args.batch_sizes is not None:
+        bench_batch.parse_sizes(args.batch_sizes)
     return temperatures
 
 
@@ -484,6 +490,26 @@ def measure(args, argv, setup, rows):
         c_eager=eager and drafter_costs(results, names, eager[0][1], " (eager)"))
 
 
+def write(args, text, **figures):
+    """Print the report, write it to --out, and merge `figures` into the .json beside it (make figures reads it:
+    a batch run keeps the method table's numbers, and the other way round)."""
+    print(text)
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(text)
+    path = os.path.splitext(args.out)[0] + ".json"
+    try:
+        with open(path, encoding="utf-8") as f:
+            old = json.load(f)
+    except (OSError, ValueError):
+        old = {}
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({**old, **figures}, f, indent=1)
+    os.replace(tmp, path)
+    log(f"wrote {args.out} and {path}")
+    return figures
+
+
 def main(argv=None):
     args = parse_args(argv)
     try:
@@ -497,6 +523,9 @@ def main(argv=None):
         f"{'s' * (len(paths) > 1)}), methods {', '.join(names)}")
     for line in setup["notes"]:
         log(line[2:])
+    if args.batch_sizes is not None:
+        text, batch, title = bench_batch.run(args, setup, timed, log)
+        return write(args, text, batch=batch, batch_title=title)
     try:
         rows = warm_up(setup["paths"], {t: table_rows(names, t, paths) for t in setup["temperatures"]},
                        prompts[0]["ids"], args.max_new_tokens, setup["notes"])
@@ -505,10 +534,10 @@ def main(argv=None):
     setup["names"] = [n for n in names if all(n in rows_t for rows_t in rows.values())]
     measured = measure(args, argv, setup, rows)
     text, summaries = report.build(measured)
-    print(text)
-    with open(args.out, "w", encoding="utf-8") as f:
-        f.write(text)
-    log(f"wrote {args.out}")
+    figures = {name: {("greedy" if t == 0 else f"t={t:g}"): [s[name]["all"]["tokens_per_forward"],
+                                                            s[name]["all"]["speedup"]]
+                      for t, s in summaries.items() if name in s} for name in setup["names"]}
+    write(args, text, methods=figures, title=f"{report.machine()}; {args.max_new_tokens} new tokens, batch size 1")
     return dict(summaries=summaries, skipped=setup["notes"], failed=measured.failed, report=text,
                 results=measured.results, reads=measured.reads)
 

@@ -243,6 +243,10 @@ def test_quick_bench_on_a_toy_model(tmp_path, capsys):
             assert f"| {name} " in report
             assert greedy[name]["equal"] == 6, f"{name}: greedy output differs from ar's"  # 2 prompts x 3 categories
     assert {"ar", "speculative", "prompt-lookup"} <= set(greedy)  # the toy run trains a draft model
+    figures = json.loads((tmp_path / "bench_results.json").read_text())["methods"]  # what `make figures` reads
+    assert figures["ar"] == {"greedy": [1.0, 1.0], "t=1": [1.0, 1.0]}
+    assert figures["speculative"]["greedy"] == [greedy["speculative"]["all"]["tokens_per_forward"],
+                                                greedy["speculative"]["all"]["speedup"]]
     sampled = got["summaries"][1.0]
     for name in ("mtp", "medusa"):  # a --draft-sampling method shows both modes side by side when sampling
         assert name in sampled and f"{name} (topk)" in sampled and f"| {name} (topk) " in report
