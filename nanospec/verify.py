@@ -250,7 +250,8 @@ def block_acceptance(p_target, q_draft, draft_tokens):
     Example, the paper's: p = [1/3, 2/3] and q = [2/3, 1/3] at every position, drafts [0, 1]: w = [1, 1/2, 1],
     so both are accepted every time, where the token rule keeps token 0 only half the time.
     Greedy (one-hot p and q) it is "accept while the draft is the argmax", as the token rule."""
-    B, k = draft_tokens.shape
+    # BEGIN SOLUTION ex14
+    B, k = draft_tokens.size(0), draft_tokens.size(1)
     p_x = p_target[:, :k].gather(-1, draft_tokens[..., None])[..., 0]  # (B, k) p_i(x_i)
     q_x = q_draft.gather(-1, draft_tokens[..., None])[..., 0]  # (B, k) q_i(x_i)
     w = [p_target.new_ones(B)]  # (B,) w_0
@@ -264,6 +265,7 @@ def block_acceptance(p_target, q_draft, draft_tokens):
     h = torch.cat([torch.where(fail > 0, mass / fail.clamp(min=1e-30), 1.0), w[:, k:]], 1)  # (B, k+1)
     left = torch.where(mass[..., None] > 0, excess / mass[..., None].clamp(min=1e-30), p_target[:, :k])  # (B, k, V)
     return h, torch.cat([left, p_target[:, k:]], 1)
+    # END SOLUTION ex14
 
 
 def verify_block_batched(p_target, q_draft, draft_tokens, generator=None):

@@ -1,7 +1,7 @@
 """Shared test settings. Tiny models gain nothing from several threads, and on a shared 2-core machine extra
 threads only fight each other: one thread per test process.
 
-The course's graded tests carry one marker per exercise (`ex1` .. `ex13`), registered here from the one
+The course's graded tests carry one marker per exercise (`ex1` .. `ex14`), registered here from the one
 registry, nanospec/course/registry.py; pytest runs with --strict-markers, so a misspelt marker is an error.
 Each graded test also records its exercise in the JUnit XML that the autograder reads."""
 import pytest

@@ -53,7 +53,8 @@ DRAWN_TREE = ("tree_mask", "tree_positions", "tree_from_paths", "without_replace
 EAGLE = ("grow_tree", "expand", "frontier_mask", "KVCache.rollback")  # the head's cache goes back after growing
 LOOKAHEAD = ("remember", "learn", "build_tree")
 MEDUSA_TOPK = ("tree_from_paths", "medusa_tree")
-PSPEC = ("group_layout",)  # the drafter's forward lays out its masks with exercise 11's function, every pass
+PSPEC = ("group_layout",)
+BLOCK = ("block_acceptance", "KVCache.rollback")  # the drafter's forward lays out its masks with exercise 11's function, every pass
 
 # run name -> (method, temperature, options, the exercise functions it must call)
 RUNS = {
@@ -83,6 +84,11 @@ RUNS = {
     "lookahead-t1": ("lookahead", 1.0, {}, LOOKAHEAD + TREE),
     "parallelspec-t1": ("parallelspec", 1.0, {}, PSPEC + DRAWN_TREE),
     "parallelspec-topk-t1": ("parallelspec", 1.0, {"draft_sampling": "topk"}, PSPEC + MEDUSA_TOPK + TREE),
+    # --verify block: a chain drafted from a q is judged by exercise 14 in place of 4 (greedy: still exercise 2)
+    "speculative-block-t1": ("speculative", 1.0, {"verify": "block"}, BLOCK),
+    "mtp-block-t1": ("mtp", 1.0, {"verify": "block"}, BLOCK),
+    "early-exit-block-t1": ("early-exit", 1.0, {"verify": "block"}, BLOCK),
+    "parallelspec-chain-block-t1": ("parallelspec", 1.0, {"tree": "chain", "verify": "block"}, PSPEC + BLOCK),
 }
 
 
@@ -179,7 +185,7 @@ def test_the_method_calls_its_exercises(runtimes, runtime, run):
     setting = " ".join([method, *(f"--{k.replace('_', '-')} {v}" for k, v in options.items()),
                         "greedy" if temperature == 0 else f"at temperature {temperature}"])
     assert not missing, f"{setting} on the {runtime} runtime never called {', '.join(missing)}"
-    if "draft_sampling" not in options:  # the table's rows are the default options (topk: its prose)
+    if not {"draft_sampling", "verify"} & set(options):  # the table's rows are the default options (the rest: prose)
         row = table()[method + (" --tree chain" if options.get("tree") == "chain" else "")][temperature > 0]
         called = {EXERCISE_OF[fn][0] for fn in calls if calls[fn]}
         assert called <= row, f"{setting} calls exercises {sorted(called - row)}, which EXERCISES.md does not name"

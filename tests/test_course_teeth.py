@@ -420,6 +420,15 @@ GALLERY = [
             mass = kept.sum(-1, keepdim=True)
             return kept / torch.where(mass > 0, mass, torch.ones_like(mass))
     """),
+    # exercise 14
+    (14, "block_acceptance", "each position's test built from the next position's weight (off by one)",
+     Edit("fail = mass + 1 - w[:, :k]", "fail = mass + 1 - w[:, 1:]")),
+    (14, "block_acceptance", "the token rule's residual max(p - q, 0), not the block's max(w p - q, 0)",
+     Edit("excess = (w[:, :k, None] * p_target[:, :k] - q_draft)", "excess = (p_target[:, :k] - q_draft)")),
+    (14, "block_acceptance", "the weight never capped at 1",
+     Edit("w.append(ratio.clamp(max=1).to(p_x.dtype))", "w.append(ratio.to(p_x.dtype))")),
+    (14, "block_acceptance", "h_i = w_i: the chance of reaching a prefix taken for the chance of stopping there",
+     Edit("h = torch.cat([torch.where(fail > 0, mass / fail.clamp(min=1e-30), 1.0), w[:, k:]], 1)", "h = w")),
 ]
 
 CORRECT = [
@@ -475,6 +484,25 @@ CORRECT = [
                 rows.append(torch.where(mass > 0, left / torch.where(mass > 0, mass, 1.0), torch.zeros_like(left)))
                 left = left.scatter(-1, drawn[..., j:j + 1], 0.0)
             return torch.stack(rows, -2)
+    """),
+    (14, "block_acceptance", "a loop over positions, the weight carried along", """
+        def block_acceptance(p_target, q_draft, draft_tokens):
+            B, k = draft_tokens.shape
+            rows = torch.arange(B)
+            h = torch.ones(B, k + 1, dtype=p_target.dtype)
+            law = p_target.clone()
+            w = torch.ones(B, dtype=p_target.dtype)
+            for i in range(k):
+                d = torch.relu(w[:, None] * p_target[:, i] - q_draft[:, i])
+                r = d.sum(-1)
+                denom = r + 1 - w
+                h[:, i] = torch.where(denom > 0, r / torch.where(denom > 0, denom, 1.0), torch.ones_like(r))
+                law[:, i] = torch.where(r[:, None] > 0, d / torch.where(r > 0, r, 1.0)[:, None], p_target[:, i])
+                x = draft_tokens[:, i]
+                px, qx = p_target[rows, i, x], q_draft[rows, i, x]
+                w = torch.where(qx > 0, w * px / torch.where(qx > 0, qx, 1.0), (w * px > 0).to(w.dtype)).clamp(max=1)
+            h[:, k] = w
+            return h, law
     """),
 ]
 

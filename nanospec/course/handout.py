@@ -411,7 +411,7 @@ def student_readme(text, exercises, files):
             paths = re.findall(r"(?:tests|nanospec|scripts)/[\w./-]+\.py", line)
             if any(p not in present for p in paths):
                 continue
-            line = re.sub(r"(twelve|thirteen) (graded )?exercises", "the exercises of this handout", line)
+            line = re.sub(r"(twelve|thirteen|fourteen) (graded )?exercises", "the exercises of this handout", line)
             out.append(line.replace('"Exercises and handouts"', '"Your exercises"').replace(", changelog", ""))
     return "\n".join(out).rstrip("\n") + "\n"
 

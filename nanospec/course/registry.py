@@ -26,7 +26,7 @@ Bump VERSION and add a line to EXERCISES.md's changelog whenever an exercise, it
 """
 from dataclasses import dataclass
 
-VERSION = "1.2"
+VERSION = "1.3"
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,12 @@ EXERCISES = (
              (("nanospec/verify.py", "without_replacement_proposals"),),
              "tests/test_ex13_without_replacement.py", 7, 10, (3, 8),
              gates=("test_the_node_law_is_p_by_enumeration", "test_a_drawn_tree_keeps_the_law_when_sampled")),
+    Exercise(14, "Block verification: judge the whole chain at once",
+             (("nanospec/verify.py", "block_acceptance"),),
+             "tests/test_ex14_block_verification.py", 8, 10, (3, 4),
+             gates=("test_docstring_example", "test_the_papers_example_accepts_more_than_the_token_rule",
+                    "test_the_law_is_the_targets_and_never_fewer_accepted",
+                    "test_a_block_verified_loop_keeps_the_law_when_sampled")),
 )
 
 BY_ID = {ex.id: ex for ex in EXERCISES}
