@@ -61,7 +61,8 @@ def test_runtime_static_gives_the_eager_tokens(ckpt, capsys, method, sampling):
                      "--method", method, "--json", "--runtime", runtime, *sampling])
         runs[runtime] = json.loads(capsys.readouterr().out)
         assert runs[runtime]["runtime"] == runtime  # the path taken, at the top level of the JSON object
-    assert runs["static"]["ids"] == runs["eager"]["ids"] and len(runs["eager"]["ids"]) == 12
+    ids, stop = runs["eager"]["ids"], runs["eager"]["stats"]["stop"]  # all 12 tokens, or fewer up to end-of-text
+    assert runs["static"]["ids"] == ids and (len(ids) == 12 or (len(ids) >= 4 and stop == "eot"))
 
 
 def test_bad_runtime_is_refused_by_argparse(ckpt, capsys):

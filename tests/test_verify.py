@@ -1041,16 +1041,13 @@ def test_descend_follows_the_point_mass_law():
     assert tv(reference, exact) < tv_bound(N * V, n)
 
 
-
-
-def test_draw_rows_follows_each_rows_law_and_never_draws_a_zero():
-    """draw_rows (Gumbel-max, what the tree point-mass rule draws every node's y with): each row's empirical law
-    within the stated TV bound of p, a token of probability 0 never drawn, a one-hot row always its hot index."""
-    from nanospec.verify import draw_rows
+def test_sample_follows_each_rows_law_and_never_draws_a_zero():
+    """sample (Gumbel-max, what every rule draws with; the tree point-mass rule draws every node's y at once): each
+    row's empirical law within the stated TV bound of p, a token of probability 0 never drawn, a one-hot row always its hot index."""
     p = torch.tensor([[0.5, 0.0, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 1.0, 0.0], [0.1, 0.1, 0.1, 0.1, 0.6]], dtype=F64)
     n = 40_000
     g = torch.Generator().manual_seed(0)
-    y = draw_rows(p[None].expand(n, -1, -1), g)  # (n, 3)
+    y = sample(p[None].expand(n, -1, -1), g)  # (n, 3)
     for row in range(3):
         law = empirical_law(y[:, row], 5)
         assert tv(law, p[row]) < tv_bound(5, n), f"row {row}: law {law.tolist()} against p {p[row].tolist()}"
