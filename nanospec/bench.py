@@ -98,12 +98,19 @@ def parse_args(argv=None):
     p.add_argument("--compare-runtimes", action="store_true",
                    help="run every method on the static path plus an eager row \"name (eager)\" of each; forward "
                         "costs and drafter costs both ways (the default with --runtime auto on CUDA)")
-    p.add_argument("--out", default="bench_results.md",
-                   help="the report is also written here; the figures' numbers beside it, as .json (make figures)")
+    p.add_argument("--out", default=None,
+                   help="the report is also written here (default bench_results.md; bench_batch.md for a batch table)")
+    p.add_argument("--json", default=None,
+                   help="the figures' numbers (make figures reads them) are merged into this file (default "
+                        "bench_results.json in --out's folder)")
     p.add_argument("--batch-sizes", default=None,
                    help="e.g. 1,2,4,8,16,32: instead of the method table, the batch table (nanospec/bench_batch.py): "
                         "batched ar, speculative and prompt-lookup at each batch size")
     args = p.parse_args(argv)
+    if args.out is None:
+        args.out = "bench_batch.md" if args.batch_sizes else "bench_results.md"
+    if args.json is None:
+        args.json = os.path.join(os.path.dirname(args.out), "bench_results.json")
     if args.prompts_per_category is None:  # a batch table takes every prompt: B rows of distinct prompts
         args.prompts_per_category = 2 if args.quick else -1 if args.batch_sizes else 6
     if args.max_new_tokens is None:
@@ -130,9 +137,10 @@ def check_args(args):
         raise ValueError("--compare-runtimes runs the static path beside the eager one; drop --runtime eager")
     if args.prompts_per_category == 0 or args.prompts_per_category < -1:
         raise ValueError(f"--prompts-per-category must be at least 1 (or -1 = all), got {args.prompts_per_category}")
-    folder = os.path.dirname(os.path.abspath(args.out))
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        raise ValueError(f"--out {args.out}: the folder {folder} does not exist or is not writable")
+    for flag, path in (("--out", args.out), ("--json", args.json)):
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise ValueError(f"{flag} {path}: the folder {folder} does not exist or is not writable")
     if args.batch_sizes is not None:
         bench_batch.parse_sizes(args.batch_sizes)
     return temperatures
@@ -491,12 +499,12 @@ def measure(args, argv, setup, rows):
 
 
 def write(args, text, **figures):
-    """Print the report, write it to --out, and merge `figures` into the .json beside it (make figures reads it:
-    a batch run keeps the method table's numbers, and the other way round)."""
+    """Print the report, write it to --out, and merge `figures` into --json (make figures reads it: a batch run
+    keeps the method table's numbers, and the other way round)."""
     print(text)
     with open(args.out, "w", encoding="utf-8") as f:
         f.write(text)
-    path = os.path.splitext(args.out)[0] + ".json"
+    path = args.json
     try:
         with open(path, encoding="utf-8") as f:
             old = json.load(f)

@@ -231,7 +231,8 @@ def test_quick_bench_on_a_toy_model(tmp_path, capsys):
     results = tmp_path / "bench_results.md"
     # float64: an untrained toy model has near-tied logits, and greedy equality must not hinge on rounding
     got = bench.main(["--quick", "--ckpt", str(tmp_path / "out"), "--prompts", str(ROOT / "data" / "prompts.json"),
-                      "--device", "cpu", "--dtype", "float64", "--out", str(results)])
+                      "--device", "cpu", "--dtype", "float64", "--out", str(results),
+                      "--json", str(tmp_path / "bench_results.json")])
     report = results.read_text()
     assert report == got["report"] and "## greedy (temperature 0)" in report and "## temperature 1" in report
     assert not got["failed"], got["failed"]

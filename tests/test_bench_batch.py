@@ -44,7 +44,8 @@ def test_batch_table_on_a_toy_model(tmp_path):
     (tmp_path / "bench_results.json").write_text(json.dumps({"methods": {"ar": {"greedy": [1.0, 1.0]}}}))
     # float64: an untrained toy model has near-tied logits, and greedy equality must not hinge on rounding
     got = bench.main(["--batch-sizes", "1,3", "--ckpt", str(out), "--prompts", str(ROOT / "data" / "prompts.json"),
-                      "--max-new-tokens", "8", "--device", "cpu", "--dtype", "float64", "--out", str(results)])
+                      "--max-new-tokens", "8", "--device", "cpu", "--dtype", "float64", "--out", str(results),
+                      "--json", str(tmp_path / "bench_results.json")])
     report = results.read_text()
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in report.splitlines()
             if line.startswith("| 1 ") or line.startswith("| 3 ")]
