@@ -165,7 +165,8 @@ def decode_batches(args, kwargs, models, path):
               f"({stats['new_tokens'] / max(stats['wall_time'], 1e-9):.1f} tokens/s) [runtime {path}]\n")
 
 
-def main(argv=None):
+def parse_args(argv=None):
+    """The flags (the methods' own from their option tables, method_flags) -> (args, the methods' options)."""
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("--method", default="ar", help="decoding method, or 'list' to list them (default ar)")
     p.add_argument("--prompt", action="append", default=None,
@@ -192,8 +193,11 @@ def main(argv=None):
                    help="mark accepted guesses and the target's own tokens in colour: auto (default) = on a terminal, "
                         "else [brackets] per forward")
     options = method_flags(p)
-    args = p.parse_args(argv)
+    return p.parse_args(argv), options
 
+
+def main(argv=None):
+    args, options = parse_args(argv)
     if args.method == "list":
         for name, module in MODULES.items():
             doc = (module.__doc__ or "").strip().splitlines()

@@ -20,7 +20,6 @@ Negative control: a method that checks its guesses with a rule of its own (verif
 `verify_chain_greedy` swapped for a function that gives the same answers) decodes the same tokens, and the test
 sees that exercise 2 was not called.
 """
-import importlib
 import re
 import types
 from collections import Counter
@@ -32,12 +31,10 @@ import torch
 
 from nanospec.course.registry import EXERCISES
 from nanospec.decoding import METHODS, verify_step
-from nanospec.parts import Models
 from nanospec.runtime import prepare
-from test_early_exit_adaptive import random_adapter
-from test_eagle import random_head
-from test_model import random_ids, tiny_gpt
-from test_parallelspec import tiny_drafter
+from test_course_teeth import reference_function as region_function
+from test_host_reads import every_part
+from test_model import random_ids
 
 NEW_TOKENS = 12
 HOOK = "__course_runs_calls__"  # the module global the trampolines call through
@@ -103,15 +100,6 @@ def table():
     return rows
 
 
-def region_function(path, qualname):
-    """The live function of a registry region: ("nanospec/model.py", "KVCache.rollback") -> (module, function)."""
-    module = importlib.import_module(path[:-3].replace("/", "."))
-    obj = module
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return module, obj
-
-
 @contextmanager
 def counting(qualnames):
     """Count every call of each function named (registry regions), wherever it is called from: its code becomes
@@ -138,14 +126,6 @@ def counting(qualnames):
         for module, fn, code in reversed(saved):
             fn.__code__ = code
             module.__dict__.pop(HOOK, None)
-
-
-def every_part():
-    """Every part every method can use, tiny and random (as tests/test_host_reads.py builds them)."""
-    target = tiny_gpt(0, n_layer=3, block_size=96)
-    return Models(target=target, draft=tiny_gpt(5, n_layer=1, n_future=0, block_size=96),
-                  eagle=random_head(target).double(), parallelspec=tiny_drafter(target),
-                  early_exit=random_adapter(target))
 
 
 @pytest.fixture(scope="module")

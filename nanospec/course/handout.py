@@ -53,7 +53,8 @@ from dataclasses import dataclass
 from nanospec.course.registry import EXERCISES, VERSION, parse_selection
 
 MARKER = re.compile(r"#\s*(BEGIN|END) SOLUTION ex(\d+)\s*$")
-INSTRUCTOR_ONLY = re.compile(r"tests/test_course[^/]*\.py")  # the kit's own tests: they need the full source
+INSTRUCTOR_ONLY = re.compile(r"tests/test_course[^/]*\.py|docs/course\.md")  # the kit's own tests (they need the
+# full source) and the instructors' page
 STAMP = "handout.json"  # written at the copy's root: version, exercises, source commit (the grader reads it)
 MIN_FRAGMENT = 16  # shorter pieces of a removed body (`n = 0`, `return path`) say nothing about it
 
@@ -404,11 +405,11 @@ def student_readme(text, exercises, files):
     present = set(files)
     out = []
     for title, body in sections(text):
-        if title is not None and title.lower().startswith("exercises"):
+        if title is not None and title.lower().startswith(("exercises", "the course")):
             out += student
             continue
         for line in body:
-            paths = re.findall(r"(?:tests|nanospec|scripts)/[\w./-]+\.py", line)
+            paths = re.findall(r"(?:tests|nanospec|scripts|docs)/[\w./-]+\.(?:py|md)", line)
             if any(p not in present for p in paths):
                 continue
             line = re.sub(r"(twelve|thirteen|fourteen) (graded )?exercises", "the exercises of this handout", line)
