@@ -42,7 +42,6 @@ import dataclasses
 import json
 import math
 import os
-import random
 import statistics
 import sys
 import time
@@ -55,8 +54,9 @@ from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.decoding.options import DRAFT_SAMPLING
 from nanospec.device import pick_device
 from nanospec.parts import load_models
-from nanospec.probes import Ledger, counting_host_reads, timed_models
+from nanospec.probes import Ledger, counting_host_reads, fastest, timed, timed_models
 from nanospec.runtime import RUNTIMES, prepare
+from nanospec.tokenizer import write_atomic
 from nanospec.verify import sample, warp
 
 
@@ -272,17 +272,6 @@ def compares(args, device):
 
 # ----------------------------------------------------------------------------- running the methods
 
-def timed(fn, *args, **kwargs):
-    """(result, seconds) of one call; waits for the GPU, if any, before reading the clock."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    t = time.perf_counter()
-    result = fn(*args, **kwargs)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return result, time.perf_counter() - t
-
-
 def table_rows(names, temperature, paths=("eager",)):
     """The rows of one temperature's table, row label -> (method, options, path): every method with its defaults
     on the first of `paths` (the runtime paths, e.g. ("static", "eager") when comparing), and on each other path
@@ -377,22 +366,6 @@ def run_all(paths, ledger, rows, prompts, temperature, max_new_tokens, repeats, 
 
 
 # ----------------------------------------------------------------------------- forward cost and drafter cost
-
-def fastest(calls, reps):
-    """Seconds of each zero-argument callable: the fastest of reps runs. On a busy machine a run that lost the CPU
-    for a scheduler slice (~10 ms) measures the machine, not the model. The calls take turns in a shuffled order
-    in each repetition, so that no call is always the one after a slow moment; the first round warms up."""
-    times = [[] for _ in calls]
-    order = list(range(len(calls)))
-    for r in range(reps + 1):
-        random.Random(r).shuffle(order)
-        for j in order:
-            with torch.inference_mode():
-                _, seconds = timed(calls[j])
-            if r:
-                times[j].append(seconds)
-    return [min(t) for t in times]
-
 
 def cached(model, prefix_len, gen):
     """A KV cache of `model` (as runtime.prepare wrapped it, or not) holding prefix_len random tokens (as after a
@@ -504,17 +477,13 @@ def write(args, text, **figures):
     print(text)
     with open(args.out, "w", encoding="utf-8") as f:
         f.write(text)
-    path = args.json
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(args.json, encoding="utf-8") as f:
             old = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # none yet, or not ours: start afresh
         old = {}
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({**old, **figures}, f, indent=1)
-    os.replace(tmp, path)
-    log(f"wrote {args.out} and {path}")
+    write_atomic(args.json, json.dumps({**old, **figures}, indent=1))
+    log(f"wrote {args.out} and {args.json}")
     return figures
 
 
@@ -532,7 +501,7 @@ def main(argv=None):
     for line in setup["notes"]:
         log(line[2:])
     if args.batch_sizes is not None:
-        text, batch, title = bench_batch.run(args, setup, timed, log)
+        text, batch, title = bench_batch.run(args, setup, log)
         return write(args, text, batch=batch, batch_title=title)
     try:
         rows = warm_up(setup["paths"], {t: table_rows(names, t, paths) for t in setup["temperatures"]},

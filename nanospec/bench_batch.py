@@ -21,7 +21,9 @@ import statistics
 
 import torch
 
+from nanospec import report  # the conditions' lines (machine, model) are the main report's own
 from nanospec.decoding.batched import BATCHED, generate
+from nanospec.probes import fastest, timed
 from nanospec.ragged import RaggedCache, forward, prefill
 
 
@@ -46,31 +48,31 @@ def mixed(prompts, B):
 
 
 @torch.inference_mode()
-def verify_cost(target, B, k, timer, reps=5, prefix=100):
-    """(seconds of one target forward over B x 1 new tokens, cost(B x (k+1)) / that), B rows of `prefix` cached."""
+def verify_cost(target, B, k, reps=5, prefix=100):
+    """(seconds of one target forward over B x 1 new tokens, cost(B x (k+1)) / that), B rows of `prefix` cached:
+    the fastest of `reps` runs of each (probes.fastest)."""
     device = target.wte.weight.device
     gen = torch.Generator(device=device).manual_seed(0)
     ids = torch.randint(0, target.config.vocab_size, (B, prefix + k + 1), generator=gen, device=device)
     cache = RaggedCache(target, B, prefix + k + 1)
     prefill(target, cache, ids[:, :prefix].tolist())  # lengths stay at prefix: each timed forward rewrites the same slots
-    one, many = (min(timer(forward, target, cache, ids[:, prefix:prefix + T])[1] for _ in range(reps + 1))
-                 for T in (1, k + 1))
+    one, many = fastest([lambda T=T: forward(target, cache, ids[:, prefix:prefix + T]) for T in (1, k + 1)], reps)
     return one, many / one
 
 
-def measure(models, methods, prompts, sizes, temperatures, max_new_tokens, repeats, seed, timer, log):
+def measure(models, methods, prompts, sizes, temperatures, max_new_tokens, repeats, seed, log):
     """{(t, method, B): dict(tokens_per_s, tokens_per_forward, equal)} and {B: verify_cost(...)}."""
     got, costs = {}, {}
     for B in sizes:
         batch = mixed(prompts, B)
-        costs[B] = verify_cost(models.target, B, 4, timer)
+        costs[B] = verify_cost(models.target, B, 4)
         for t in temperatures:
             for m in methods:  # warm-up: allocations of this shape, untimed
                 generate(models, batch, min(8, max_new_tokens), method=m, temperature=t, seed=seed)
             seconds, runs = {m: [] for m in methods}, {}
             for r in range(repeats):
                 for m in methods[r % len(methods):] + methods[:r % len(methods)]:  # the order rotated from run to run
-                    runs[m], s = timer(generate, models, batch, max_new_tokens, method=m, temperature=t, seed=seed)
+                    runs[m], s = timed(generate, models, batch, max_new_tokens, method=m, temperature=t, seed=seed)
                     seconds[m].append(s)
             for m, (outs, stats) in runs.items():
                 got[t, m, B] = dict(tokens_per_s=stats["new_tokens"] / statistics.median(seconds[m]),
@@ -118,13 +120,12 @@ def crossover(got, methods, sizes, temperatures):
     return lines
 
 
-def run(args, setup, timer, log):
+def run(args, setup, log):
     """Measure and write up the batch table. Returns (Markdown text, bench_results.json's "batch", its title)."""
-    from nanospec import report  # the conditions' lines (machine, model) are the main report's own
     sizes, temperatures, models = parse_sizes(args.batch_sizes), setup["temperatures"], setup["models"]
     methods = [m for m in BATCHED if m in setup["names"]]  # ar always; the others where their parts loaded
-    got, costs = measure(models, methods, setup["prompts"], sizes, temperatures, args.max_new_tokens, args.repeats, args.seed,
-                         timer, log)
+    got, costs = measure(models, methods, setup["prompts"], sizes, temperatures, args.max_new_tokens, args.repeats,
+                         args.seed, log)
     machine = f"{report.machine()}; device {report.device_name(setup['device'])}; torch {torch.__version__}"
     header = ["B", "setting"] + [f"{m}: tokens/s (speedup, tok/fwd)" for m in methods] + ["verify cost: B x 1, ratio"]
     text = "\n".join([
@@ -134,6 +135,7 @@ def run(args, setup, timer, log):
         f"{args.max_new_tokens} new tokens per row; {args.repeats} timed run(s), median; seed {args.seed}; eager",
         "- speculative drafts k = 4 with the draft GPT, prompt-lookup copies up to 4 tokens (3-gram match); "
         "verify cost = a target forward over B x 5 new tokens / one over B x 1", "",
-        report.table(header, table_rows(got, costs, methods, sizes, temperatures)), ""] + crossover(got, methods, sizes, temperatures))
+        report.table(header, table_rows(got, costs, methods, sizes, temperatures)), ""]
+        + crossover(got, methods, sizes, temperatures))
     title = f"batched decoding, {args.max_new_tokens} new tokens per row ({machine})"
     return text + "\n", results(got, methods, sizes, temperatures), title

@@ -7,6 +7,7 @@ A decoding method has no timer and no counter in it; the bench wraps the models 
     Ledger    one generation's totals: seconds and calls of each kind; on CUDA each call is bracketed by a pair
               of CUDA events (the kernels are only queued when the call returns), read after one synchronize
     counting_host_reads   counts every read of a tensor's value by Python while it is open
+    timed, fastest        one call's seconds, and the fastest of several runs of each of a few calls
 
 Which calls draft: every call of the draft GPT, the EAGLE head and the ParallelSpec drafter (a drafter pass
 each), and early-exit's passes through the target's first E layers (`layers=(0, E)`, E < n_layer): the same
@@ -20,6 +21,7 @@ made inside another timed call (the EAGLE head reading the target's embedding) i
     ledger.clear(); METHODS["speculative"](models, ids, 64); ledger.totals()
     -> {"drafting": 0.021, "target": 0.034, "passes": 60, "forwards": 17}   (seconds; calls)
 """
+import random
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -135,3 +137,30 @@ def counting_host_reads():
     finally:
         for name, read in originals.items():
             setattr(torch.Tensor, name, read)
+
+
+def timed(fn, *args, **kwargs):
+    """(result, seconds) of one call; waits for the GPU, if any, before reading the clock."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    result = fn(*args, **kwargs)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return result, time.perf_counter() - t
+
+
+def fastest(calls, reps):
+    """Seconds of each zero-argument callable: the fastest of reps runs. On a busy machine a run that lost the CPU
+    for a scheduler slice (~10 ms) measures the machine, not the model. The calls take turns in a shuffled order
+    in each repetition, so that no call is always the one after a slow moment; the first round warms up."""
+    times = [[] for _ in calls]
+    order = list(range(len(calls)))
+    for r in range(reps + 1):
+        random.Random(r).shuffle(order)
+        for j in order:
+            with torch.inference_mode():
+                _, seconds = timed(calls[j])
+            if r:
+                times[j].append(seconds)
+    return [min(t) for t in times]
