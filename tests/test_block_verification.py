@@ -326,7 +326,8 @@ def test_on_a_chain_traversal_is_block_verification():
     for drafts in itertools.product(range(3), repeat=3):
         p, q = chain_rows(table, drafts)
         h, _ = block_acceptance(p, q, torch.tensor([drafts]))
-        stop = [(h[0, j] if j else 1.0) * torch.prod(1 - h[0, j + 1:]).item() for j in range(4)]
+        # floats, not tensors: pytest.approx compares numbers (pytest 9.2 refuses a list holding a tensor)
+        stop = [(h[0, j].item() if j else 1.0) * torch.prod(1 - h[0, j + 1:]).item() for j in range(4)]
         walked = [0.0] * 4
         P, Q = tree_rows(table, [0, *drafts], parents)
         for prob, (path, _) in outcomes(lambda coin: traverse_tree(P, Q, [0, *drafts], parents, coin)):
