@@ -12,14 +12,18 @@ alternating from one forward to the next. A method that produces several tokens 
 """
 import argparse
 import json
+import os
 import sys
 
+if __name__ == "__main__":  # first, before torch loads: Ctrl-C, a closed pipe and the terminal's encoding
+    from nanospec.device import plain_exits
+    plain_exits()
 
 from nanospec.checkpoint import CheckpointError
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.decoding.batched import BATCHED, generate as generate_batch
 from nanospec.decoding.options import MIN_TEMPERATURE, Sampling, read_options
-from nanospec.device import pick_device
+from nanospec.device import check_seed, pick_device
 from nanospec.parts import load_models
 from nanospec.runtime import RUNTIMES, prepare
 
@@ -41,6 +45,11 @@ def method_flags(parser):
         opt = MODULES[methods[0]].OPTIONS[name]
         defaults = ", ".join(f"{m} {MODULES[m].OPTIONS[name].default}" for m in methods)
         bounds = f"; {opt.low}..{opt.high}" if opt.high is not None else ""
+        choices = {}  # the choices, when methods differ in them (--verify): each method's own, not the first's
+        for m in methods:
+            choices.setdefault(MODULES[m].OPTIONS[name].choices, []).append(m)
+        if len(choices) > 1:
+            bounds += "; choices: " + "; ".join(f"{', '.join(ms)}: {'|'.join(c)}" for c, ms in choices.items())
         kwargs = {"action": "store_true"} if opt.type is bool else {"type": opt.type}
         parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
                             help=f"[{', '.join(methods)}] {opt.help} (default: {defaults}{bounds})", **kwargs)
@@ -48,44 +57,72 @@ def method_flags(parser):
 
 
 MAX_BATCH = 1024  # rows decoded at once: a KV cache per row, so more would mostly run out of memory
+DEFAULT_BATCH = 64  # without --batch-size: 64 rows at a time, whatever the number of prompts (memory stays bounded)
 BATCH_OPTIONS = ("draft_len", "max_ngram")  # the method options batched decoding takes
+SAMPLING_ONLY = ("top_k", "top_p", "draft_sampling", "verify")  # flags that change nothing at temperature 0
+
+
+def as_text(data, what):
+    """Bytes (argv's come back with surrogateescape, as typed) -> text, or a one-line ValueError naming `what`:
+    bytes that are not UTF-8 would otherwise reach the tokenizer as U+FFFD or lone surrogates, silently. A prompt
+    of nothing but whitespace is refused too, the same way everywhere."""
+    if isinstance(data, str):
+        try:
+            data = data.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raise ValueError(f"{what} holds a lone surrogate, which is not text: pass UTF-8 text") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{what} is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}): convert it "
+                         f"first, e.g. with iconv") from None
+    if not text.strip():
+        raise ValueError(f"{what} is {'empty' if not text else 'only whitespace'}: give some text")
+    return text
 
 
 def read_prompt(args):
-    """The prompt text, from --prompt or standard input; text that is not UTF-8 is a one-line ValueError (it
-    would otherwise reach the tokenizer as U+FFFD or lone surrogates, silently)."""
-    prompt = args.prompt[0] if args.prompt else None
-    if prompt is None and not hasattr(sys.stdin, "buffer"):  # a text stream handed in by a caller
-        return sys.stdin.read()
-    try:  # argv's undecodable bytes come back as they were typed
-        data = prompt.encode("utf-8", "surrogateescape") if prompt is not None else sys.stdin.buffer.read()
-    except UnicodeEncodeError:
-        raise ValueError("the prompt holds a lone surrogate, which is not text: pass UTF-8 text") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"the prompt is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}): "
-                         f"convert it first, e.g. with iconv") from None
+    """The prompt text, from --prompt or standard input (on a terminal, saying so: it waits for Ctrl-D)."""
+    if args.prompt:
+        return as_text(args.prompt[0], "the prompt")
+    if not hasattr(sys.stdin, "buffer"):  # a text stream handed in by a caller
+        return as_text(sys.stdin.read(), "the prompt")
+    if sys.stdin.isatty():
+        print("reading the prompt from standard input: type it, then Ctrl-D (or pass --prompt TEXT)",
+              file=sys.stderr, flush=True)
+    return as_text(sys.stdin.buffer.read(), "the prompt from standard input")
 
 
 def read_prompts(args):
     """The prompts of a batch: every --prompt, then each line of --prompts-file (a literal \\n inside a line stands
-    for a newline). An empty line or a file that is not UTF-8 text is a one-line ValueError."""
-    prompts = list(args.prompt or [])
+    for a newline), as (text, where) pairs; `where` names the prompt in errors ('prompt 3 (line 1 of p.txt)'). An
+    empty, whitespace-only or non-UTF-8 prompt is a one-line ValueError naming it."""
+    given = [(p, f"prompt {i} (--prompt)") for i, p in enumerate(args.prompt or [], 1)]
     if args.prompts_file is not None:
         try:
-            with open(args.prompts_file, encoding="utf-8") as f:
+            with open(args.prompts_file, "rb") as f:
                 lines = f.read().splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"cannot read --prompts-file {args.prompts_file}: {type(e).__name__}: "
-                             f"{str(e).splitlines()[0] if str(e) else ''}") from None
-        for i, line in enumerate(lines, 1):
-            if not line.strip():
-                raise ValueError(f"line {i} of {args.prompts_file} is empty: write one prompt per line")
-        prompts += [line.replace("\\n", "\n") for line in lines]
-    if not prompts:
+        except OSError as e:
+            raise ValueError(f"cannot read --prompts-file {args.prompts_file}: {e.strerror or e}") from None
+        given += [(line, f"line {i} of {args.prompts_file}") for i, line in enumerate(lines, 1)]
+    if not given:
         raise ValueError("no prompts: give --prompt (several times) or a --prompts-file with one prompt per line")
+    prompts = []
+    for n, (data, where) in enumerate(given, 1):
+        where = f"prompt {n} ({where})" if where.startswith("line") else where
+        prompts.append((as_text(data, where).replace("\\n", "\n"), where))
     return prompts
+
+
+def check_lengths(prompts, tokenizer, block_size):
+    """Every prompt's token ids, or a one-line ValueError naming the first that does not fit the context."""
+    encoded = []
+    for text, where in prompts:
+        ids = tokenizer.encode(text)
+        if len(ids) >= block_size:
+            raise ValueError(f"{where} is {len(ids)} tokens but the model's context is {block_size}: shorten it")
+        encoded.append(ids)
+    return encoded
 
 
 def grouped(tokenizer, ids, groups, guesses, colour):
@@ -106,8 +143,10 @@ def grouped(tokenizer, ids, groups, guesses, colour):
 
 
 def colour_on(args):
-    """--color: always, never, or auto (on a terminal)."""
-    return args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+    """--color: always, never, or auto: on a terminal, unless NO_COLOR is set (no-color.org) or TERM=dumb."""
+    if args.color != "auto":
+        return args.color == "always"
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
 
 
 def check_request(args, options):
@@ -121,8 +160,16 @@ def check_request(args, options):
     if args.json and getattr(args, "show_tree", None):
         raise ValueError("--show-tree prints the tree as text, which --json's one JSON object cannot hold: drop one")
     Sampling(args.temperature, args.top_k, args.top_p).check()
+    check_seed(args.seed)
     kwargs = {name: getattr(args, name) for name in MODULES[args.method].OPTIONS if getattr(args, name) is not None}
     read_options(MODULES[args.method].OPTIONS, kwargs)
+    # One rule for every flag that only matters when sampling: at temperature 0 it is refused, as --confidence
+    # without --adaptive confidence is, rather than silently changing nothing.
+    given = [n for n in SAMPLING_ONLY if getattr(args, n, None) is not None]
+    if args.temperature == 0 and given:
+        raise ValueError(f"--{given[0].replace('_', '-')} only matters when sampling: greedy decoding (--temperature "
+                         f"0, the default) takes the target's most likely token whatever it says; drop it, or give "
+                         f"a --temperature above 0")
     if batch_mode(args):
         if args.method not in BATCHED:
             raise ValueError(f"batched decoding runs {', '.join(BATCHED)}, not {args.method}: give one prompt")
@@ -132,8 +179,9 @@ def check_request(args, options):
         if other:
             raise ValueError(f"--{other[0].replace('_', '-')} is not an option of batched decoding (it takes "
                              f"{', '.join('--' + n.replace('_', '-') for n in BATCH_OPTIONS)})")
-        if args.json or getattr(args, "show_tree", None):
-            raise ValueError("--json prints one generation: drop it to decode a batch")
+        if args.runtime == "static":
+            raise ValueError("batches run nanospec/ragged.py's own forwards (eager) on every runtime: drop "
+                             "--runtime static")
     return kwargs
 
 
@@ -142,27 +190,32 @@ def batch_mode(args):
     return args.prompts_file is not None or args.batch_size is not None or len(args.prompt or []) > 1
 
 
-def decode_batches(args, kwargs, models, path):
-    """Decode the prompts in batches of --batch-size (default all at once); print each row's text, then each
-    batch's figures."""
-    prompts = read_prompts(args)
-    size = args.batch_size or len(prompts)
+STOPS = {"context": " (stopped: the model's context is full)", "eot": " (stopped at end-of-text)"}
+
+
+def decode_batches(args, kwargs, models, prompts, encoded):
+    """Decode the prompts in batches of --batch-size (default DEFAULT_BATCH); print each row's text (or, --json,
+    one JSON object per row: JSON lines), then each batch's figures."""
+    size = args.batch_size or DEFAULT_BATCH
     for first in range(0, len(prompts), size):
-        chunk = prompts[first:first + size]
-        try:
-            ids, stats = generate_batch(models, [models.tokenizer.encode(p) for p in chunk], args.max_new_tokens,
-                                        method=args.method, temperature=args.temperature, top_k=args.top_k,
-                                        top_p=args.top_p, seed=args.seed, **kwargs)
-        except ValueError as e:
-            raise ValueError(f"batch of prompts {first + 1}..{first + len(chunk)}: {e}") from None
-        for i, (prompt, row, row_stats) in enumerate(zip(chunk, ids, stats["rows"]), first + 1):
+        chunk, ids_in = prompts[first:first + size], encoded[first:first + size]
+        ids, stats = generate_batch(models, ids_in, args.max_new_tokens, method=args.method,
+                                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                    seed=args.seed, **kwargs)
+        for i, ((prompt, where), row, row_stats) in enumerate(zip(chunk, ids, stats["rows"]), first + 1):
+            if args.json:
+                print(json.dumps({"method": args.method, "row": i, "prompt": prompt, "ids": row,
+                                  "text": models.tokenizer.decode(row), "runtime": "eager", "stats": row_stats}))
+                continue
             text = grouped(models.tokenizer, row, row_stats["accepted_per_step"], row_stats["guesses_per_step"],
                            colour_on(args))
             print(f"--- row {i}: {row_stats['new_tokens']} tokens, {row_stats['tokens_per_forward']:.2f} tokens/forward"
-                  f"\n{prompt}{text}")
-        print(f"\n=== {args.method}, batch of {len(chunk)}: {stats['new_tokens']} tokens, {stats['batch_forwards']} "
-              f"batched forwards, {stats['tokens_per_forward']:.2f} tokens/forward per row, {stats['wall_time']:.2f}s "
-              f"({stats['new_tokens'] / max(stats['wall_time'], 1e-9):.1f} tokens/s) [runtime {path}]\n")
+                  f"{STOPS.get(row_stats['stop'], '')}\n{prompt}{text}")
+        if not args.json:  # a batch runs ragged.py's plain forwards: eager, whatever --runtime says
+            print(f"\n=== {args.method}, batch of {len(chunk)}: {stats['new_tokens']} tokens, "
+                  f"{stats['batch_forwards']} batched forwards, {stats['tokens_per_forward']:.2f} tokens/forward per "
+                  f"row, {stats['wall_time']:.2f}s ({stats['new_tokens'] / max(stats['wall_time'], 1e-9):.1f} "
+                  f"tokens/s) [runtime eager]\n")
 
 
 def parse_args(argv=None):
@@ -173,14 +226,15 @@ def parse_args(argv=None):
                    help="prompt text (default: read standard input); give it several times to decode a batch")
     p.add_argument("--prompts-file", default=None, help="a batch of prompts, one per line (\\n inside a line: a newline)")
     p.add_argument("--batch-size", type=int, default=None,
-                   help=f"rows decoded at once, 1..{MAX_BATCH} (default: every prompt given); ar, speculative and "
+                   help=f"rows decoded at once, 1..{MAX_BATCH} (default {DEFAULT_BATCH}); ar, speculative and "
                         "prompt-lookup only")
     p.add_argument("--max-new-tokens", type=int, default=100, help="tokens to generate at most (default 100)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help=f"0 = greedy (default); >= {MIN_TEMPERATURE} samples (smaller ones overflow: refused)")
     p.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens only")
     p.add_argument("--top-p", type=float, default=None, help="sample from the smallest set with this much mass")
-    p.add_argument("--seed", type=int, default=None, help="seed for sampling (same seed, same output)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed for sampling, 0..2**63-1 (same seed, same output; each seed its own)")
     p.add_argument("--ckpt", default="out",
                    help="folder with tokenizer.tiktoken and target.pt from `make train` (default out)")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or mps")
@@ -188,10 +242,11 @@ def parse_args(argv=None):
                    help="how the models' forwards run (nanospec/runtime.py): eager = plain PyTorch; static = "
                         "shape-static forwards, replayed from CUDA graphs on CUDA; auto (default) = static on CUDA, "
                         "eager elsewhere")
-    p.add_argument("--json", action="store_true", help="print one JSON object on one line instead")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object on one line instead (a batch: one per row, JSON lines)")
     p.add_argument("--color", default="auto", choices=("auto", "always", "never"),
                    help="mark accepted guesses and the target's own tokens in colour: auto (default) = on a terminal, "
-                        "else [brackets] per forward")
+                        "unless NO_COLOR is set or TERM=dumb; else [brackets] per forward")
     options = method_flags(p)
     return p.parse_args(argv), options
 
@@ -205,15 +260,17 @@ def main(argv=None):
         return
     try:
         kwargs = check_request(args, options)  # everything that needs no model, before loading one
+        batch = batch_mode(args)
+        prompts = read_prompts(args) if batch else [(read_prompt(args), "the prompt")]
         models = load_models(args.ckpt, pick_device(args.device), parts_for([args.method]))  # only what it uses
         check_method(args.method, models)
+        encoded = check_lengths(prompts, models.tokenizer, models.target.config.block_size)
+        if batch:  # ragged.py's forwards, on the models as loaded: no runtime layer
+            return decode_batches(args, kwargs, models, prompts, encoded)
         models, path = prepare(models, args.runtime)  # the speed layer, chosen once: the method never knows
-        if batch_mode(args):
-            return decode_batches(args, kwargs, models, path)
-        prompt = read_prompt(args)
-        ids, stats = METHODS[args.method](models, models.tokenizer.encode(prompt), args.max_new_tokens,
-                                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                          seed=args.seed, **kwargs)
+        prompt = prompts[0][0]
+        ids, stats = METHODS[args.method](models, encoded[0], args.max_new_tokens, temperature=args.temperature,
+                                          top_k=args.top_k, top_p=args.top_p, seed=args.seed, **kwargs)
     except (ValueError, CheckpointError) as e:
         sys.exit(f"error: {e}")
 
@@ -226,8 +283,7 @@ def main(argv=None):
     print(prompt + grouped(models.tokenizer, ids, stats["accepted_per_step"], stats["guesses_per_step"], colour))
     if colour:
         print(LEGEND)
-    notes = {"context": " (stopped: the model's context is full)", "eot": " (stopped at end-of-text)"}
-    note = notes.get(stats["stop"], "")
+    note = STOPS.get(stats["stop"], "")
     note += f" [runtime {path}]"  # which forwards ran: eager PyTorch, static, or static replayed from CUDA graphs
     print(f"\n--- {args.method}: {stats['new_tokens']} tokens, {stats['target_forwards']} target forwards, "
           f"{stats['tokens_per_forward']:.2f} tokens/forward, {stats['wall_time']:.2f}s "
@@ -236,3 +292,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()  # here, not at exit: a reader that closed the pipe ends it quietly (plain_exits)

@@ -40,7 +40,7 @@ def test_repeated_prompts_are_a_batch(ckpt, capsys):
     (["--prompt", "x", "--batch-size", "0"], "--batch-size must be in 1..1024, got 0"),
     (["--prompt", "x", "--batch-size", "5000"], "--batch-size must be in 1..1024, got 5000"),
     (["--prompt", "x", "--prompt", "y", "--method", "medusa"], "batched decoding runs ar, speculative, prompt-lookup"),
-    (["--prompt", "x", "--prompt", "y", "--json"], "--json prints one generation"),
+    (["--prompt", "x", "--prompt", "y", "--runtime", "static"], "drop --runtime static"),
     (["--prompts-file", "/no/such/file"], "cannot read --prompts-file"),
     (["--prompt", "x", "--prompt", "y", "--method", "prompt-lookup", "--adaptive", "history"],
      "--adaptive is not an option of batched decoding"),
@@ -55,4 +55,4 @@ def test_an_empty_line_or_a_long_prompt_is_named(ckpt, tmp_path):
     assert "line 2 of" in decode_error(ckpt, "--prompts-file", str(path))
     path.write_text("a\n" + "x" * 80 + "\n", encoding="utf-8")  # 80 bytes: over the 64-token context
     message = decode_error(ckpt, "--prompts-file", str(path))
-    assert "batch of prompts 1..2" in message and "context is 64" in message
+    assert f"prompt 2 (line 2 of {path}) is 80 tokens but the model's context is 64" in message

@@ -179,6 +179,7 @@ def test_lone_surrogate_prompt_is_a_clear_error(ckpt):
     assert "lone surrogate" in decode_error(ckpt, "--prompt", "def f(\ud800):")
 
 
-def test_seed_beyond_64_bits_is_a_clear_error(ckpt):
-    """Before: "Overflow when unpacking long long", a traceback."""
-    assert "seed must fit in 64 bits" in decode_error(ckpt, "--prompt", "x", "--seed", str(2**64))
+@pytest.mark.parametrize("seed", [str(2**64), str(2**63), "-1", str(2**64 - 1)])
+def test_seed_outside_0_to_2_63_is_a_clear_error(ckpt, seed):
+    """Before: "Overflow when unpacking long long", a traceback; then -1 ran as 2**64-1 (issue 33)."""
+    assert "--seed must be in 0..2**63-1" in decode_error(ckpt, "--prompt", "x", "--seed", seed)
