@@ -30,7 +30,9 @@ prompt to prompt), the whole repeated --repeats times. A method's tokens/s in a 
 sum of its per-prompt median times; speedup = that / ar's. Every method gets the same seed on a prompt.
 Prompts are text (data/prompts.json, cut from the validation files by scripts/make_prompts.py), tokenized here.
 A part that will not load, or a method that fails in its warm-up, becomes a "skipped" line with its reason,
-and the bench goes on with the rest.
+and the bench goes on with the rest; a method that fails later is a FAILED row with its reason (and `ar`
+failing leaves the speedups n/a), and the report is still written. Ctrl-C writes what was measured so far, marked
+partial. Every setting (--out, --prompts, --seed, --threads, ...) is checked before anything is measured.
 
     python -m nanospec.bench                       # `make bench`: every method, data/prompts.json, out/
     python -m nanospec.bench --quick               # smoke run: 2 prompts per category, 16 tokens
@@ -46,13 +48,17 @@ import statistics
 import sys
 import time
 
+if __name__ == "__main__":  # first, before torch loads: Ctrl-C, a closed pipe and the terminal's encoding
+    from nanospec.device import plain_exits
+    plain_exits()
+
 import torch
 
 from nanospec import bench_batch, report
 from nanospec.checkpoint import CheckpointError
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.decoding.options import DRAFT_SAMPLING
-from nanospec.device import pick_device
+from nanospec.device import MAX_SEED, check_seed, pick_device
 from nanospec.parts import load_models
 from nanospec.probes import Ledger, counting_host_reads, fastest, timed, timed_models
 from nanospec.runtime import RUNTIMES, prepare
@@ -81,12 +87,14 @@ def parse_args(argv=None):
     p.add_argument("--temperatures", default="0,1", help="comma-separated, each >= 0; 0 = greedy (default 0,1)")
     p.add_argument("--repeats", type=int, default=1,
                    help="timed runs per prompt and method (median), after warm-up (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="prompt i is generated with seed + i by every method")
+    p.add_argument("--seed", type=int, default=0,
+                   help="prompt i is generated with seed + i by every method (0..2**63-1 - prompts)")
     p.add_argument("--ckpt", default="out", help="folder with tokenizer.tiktoken, target.pt and optional parts")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
     p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads, 0 = torch's default (one per core). Batch-1 decoding of a tiny model "
-                        "gains little from more, and on a busy machine threads stall waiting for each other")
+                   help="torch CPU threads, 0..this machine's cores; 0 = torch's default (one per core). Batch-1 "
+                        "decoding of a tiny model gains little from more, and on a busy machine threads stall waiting "
+                        "for each other")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                    help="float64 is slow but rules out near-ties when checking greedy equality (tests)")
     p.add_argument("--quick", action="store_true", help="smoke run: 2 prompts per category, 16 tokens (unless "
@@ -133,27 +141,77 @@ def check_args(args):
                              ("--threads", args.threads, 0)):
         if value < low:
             raise ValueError(f"{flag} must be at least {low}, got {value}")
+    cores = os.cpu_count() or 1
+    if args.threads > cores:  # more threads than cores only wait on each other; a huge number crashes torch
+        raise ValueError(f"--threads must be in 0..{cores} (this machine's cores; 0 = torch's default), got "
+                         f"{args.threads}")
+    check_seed(args.seed)
     if args.compare_runtimes and args.runtime == "eager":
         raise ValueError("--compare-runtimes runs the static path beside the eager one; drop --runtime eager")
     if args.prompts_per_category == 0 or args.prompts_per_category < -1:
         raise ValueError(f"--prompts-per-category must be at least 1 (or -1 = all), got {args.prompts_per_category}")
     for flag, path in (("--out", args.out), ("--json", args.json)):
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            raise ValueError(f"{flag} {path}: the folder {folder} does not exist or is not writable")
+        check_writable(flag, path)
     if args.batch_sizes is not None:
         bench_batch.parse_sizes(args.batch_sizes)
     return temperatures
 
 
+def check_writable(flag, path):
+    """A file the bench may write at the end: a ValueError now, not a traceback after all the measuring."""
+    if not path:
+        raise ValueError(f"{flag} is empty: give a file name, e.g. {flag} bench_results.md")
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path} is a folder: give a file name in it, e.g. {os.path.join(path, 'bench.md')}")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ValueError(f"{flag} {path} is not a regular file (a device?): give a file name")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise ValueError(f"{flag} {path} is not writable: give another file")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise ValueError(f"{flag} {path}: the folder {folder} does not exist or is not writable")
+
+
 # ----------------------------------------------------------------------------- prompts
+
+PROMPT_SHAPE = ('{"prompts": [{"id": "code-01", "category": "code", "lines": ["def f(x):", ...]}, ...]} '
+                '(scripts/make_prompts.py writes it)')
+
+
+def read_prompt_file(path):
+    """The prompt file's list of prompts, each checked: a one-line ValueError naming the file and the entry."""
+    if os.path.isdir(path):
+        raise ValueError(f"--prompts {path} is a folder: give the prompt file, e.g. data/prompts.json")
+    if not os.path.exists(path):
+        raise ValueError(f"no prompt file {path}: build one with `python scripts/make_prompts.py`")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read --prompts {path}: {one_line(e)}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--prompts {path} is not valid JSON ({e}): expected {PROMPT_SHAPE}") from None
+    prompts = data.get("prompts") if isinstance(data, dict) else None
+    if not isinstance(prompts, list) or not prompts:
+        raise ValueError(f"--prompts {path} holds no list of prompts: expected {PROMPT_SHAPE}")
+    ids = set()
+    for i, p in enumerate(prompts, 1):
+        lines = p.get("lines") if isinstance(p, dict) else None
+        if not (isinstance(p, dict) and isinstance(p.get("id"), str) and isinstance(p.get("category"), str)
+                and isinstance(lines, list) and all(isinstance(x, str) for x in lines)):
+            raise ValueError(f"--prompts {path}: prompt {i} is not an object with a string id, a string category and "
+                             f"lines, a list of strings: expected {PROMPT_SHAPE}")
+        if not "".join(lines).strip():
+            raise ValueError(f"--prompts {path}: prompt {i} ({p['id']}) has no text")
+        if p["id"] in ids:
+            raise ValueError(f"--prompts {path}: the id {p['id']!r} is used twice (the report tells prompts by id)")
+        ids.add(p["id"])
+    return prompts
+
 
 def load_prompts(path, categories, per_category):
     """The first per_category prompts of each category in the file (-1: all), as dicts id, category, text."""
-    if not os.path.exists(path):
-        raise ValueError(f"no prompt file {path}: build one with `python scripts/make_prompts.py`")
-    with open(path, encoding="utf-8") as f:
-        prompts = json.load(f)["prompts"]
+    prompts = read_prompt_file(path)
     known = list(dict.fromkeys(p["category"] for p in prompts))
     for c in categories or []:
         if c not in known:
@@ -241,10 +299,13 @@ def set_up(args):
     for name in wanted:
         if name not in MODULES:
             raise ValueError(f"unknown method {name!r}; choose from: {', '.join(MODULES)}")
+    categories = None if args.categories == "all" else [c.strip() for c in args.categories.split(",")]
+    prompts = load_prompts(args.prompts, categories, args.prompts_per_category)  # before the models: it is quick
+    if args.seed + len(prompts) - 1 > MAX_SEED:
+        raise ValueError(f"--seed {args.seed}: prompt i runs with seed + i, and {len(prompts)} prompts would pass "
+                         f"2**63-1: use a seed up to {MAX_SEED - len(prompts) + 1}")
     models, broken = load_parts(args.ckpt, device, parts_for(["ar"] + wanted), args.dtype)
     names, notes = choose_methods(wanted, models, broken)
-    categories = None if args.categories == "all" else [c.strip() for c in args.categories.split(",")]
-    prompts = load_prompts(args.prompts, categories, args.prompts_per_category)
     block = models.target.config.block_size
     if args.max_new_tokens >= block:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt in the "
@@ -311,11 +372,10 @@ def warm_up(paths, rows, prompt_ids, max_new_tokens, notes):
     return {t: {label: row for label, row in rows_t.items() if label not in dropped} for t, rows_t in rows.items()}
 
 
-def count_reads(paths, rows, prompt, temperature, max_new_tokens, seed, failed):
-    """{row label: host reads per target forward} from one untimed run of each row on `prompt` (probes.
+def count_reads(paths, rows, prompt, temperature, max_new_tokens, seed, failed, reads):
+    """reads[row label] = host reads per target forward, from one untimed run of each row on `prompt` (probes.
     counting_host_reads patches every read, which slows it: never inside a timed run). A row that raises is
     reported in `failed`."""
-    reads = {}
     for label, (method, options, path) in rows.items():
         if label in failed:
             continue
@@ -328,18 +388,19 @@ def count_reads(paths, rows, prompt, temperature, max_new_tokens, seed, failed):
             log(f"FAILED {label}: {failed[label]}")
             continue
         reads[label] = sum(counts.values()) / stats["target_forwards"]
-    return reads
 
 
-def run_all(paths, ledger, rows, prompts, temperature, max_new_tokens, repeats, seed, failed):
-    """results[row][prompt id] = dict(ids, stats, seconds (median over repeats), timing), rows as table_rows
-    gives them, each run on its path's models. timing (the last repetition's): its wall seconds, and what the
+def run_all(paths, ledger, rows, prompts, temperature, max_new_tokens, repeats, seed, failed, results, finished):
+    """results[row][prompt id] = dict(ids, stats, seconds (median over repeats), timing), filled in place (a Ctrl-C
+    keeps what was measured), rows as table_rows gives them, each run on its path's models; each prompt's id is
+    appended to `finished` once every row has run it. timing (the last repetition's): its wall seconds, and what the
     Timed parts added to the ledger: drafting and target-forward seconds, drafter passes, target forwards.
     For each prompt and repetition `ar` and every row run back to back, so that a slow minute of the shared
     machine hits all of them alike; the order rotates so that no row always runs first. A row that raises is
     reported in `failed` and left out from then on."""
     names = list(rows)
-    results = {name: {} for name in names}
+    for name in names:
+        results.setdefault(name, {})
     for i, p in enumerate(prompts):
         times = {name: [] for name in names}
         for r in range(repeats):
@@ -359,8 +420,9 @@ def run_all(paths, ledger, rows, prompts, temperature, max_new_tokens, repeats, 
                 times[name].append(seconds)
                 results[name][p["id"]] = dict(ids=ids, stats=stats, timing=dict(wall=seconds, **ledger.totals()))
         for name in names:
-            if times[name]:
+            if times[name] and name not in failed:
                 results[name][p["id"]]["seconds"] = statistics.median(times[name])
+        finished.append(p["id"])
         log(f"temperature {temperature:g}: {p['id']} done ({i + 1}/{len(prompts)})")
     return results
 
@@ -451,39 +513,75 @@ def costs(models, names, temperatures, args, paths):
 
 def measure(args, argv, setup, rows):
     """Count each row's host reads, time every row at every temperature, then the forward costs; everything the
-    report reads, as a Measured."""
+    report reads, as a Measured. Ctrl-C stops the measuring: the Measured then holds what finished (see
+    finished_part) and says why it is partial; forward costs that fail (or were never reached) are left out."""
     names, temperatures, paths = setup["names"], setup["temperatures"], setup["paths"]
-    failed, results, reads = {}, {}, {}
+    failed, results, reads, finished = {}, {}, {}, {}
     t_start, load_before = time.perf_counter(), report.load_average()
-    for t in temperatures:
-        reads[t] = count_reads(paths, rows[t], setup["prompts"][0], t, args.max_new_tokens, args.seed, failed)
-        results[t] = run_all(paths, setup["ledger"], rows[t], setup["prompts"], t, args.max_new_tokens,
-                             args.repeats, args.seed, failed)
-    by_path = costs(setup["models"], names, temperatures, args, list(paths))
-    cost, step, prefix, reps, path = by_path[""]
-    eager = by_path.get(" (eager)")
+    partial, by_path = None, None
+    try:
+        for t in temperatures:
+            results[t], reads[t], finished[t] = {}, {}, []
+            count_reads(paths, rows[t], setup["prompts"][0], t, args.max_new_tokens, args.seed, failed, reads[t])
+            run_all(paths, setup["ledger"], rows[t], setup["prompts"], t, args.max_new_tokens, args.repeats,
+                    args.seed, failed, results[t], finished[t])
+        try:
+            by_path = costs(setup["models"], names, temperatures, args, list(paths))
+        except Exception as e:  # noqa: BLE001 - the table stands without them
+            setup["notes"].append(f"- forward costs not measured: {one_line(e)}")
+            log(f"forward costs not measured: {one_line(e)}")
+    except KeyboardInterrupt:
+        partial = f"interrupted (Ctrl-C) after {time.perf_counter() - t_start:.0f}s of measurements"
+        log(f"{partial}: writing what finished")
+    temperatures, prompts = finished_part(temperatures, setup["prompts"], finished)
+    results = {t: {label: {p["id"]: by_prompt[p["id"]] for p in prompts if p["id"] in by_prompt}
+                   for label, by_prompt in results[t].items()} for t in temperatures}
+    cost, step, prefix, reps, path = by_path[""] if by_path else (None, None, None, None, None)
+    eager = (by_path or {}).get(" (eager)")
     return report.Measured(
         args=args, command=" ".join(argv if argv is not None else sys.argv[1:]), models=setup["models"],
-        device=setup["device"], prompts=setup["prompts"], categories=setup["categories"], temperatures=temperatures,
-        names=names, rows=rows, results=results, notes=setup["notes"], failed=failed, cost=cost, prefix=prefix,
-        reps=reps, step=step, c=drafter_costs(results, names, cost[1]), seconds=time.perf_counter() - t_start,
-        loads=(load_before, report.load_average()), reads=reads, cost_path=path, cost_eager=eager and eager[0],
-        c_eager=eager and drafter_costs(results, names, eager[0][1], " (eager)"))
+        device=setup["device"], prompts=prompts, categories=list(dict.fromkeys(q["category"] for q in prompts)),
+        temperatures=temperatures, names=names, rows={t: rows[t] for t in temperatures}, results=results,
+        notes=setup["notes"], failed=failed, cost=cost, prefix=prefix, reps=reps, step=step,
+        c=drafter_costs(results, names, cost[1]) if cost else {}, seconds=time.perf_counter() - t_start,
+        loads=(load_before, report.load_average()), reads={t: reads[t] for t in temperatures},
+        cost_path=path or "eager", cost_eager=eager and eager[0],
+        c_eager=eager and drafter_costs(results, names, eager[0][1], " (eager)"), partial=partial)
+
+
+def finished_part(temperatures, prompts, finished):
+    """What a report can stand on after a Ctrl-C: every temperature whose prompts all finished; if not even the
+    first did, the prompts it finished. Returns (temperatures, prompts)."""
+    done = [t for t in temperatures if len(finished.get(t, ())) == len(prompts)]
+    if done:
+        return done, prompts
+    first = finished.get(temperatures[0], [])
+    return ([temperatures[0]], [p for p in prompts if p["id"] in first]) if first else ([], [])
 
 
 def write(args, text, **figures):
-    """Print the report, write it to --out, and merge `figures` into --json (make figures reads it: a batch run
-    keeps the method table's numbers, and the other way round)."""
-    print(text)
-    with open(args.out, "w", encoding="utf-8") as f:
-        f.write(text)
+    """Write the report to --out and merge `figures` into --json (make figures reads it: a batch run keeps the
+    method table's numbers, and the other way round), then print it: the files first, so that a reader who
+    closes the pipe early (`make bench | head`) loses nothing. A file that cannot be written is a one-line error
+    after the report is printed."""
+    problem = None
     try:
-        with open(args.json, encoding="utf-8") as f:
-            old = json.load(f)
-    except (OSError, ValueError):  # none yet, or not ours: start afresh
-        old = {}
-    write_atomic(args.json, json.dumps({**old, **figures}, indent=1))
-    log(f"wrote {args.out} and {args.json}")
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text)
+        try:
+            with open(args.json, encoding="utf-8") as f:
+                old = json.load(f)
+            old = old if isinstance(old, dict) else {}
+        except (OSError, ValueError):  # none yet, or not ours: start afresh
+            old = {}
+        write_atomic(args.json, json.dumps({**old, **figures}, indent=1))
+        log(f"wrote {args.out} and {args.json}")
+    except OSError as e:
+        problem = f"error: could not write the report ({one_line(e)}); it is printed above"
+    print(text)
+    sys.stdout.flush()
+    if problem:
+        sys.exit(problem)
     return figures
 
 
@@ -501,22 +599,39 @@ def main(argv=None):
     for line in setup["notes"]:
         log(line[2:])
     if args.batch_sizes is not None:
-        text, batch, title = bench_batch.run(args, setup, log)
-        return write(args, text, batch=batch, batch_title=title)
+        text, batch, title, partial = bench_batch.run(args, setup, log)
+        if text is None:
+            return interrupted("interrupted (Ctrl-C) before the first batch size finished: no report written")
+        got = write(args, text, batch=batch, batch_title=title)
+        return interrupted(f"{partial}: wrote the partial batch table ({args.out})") if partial else got
     try:
         rows = warm_up(setup["paths"], {t: table_rows(names, t, paths) for t in setup["temperatures"]},
                        prompts[0]["ids"], args.max_new_tokens, setup["notes"])
     except ValueError as e:
         sys.exit(f"error: {e}")
+    except KeyboardInterrupt:
+        return interrupted("interrupted (Ctrl-C) in the warm-up, before anything was measured: no report written")
     setup["names"] = [n for n in names if all(n in rows_t for rows_t in rows.values())]
     measured = measure(args, argv, setup, rows)
+    if not measured.temperatures:
+        return interrupted(f"{measured.partial}, before the first prompt finished: no report written")
     text, summaries = report.build(measured)
     figures = {name: {("greedy" if t == 0 else f"t={t:g}"): [s[name]["all"]["tokens_per_forward"],
                                                             s[name]["all"]["speedup"]]
-                      for t, s in summaries.items() if name in s} for name in setup["names"]}
-    write(args, text, methods=figures, title=f"{report.machine()}; {args.max_new_tokens} new tokens, batch size 1")
+                      for t, s in summaries.items() if name in s and s[name]["all"]["speedup"] is not None}
+               for name in setup["names"]}
+    write(args, text, methods={name: by for name, by in figures.items() if by},
+          title=f"{report.machine()}; {args.max_new_tokens} new tokens, batch size 1")
+    if measured.partial:
+        return interrupted(f"{measured.partial}: wrote the partial report ({args.out})")
     return dict(summaries=summaries, skipped=setup["notes"], failed=measured.failed, report=text,
                 results=measured.results, reads=measured.reads)
+
+
+def interrupted(line):
+    """Ctrl-C: one line, and the exit status a shell expects of it (128 + SIGINT)."""
+    log(line)
+    sys.exit(130)
 
 
 if __name__ == "__main__":

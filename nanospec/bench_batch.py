@@ -16,6 +16,8 @@ pays for a verify forward over B x (k+1) tokens, which stops being nearly free a
 The batch of size B is the first B prompts taken in turn from each category (a mix, not B of one kind); when
 there are fewer prompts than B they repeat. Each B gets a short untimed warm-up per method. The forwards run
 eager (the ragged cache is not shape-static). Results go to the report and to bench_results.json's "batch".
+A method that fails at a batch size is a FAILED cell with its reason (n/a speedups where `ar` failed), and the
+others go on; Ctrl-C keeps the batch sizes that finished, in a table marked partial.
 """
 import statistics
 
@@ -60,30 +62,59 @@ def verify_cost(target, B, k, reps=5, prefix=100):
     return one, many / one
 
 
-def measure(models, methods, prompts, sizes, temperatures, max_new_tokens, repeats, seed, log):
-    """{(t, method, B): dict(tokens_per_s, tokens_per_forward, equal)} and {B: verify_cost(...)}."""
-    got, costs = {}, {}
+def one_line(e):
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+
+
+def measure(models, methods, prompts, sizes, temperatures, max_new_tokens, repeats, seed, log, got, costs):
+    """Fills got[(t, method, B)] = dict(tokens_per_s, tokens_per_forward, equal), or dict(failed=its reason), and
+    costs[B] = verify_cost(...), in place: a Ctrl-C keeps the batch sizes that finished. Returns those sizes."""
+    done = []
     for B in sizes:
         batch = mixed(prompts, B)
-        costs[B] = verify_cost(models.target, B, 4)
+        try:
+            costs[B] = verify_cost(models.target, B, 4)
+        except Exception as e:  # noqa: BLE001 - the table stands without it
+            costs[B] = one_line(e)
         for t in temperatures:
-            for m in methods:  # warm-up: allocations of this shape, untimed
-                generate(models, batch, min(8, max_new_tokens), method=m, temperature=t, seed=seed)
             seconds, runs = {m: [] for m in methods}, {}
+            for m in methods:
+                try:  # warm-up: allocations of this shape, untimed
+                    generate(models, batch, min(8, max_new_tokens), method=m, temperature=t, seed=seed)
+                except Exception as e:  # noqa: BLE001 - one broken method must not sink the table
+                    got[t, m, B] = dict(failed=one_line(e))
+            live = [m for m in methods if (t, m, B) not in got]
             for r in range(repeats):
-                for m in methods[r % len(methods):] + methods[:r % len(methods)]:  # the order rotated from run to run
-                    runs[m], s = timed(generate, models, batch, max_new_tokens, method=m, temperature=t, seed=seed)
+                for m in live[r % max(1, len(live)):] + live[:r % max(1, len(live))]:  # the order rotated
+                    if (t, m, B) in got:
+                        continue
+                    try:
+                        runs[m], s = timed(generate, models, batch, max_new_tokens, method=m, temperature=t, seed=seed)
+                    except Exception as e:  # noqa: BLE001
+                        got[t, m, B] = dict(failed=one_line(e))
+                        log(f"FAILED {m} at batch size {B}, temperature {t:g}: {got[t, m, B]['failed']}")
+                        continue
                     seconds[m].append(s)
+            ar = runs.get("ar") if (t, "ar", B) not in got else None
             for m, (outs, stats) in runs.items():
+                if (t, m, B) in got:
+                    continue
                 got[t, m, B] = dict(tokens_per_s=stats["new_tokens"] / statistics.median(seconds[m]),
                                     tokens_per_forward=stats["tokens_per_forward"],
-                                    equal=sum(a == b for a, b in zip(outs, runs["ar"][0])) if t == 0 else None)
+                                    equal=sum(a == b for a, b in zip(outs, ar[0])) if t == 0 and ar else None)
             log(f"batch size {B}, temperature {t:g}: done")
-    return got, costs
+        done.append(B)
+    return done
 
 
 def setting(t):
     return "greedy" if t == 0 else f"t={t:g}"
+
+
+def speedup(got, t, m, B):
+    """tokens/s over batched ar's at the same B and t, or None where either failed."""
+    g, ar = got[t, m, B], got[t, "ar", B]
+    return None if "failed" in g or "failed" in ar else g["tokens_per_s"] / ar["tokens_per_s"]
 
 
 def table_rows(got, costs, methods, sizes, temperatures):
@@ -91,21 +122,26 @@ def table_rows(got, costs, methods, sizes, temperatures):
     rows = []
     for B in sizes:
         for t in temperatures:
-            ar = got[t, "ar", B]["tokens_per_s"]
             cells = [B, setting(t)]
             for m in methods:
                 g = got[t, m, B]
+                if "failed" in g:
+                    cells.append(f"FAILED: {g['failed'][:60]}")
+                    continue
+                x = speedup(got, t, m, B)
                 equal = f", {g['equal']}/{B} = ar" if g["equal"] is not None and m != "ar" else ""
-                cells.append(f"{g['tokens_per_s']:.0f} ({g['tokens_per_s'] / ar:.2f}x, {g['tokens_per_forward']:.2f} "
-                             f"tok/fwd{equal})")
-            rows.append(cells + [f"{costs[B][0] * 1e3:.2f} ms, {costs[B][1]:.2f}"])
+                cells.append(f"{g['tokens_per_s']:.0f} ({'n/a' if x is None else f'{x:.2f}x'}, "
+                             f"{g['tokens_per_forward']:.2f} tok/fwd{equal})")
+            cost = costs[B]
+            rows.append(cells + [cost if isinstance(cost, str) else f"{cost[0] * 1e3:.2f} ms, {cost[1]:.2f}"])
     return rows
 
 
 def results(got, methods, sizes, temperatures):
-    """bench_results.json's "batch": {setting: {method: {B: [tokens/s, speedup over batched ar]}}}."""
-    return {setting(t): {m: {str(B): [got[t, m, B]["tokens_per_s"],
-                                      got[t, m, B]["tokens_per_s"] / got[t, "ar", B]["tokens_per_s"]] for B in sizes}
+    """bench_results.json's "batch": {setting: {method: {B: [tokens/s, speedup over batched ar]}}}, where both
+    ran."""
+    return {setting(t): {m: {str(B): [got[t, m, B]["tokens_per_s"], speedup(got, t, m, B)] for B in sizes
+                             if speedup(got, t, m, B) is not None}
                          for m in methods} for t in temperatures}
 
 
@@ -114,28 +150,40 @@ def crossover(got, methods, sizes, temperatures):
     lines = []
     for t in temperatures:
         for m in methods[1:]:
-            below = [B for B in sizes if got[t, m, B]["tokens_per_s"] < got[t, "ar", B]["tokens_per_s"]]
+            measured = [B for B in sizes if speedup(got, t, m, B) is not None]  # where it and ar both ran
+            below = [B for B in measured if speedup(got, t, m, B) < 1]
             lines.append(f"- {m}, {setting(t)}: " + (f"below batched ar from B = {below[0]}" if below else
-                                                      f"at or above batched ar up to B = {sizes[-1]}"))
+                                                      f"at or above batched ar up to B = {measured[-1]}" if measured
+                                                      else "no speedup measured (see the FAILED cells)"))
     return lines
 
 
 def run(args, setup, log):
-    """Measure and write up the batch table. Returns (Markdown text, bench_results.json's "batch", its title)."""
+    """Measure and write up the batch table. Returns (Markdown text, bench_results.json's "batch", its title, why
+    it is partial or None); the text is None if Ctrl-C came before the first batch size finished."""
     sizes, temperatures, models = parse_sizes(args.batch_sizes), setup["temperatures"], setup["models"]
     methods = [m for m in BATCHED if m in setup["names"]]  # ar always; the others where their parts loaded
-    got, costs = measure(models, methods, setup["prompts"], sizes, temperatures, args.max_new_tokens, args.repeats,
-                         args.seed, log)
+    got, costs, partial = {}, {}, None
+    try:
+        done = measure(models, methods, setup["prompts"], sizes, temperatures, args.max_new_tokens, args.repeats,
+                       args.seed, log, got, costs)
+    except KeyboardInterrupt:
+        done = [B for B in sizes if all((t, m, B) in got for t in temperatures for m in methods)]
+        partial = f"interrupted (Ctrl-C); the table holds the batch sizes that finished ({len(done)} of {len(sizes)})"
+        log(partial)
+        if not done:
+            return None, None, None, partial
     machine = f"{report.machine()}; device {report.device_name(setup['device'])}; torch {torch.__version__}"
     header = ["B", "setting"] + [f"{m}: tokens/s (speedup, tok/fwd)" for m in methods] + ["verify cost: B x 1, ratio"]
     text = "\n".join([
-        "# nanospec bench: batched decoding", "",
+        f"# nanospec bench: batched decoding{' (partial)' if partial else ''}", "",
+        *([f"- PARTIAL: {partial}"] if partial else []),
         f"- machine: {machine}", f"- model: {args.ckpt}/: target {report.describe(models.target)}; {args.dtype}",
         f"- prompts: {args.prompts}, batches mixed across categories ({len(setup['prompts'])} prompts); "
         f"{args.max_new_tokens} new tokens per row; {args.repeats} timed run(s), median; seed {args.seed}; eager",
         "- speculative drafts k = 4 with the draft GPT, prompt-lookup copies up to 4 tokens (3-gram match); "
         "verify cost = a target forward over B x 5 new tokens / one over B x 1", "",
-        report.table(header, table_rows(got, costs, methods, sizes, temperatures)), ""]
-        + crossover(got, methods, sizes, temperatures))
+        report.table(header, table_rows(got, costs, methods, done, temperatures)), ""]
+        + crossover(got, methods, done, temperatures))
     title = f"batched decoding, {args.max_new_tokens} new tokens per row ({machine})"
-    return text + "\n", results(got, methods, sizes, temperatures), title
+    return text + "\n", results(got, methods, done, temperatures), title, partial

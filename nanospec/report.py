@@ -3,7 +3,9 @@ The Markdown report of `make bench` (nanospec/bench.py measures, this module wri
 device, model, prompts, settings), a table per temperature (with each row's host reads per target forward), the
 greedy-equality check, how repetitive `ar`'s output is, the cost of a target forward against the tokens it
 reads, where a step's time goes, and Leviathan's model of `speculative` set beside the measured speedup.
-Everything here reads the measurements; nothing is timed here.
+Everything here reads the measurements; nothing is timed here. A row that failed is a FAILED row with its
+reason; where `ar` did not finish, every speedup is n/a; a report cut short by Ctrl-C says so at the top, and a
+section whose measurements are missing is left out with a line saying why.
 
     report.build(measured)   -> the whole report as Markdown text, from a `Measured` record
 """
@@ -48,6 +50,7 @@ class Measured:
     cost_path: str = "eager"  # the path `cost` and `step` ran: eager, static (just called) or graph (replayed)
     cost_eager: dict = None  # comparing runtimes: `cost` on the eager path (cost_path is then static or graph)
     c_eager: dict = None  # comparing runtimes: c of each drafter from its "(eager)" rows
+    partial: str = None  # why the measuring stopped early (Ctrl-C); None for a whole run
 
 
 # ----------------------------------------------------------------------------- the conditions
@@ -164,7 +167,8 @@ def table(header, rows):
     cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     # numbers align right (Markdown: "--:"), words left
-    right = [all(re.match(r"-?[0-9]", row[i]) for row in cells[1:]) for i in range(len(header))]
+    right = [all(re.match(r"-?[0-9]", row[i]) or row[i] in ("-", "n/a") for row in cells[1:])
+             and any(re.match(r"-?[0-9]", row[i]) for row in cells[1:]) for i in range(len(header))]
 
     def line(row):
         return "| " + " | ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(row, widths, right)) + " |"
@@ -179,42 +183,67 @@ def totals(results, name, ids):
             sum(r["seconds"] for r in runs))
 
 
+def complete(results, name, prompts):
+    """Did row `name` finish every prompt (a timed result with its median seconds)? A row that failed did not."""
+    return all("seconds" in results.get(name, {}).get(p["id"], {}) for p in prompts)
+
+
+def failed_row(name, why, width, greedy):
+    """A row that did not finish: FAILED and its reason (cut to a line's worth: the notes above hold it whole)."""
+    why = why if len(why) <= 70 else why[:69] + "…"
+    return [name, f"FAILED: {why}"] + ["-"] * (width - 2 + greedy)
+
+
 def method_rows(results, names, prompts, categories, greedy, failed, reads=None):
     """One row per method: per category 'speedup (tokens/forward)', then the totals over every prompt and the
-    host reads per target forward (`reads`: row -> reads, '-' where missing)."""
+    host reads per target forward (`reads`: row -> reads, '-' where missing). A row that did not finish is a
+    FAILED row with its reason; where `ar` did not finish, speedups are n/a (summary: None)."""
     groups = [(c, [p["id"] for p in prompts if p["category"] == c]) for c in categories]
     groups.append(("all", [p["id"] for p in prompts]))
+    baseline = complete(results, "ar", prompts)
     rows, summary = [], {}
     for name in names:
-        if name in failed:
+        if not complete(results, name, prompts):
+            rows.append(failed_row(name, failed.get(name, "did not finish"), len(categories) + 6, greedy))
             continue
         cells, summary[name] = [], {}
         for group, ids in groups:
             tokens, forwards, seconds = totals(results, name, ids)
-            ar_tokens, _, ar_seconds = totals(results, "ar", ids)
-            speedup = (tokens / seconds) / (ar_tokens / ar_seconds)
+            speedup = None
+            if baseline:
+                ar_tokens, _, ar_seconds = totals(results, "ar", ids)
+                speedup = (tokens / seconds) / (ar_tokens / ar_seconds)
             summary[name][group] = dict(tokens_per_forward=tokens / forwards, tokens_per_s=tokens / seconds,
                                         speedup=speedup)
             if group != "all":
-                cells.append(f"{speedup:.2f}x ({tokens / forwards:.2f})")
+                cells.append(f"{times(speedup)} ({tokens / forwards:.2f})")
         s = summary[name]["all"]
         accepted = round(s["tokens_per_forward"] - 1, 2) + 0.0  # + 0.0: no "-0.00" (ar stopped by end-of-text)
         read = (reads or {}).get(name)
         row = [name, *cells, f"{s['tokens_per_forward']:.2f}", f"{accepted:.2f}", f"{s['tokens_per_s']:.1f}",
-               f"{s['speedup']:.2f}x", "-" if read is None else f"{read:.2f}"]
-        if greedy:
+               times(s["speedup"]), "-" if read is None else f"{read:.2f}"]
+        if greedy and baseline:
             equal = sum(results[name][p["id"]]["ids"] == results["ar"][p["id"]]["ids"] for p in prompts)
             summary[name]["equal"] = equal
             row.append(f"{equal}/{len(prompts)}" + ("" if equal == len(prompts) else " !"))
+        elif greedy:
+            row.append("n/a")
         rows.append(row)
     return rows, summary
 
 
+def times(speedup):
+    """A speedup as '1.23x', or 'n/a' where there is no baseline to divide by."""
+    return "n/a" if speedup is None else f"{speedup:.2f}x"
+
+
 def mismatches(results, names, prompts, models):
-    """Lines describing each greedy output that differs from ar's."""
+    """Lines describing each greedy output that differs from ar's (rows that finished, where ar did)."""
     lines = []
     by_id = {p["id"]: p for p in prompts}
-    for name in names:
+    if not complete(results, "ar", prompts):
+        return ["ar did not finish: no output here is checked against it."]
+    for name in (n for n in names if complete(results, n, prompts)):
         for pid, r in results[name].items():
             want = results["ar"][pid]["ids"]
             i = first_difference(r["ids"], want)
@@ -231,14 +260,17 @@ def mismatches(results, names, prompts, models):
 
 def bar_chart(summary, names, width=40):
     """Plain-text bars of each method's overall speedup; '|' marks 1.0x (ar)."""
-    top = max(max(s["all"]["speedup"] for s in summary.values()), 1.0)
+    speedups = {name: s["all"]["speedup"] for name, s in summary.items() if s["all"]["speedup"] is not None}
+    if not speedups:
+        return ["  (no speedups: ar did not finish)"]
+    top = max(max(speedups.values()), 1.0)
     scale = width / top
     one = round(scale)
     lines, pad = [], max(map(len, names))
     for name in names:
-        if name not in summary:
+        if name not in speedups:
             continue
-        s = summary[name]["all"]["speedup"]
+        s = speedups[name]
         bar = list("#" * round(s * scale) + " " * max(0, width - round(s * scale)))
         bar[one - 1] = "|"
         lines.append(f"  {name:{pad}s} {''.join(bar)} {s:.2f}x")
@@ -287,7 +319,12 @@ def header(m):
     costs += [f"{', '.join(heads)}: in the target's forward (the heads, no drafting call)"] if heads else []
     costs += [f"{', '.join(idle)}: made no drafter pass"] if idle else []
     costs = "; ".join(costs) or "no method with a trained drafter ran"
-    return [f"# nanospec bench, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
+    if m.cost is None:
+        costs = "not measured (the forward costs were not timed)"
+    partial = [f"- PARTIAL: {m.partial}; this report holds what finished: {len(m.prompts)} prompt(s), temperature(s) "
+               f"{', '.join(f'{t:g}' for t in m.temperatures)}", ""] if m.partial else []
+    return [f"# nanospec bench{' (partial)' if m.partial else ''}, {datetime.datetime.now():%Y-%m-%d %H:%M}", "",
+            *partial,
             f"- machine: {machine()}; device: {device_name(m.device)}; torch {torch.__version__}; "
             f"Python {platform.python_version()}; commit {git_commit()}",
             f"- model: {args.ckpt}/ (preset {preset_of(models.target.config)}): target {describe(models.target)}"
@@ -314,7 +351,7 @@ def temperature_section(m, t):
     head = (["method", *[f"{c}: speedup (tok/fwd)" for c in m.categories], "tokens/forward", "accepted/step",
              "tokens/s", "speedup", "host reads/forward"] + (["output = ar"] if greedy else []))
     out = [f"## {'greedy (temperature 0)' if greedy else f'temperature {t:g}'}", "", table(head, cells), ""]
-    if "ar (eager)" in summary:
+    if "ar (eager)" in summary and summary["ar (eager)"]["all"]["speedup"]:
         ratio = 1 / summary["ar (eager)"]["all"]["speedup"]
         out += [f"Every speedup here is against ar on the {m.cost_path} path ({PATHS.get(m.cost_path, m.cost_path)}), "
                 f"which runs {ratio:.2f}x as fast as eager ar (\"ar (eager)\"): a row \"name (eager)\" is that "
@@ -323,7 +360,7 @@ def temperature_section(m, t):
         out += ["A row \"method (topk)\" or \"method (sample)\" is that method with --draft-sampling set the other "
                 "way: its guesses are the drafter's top-k (verified as point masses) or draws from its q.", ""]
     if greedy:
-        bad = mismatches(m.results[t], [n for n in m.rows[t] if n not in m.failed], m.prompts, m.models)
+        bad = mismatches(m.results[t], list(m.rows[t]), m.prompts, m.models)
         out += (bad or ["Every greedy output equals ar's token for token."]) + [""]
     return out, summary
 
@@ -334,7 +371,7 @@ def repetition_section(m):
         row = [c]
         for t in m.temperatures:
             own = seen = total = 0
-            for q in (q for q in m.prompts if q["category"] == c):
+            for q in (q for q in m.prompts if q["category"] == c and q["id"] in m.results[t].get("ar", {})):
                 o, s, n = ngram_repeats(q["ids"], m.results[t]["ar"][q["id"]]["ids"])
                 own, seen, total = own + o, seen + s, total + n
             row += [f"{own / max(1, total):.0%}", f"{seen / max(1, total):.0%}"]
@@ -372,7 +409,7 @@ def split_section(m):
     (building trees, the verify rules, Python), each prompt's last timed run as the bench's Timed parts saw it."""
     rows = []
     for t in m.temperatures:
-        for name in (n for n in m.rows[t] if n not in m.failed):
+        for name in (n for n in m.rows[t] if complete(m.results[t], n, m.prompts)):
             runs = [r["timing"] for r in m.results[t][name].values()]
             forwards = sum(r["stats"]["target_forwards"] for r in m.results[t][name].values())
             wall, draft, target = (sum(r[key] for r in runs) * 1e3 / forwards
@@ -438,8 +475,11 @@ def build(m):
             "every kernel queued before it, so the host cannot queue the next forward (or graph replay) while it "
             "decides: `ar` reads 1 (its token), a chain method at most 2 (its guesses, then the verdict), a tree "
             "method a few more, per level of the tree it grows (tests/test_host_reads.py bounds each).", ""]
-    out += repetition_section(m) + cost_section(m) + split_section(m)
-    if "speculative" in m.names and "speculative" not in m.failed:
+    out += repetition_section(m)
+    out += cost_section(m) if m.cost else ["## Cost of one target forward over n new tokens", "",
+                                          "Not measured: the bench stopped before timing the forward costs.", ""]
+    out += split_section(m)
+    if m.cost and all(summaries[t].get("speculative", {}).get("all", {}).get("speedup") for t in m.temperatures):
         out += leviathan_section(m, summaries)
     chart = []
     for t in m.temperatures:
