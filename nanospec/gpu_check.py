@@ -7,17 +7,18 @@
        options; fp32 by default, as the README's figures);
     3. the bench's `--quick` run to completion: no method failed or skipped;
     4. (--runtime static, the default) the static path against eager: every method runs every setting again on
-       the models runtime.prepare(models, "static") wraps (a row "name (static)": the replayed path, "graph", on
-       CUDA; "static", just called, on a CPU), no CUDA graph capture may fail (a failed one makes that model
-       run eager from then on), and its greedy output equals its own eager output token for token; the other
-       rows run on the eager models, and the quick bench compares the two paths (--compare-runtimes).
+       the models runtime.prepare(models, "static") wraps (a row "name (static)": forwards replayed from CUDA
+       graphs on CUDA, from their emulation, graphs.Emulated, on a CPU), no capture may fail (a failed one
+       makes that model run eager from then on), and its greedy output equals its own eager output token for
+       token; the other rows run on the eager models, and the quick bench compares the two paths
+       (--compare-runtimes).
 
 It prints a grid (method x setting: ok or FAIL), one line per failure, and a last line with the count; the
-exit status is 0 when everything passed. Without a GPU it says so in one line and exits 0, so that `make
-gpu-check` is harmless anywhere. The same checks run on the CPU with `--device cpu` (the tests do that on toy
-checkpoints).
+exit status is 0 when everything passed. Without a GPU it says so in one line and runs the same checks on the
+CPU, where the static path's replays are emulated: what a CUDA graph would freeze, the emulation freezes too, so
+a Python value baked into a forward fails here as it would on a GPU (the tests run it on toy checkpoints).
 
-    python -m nanospec.gpu_check                                  # `make gpu-check`: CUDA, out/
+    python -m nanospec.gpu_check                                  # `make gpu-check`: CUDA (else the CPU), out/
     python -m nanospec.gpu_check --device cpu --ckpt /tmp/run/out --dtype float64
     python -m nanospec.gpu_check --runtime eager                  # the eager path only, no comparison
 """
@@ -32,7 +33,7 @@ import torch
 
 from nanospec import bench
 from nanospec.checkpoint import CheckpointError
-from nanospec.decoding import MODULES, METHODS, check_method
+from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.parts import PARTS
 from nanospec.runtime import Fast, prepare
 
@@ -68,9 +69,10 @@ def parse_args(argv=None):
 def no_gpu(device):
     """The one line to print when the device asked for is not here, or None when it is."""
     if device.startswith("cuda") and not torch.cuda.is_available():
-        return "gpu-check: no CUDA GPU here (torch.cuda.is_available() is False): nothing to check"
+        return ("gpu-check: no CUDA GPU here (torch.cuda.is_available() is False): the same checks on the CPU, "
+                "CUDA-graph replay emulated")
     if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        return "gpu-check: no MPS device here: nothing to check"
+        return "gpu-check: no MPS device here: the same checks on the CPU, CUDA-graph replay emulated"
     return None
 
 
@@ -87,7 +89,7 @@ def paths_of(models, args):
     if args.runtime != "static":
         return paths, None
     paths["static"], path = prepare(models, "static")
-    replayed = "graph" if args.device.startswith("cuda") else "static"  # replayed on CUDA, just called on a CPU
+    replayed = "graph" if args.device.startswith("cuda") else "static"  # CUDA graphs, or their emulation
     return paths, None if path == replayed else f"runtime.prepare took the {path} path, not {replayed}"
 
 
@@ -114,10 +116,11 @@ def run_methods(models, args):
     return grid
 
 
-def given_up(models):
-    """The wrapped parts whose CUDA graphs were given up (a capture failed: runtime.Fast then runs them eager)."""
-    return [part for part in ("target", "draft", "eagle", "parallelspec")
-            if isinstance(getattr(models, part), Fast) and not getattr(models, part).graphs.enabled]
+def given_up(models, name):
+    """The wrapped parts method `name` runs whose graphs were given up (a capture failed: runtime.Fast then runs
+    them eager). Only its own parts: one method's failed capture is not another's."""
+    return [part for part in ("target", *parts_for([name])) if isinstance(getattr(models, part, None), Fast)
+            and not getattr(models, part).graphs.enabled]
 
 
 def first_failure(name, models, encoded, sampling, args, reference, record=None):
@@ -133,8 +136,8 @@ def first_failure(name, models, encoded, sampling, args, reference, record=None)
                 out, _ = METHODS[name](models, ids, args.max_new_tokens, seed=seed, **sampling)
             except Exception as e:
                 return f"prompt {i}, seed {seed}: {bench.one_line(e)}"
-            if given_up(models):
-                return (f"prompt {i}, seed {seed}: the {', '.join(given_up(models))}'s CUDA graph capture failed: "
+            if given_up(models, name):
+                return (f"prompt {i}, seed {seed}: the {', '.join(given_up(models, name))}'s graph capture failed: "
                         f"it ran eager")
             if sampling["temperature"] == 0:
                 want = reference.setdefault((i, seed), out)  # ar runs first and sets it
@@ -170,7 +173,7 @@ def main(argv=None):
     why = no_gpu(args.device)
     if why:
         print(why)
-        return 0
+        args.device = "cpu"
     if not all(os.path.exists(os.path.join(args.ckpt, f)) for f in ("tokenizer.tiktoken", "target.pt")):
         print(f"gpu-check: no trained checkpoints in {args.ckpt}/: run `make train` first (or pass --ckpt FOLDER)")
         return 1

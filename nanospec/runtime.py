@@ -11,8 +11,10 @@ returns the same outputs, as fresh tensors the method may keep. What differs is 
                 keys and values are written at `slots` (T,), a tensor (`SlotCache`), attention runs over all
                 max_len slots under the forward's mask padded with False to that width, and the positions come
                 in as a tensor: a forward's shapes depend on T alone.
-  CUDA graphs   On CUDA each shape is then captured once and replayed (nanospec/graphs.py): one launch instead
-                of a few hundred, which is what a tiny model's forward costs on a GPU.
+  replayed      Each shape is then captured once and replayed (nanospec/graphs.py): on CUDA as a CUDA graph, one
+                launch instead of a few hundred, which is what a tiny model's forward costs on a GPU; on a CPU
+                by graphs.Emulated, which repeats the recorded operations the same way, running none of the
+                forward's Python, so that the CPU tests replay what a GPU replays.
 
 Example, max_len 6, the cache holds 2 tokens, a chain of 2 new tokens at slots [2, 3]:
     slot:   0 1 2 3 4 5
@@ -23,11 +25,16 @@ Example, max_len 6, the cache holds 2 tokens, a chain of 2 new tokens at slots [
 What a model must offer for this: its forward takes `pos`, `cache` and `mask` keywords, writes keys only through
 `cache.update` and moves the cache only through `cache.advance`, and it has a `layout` method that says, from
 the forward's own arguments, the positions and the (T, cached + T) mask the forward will use (model.layout).
+Everything that changes from one step to the next reaches the forward as a tensor (the positions, the mask, the
+slots, the ParallelSpec anchors); a Python value it reads is frozen into its graph. The cache's lengths stay
+Python ints on the host, as in eager decoding (rollback and compact are host decisions): a forward's moves of
+them (`advance`) are recorded when its Python runs and applied after each replay, keyed, like the graph, by
+the forward's non-tensor arguments and its shapes, so each graph applies the moves of its own shapes.
 GPT, the EAGLE head and the ParallelSpec drafter all do; the tests hold each Fast model to the plain one.
 
 --runtime: eager = plain PyTorch everywhere; static = shape-static forwards, replayed from CUDA graphs on CUDA
-(on a CPU just called: the path the tests run); auto = static on CUDA, eager elsewhere (on a CPU the static path
-saves no overhead and attends over every slot, so it is slower).
+(on a CPU replayed by the emulation: the path the tests run); auto = static on CUDA, eager elsewhere (on a CPU
+the static path saves no overhead and attends over every slot, so it is slower).
 """
 import sys
 from dataclasses import fields, is_dataclass, replace
@@ -72,15 +79,17 @@ class SlotCache:
 
 
 class Fast:
-    """A model whose cached forwards run shape-static (and replayed from CUDA graphs when capture is True).
+    """A model whose cached forwards run shape-static, replayed from graphs (CUDA graphs on CUDA, graphs.Emulated
+    on a CPU) when capture is True, or just called on the static buffers when it is False (to debug).
     Called like the model; every other attribute is the model's. `new_cache` hands out one cache per set of
     arguments, emptied, the same tensors every generation: a graph replays on the buffers it was captured with."""
 
-    def __init__(self, model, capture=False):
+    def __init__(self, model, capture=True):
         self.model, self.capture = model, capture
         self.graphs = Graphs(capture)
         self.caches = {}  # new_cache's arguments -> the cache
-        self.made = {}  # graph key -> (the cache moves its forward makes, SlotCache.moves; its output's class)
+        self.made = {}  # graph key (with shapes) -> (the cache moves its forward makes, SlotCache.moves; its
+        # output's class), recorded when the forward's Python runs: a replay runs none
 
     def __getattr__(self, name):
         return getattr(self.model, name)
@@ -102,13 +111,18 @@ class Fast:
         n = 0 if mask is None else mask.size(1) - T  # the cached tokens the new ones follow
         if n + T > cache.max_len:
             raise ValueError(f"KV cache full: {n + T} tokens > {cache.max_len}; shorten the prompt or the generation")
+        table = self.model.config.block_size  # rows of the position table: a position past it is, on CUDA, a
+        # device-side assert that poisons the process, so check on the host; positions never pass n + T (a tree
+        # node's depth is below its slot), so the one read this takes happens only at the context's end
+        if n + T >= table and int(pos.max()) >= table:
+            raise ValueError(f"position {int(pos.max())} is past the model's context of {table} tokens; shorten the "
+                             "prompt or the generation")
         full = torch.zeros(T, cache.max_len, dtype=torch.bool, device=pos.device)  # (T, max_len) False: hidden
         full[:, :n + T] = torch.ones(T, T, dtype=torch.bool, device=pos.device).tril() if mask is None else mask
         slots = torch.arange(n, n + T, device=pos.device)  # (T,)
-        # tensors are the graph's inputs; everything else (T's layer range, heads, k, the target) keys it
         given = list(args) + list(kwargs.values())
-        tensors = [a for a in given if torch.is_tensor(a)]
-        key = (id(cache), tuple(None if torch.is_tensor(a) else freeze(a) for a in given), tuple(kwargs))
+        tensors = [a for a in given if torch.is_tensor(a)]  # the graph's inputs
+        key = graph_key(cache, given, kwargs, (pos, *tensors))
 
         def fn(pos, full, slots, *tensors):  # tensors in, tensors out: what a graph of this key records
             it = iter(tensors)
@@ -116,7 +130,8 @@ class Fast:
             view = SlotCache(cache, slots)
             out = self.model(*filled[:len(args)], cache=view, pos=pos, mask=full,
                              **dict(zip(kwargs, filled[len(args):])))
-            self.made[key] = view.moves, type(out) if is_dataclass(out) else None
+            made = view.moves, type(out) if is_dataclass(out) else None
+            assert self.made.setdefault(key, made) == made, f"one key, two sets of cache moves: {key}"
             return flatten(out)
 
         try:
@@ -129,6 +144,15 @@ class Fast:
         for T_moved, layers in moves:
             cache.advance(T_moved, layers)
         return unflatten(kind, outputs)
+
+
+def graph_key(cache, given, kwargs, tensors):
+    """What names one graph of a Fast model: the cache it writes, every argument that is not a tensor (the layer
+    range, heads, k, the target), the keywords given, and the tensors' shapes. The cache moves recorded for a
+    graph are the ones its Python made for this key, so the shapes must be in it: a 1-token step and a 4-token
+    verify move the cache by 1 and 4, and a replay runs no Python to tell them apart."""
+    return (id(cache), tuple(None if torch.is_tensor(a) else freeze(a) for a in given), tuple(kwargs),
+            tuple(tuple(t.shape) for t in tensors))
 
 
 def freeze(value):
@@ -161,7 +185,7 @@ def fast(model, path, role="target"):
     runners = model.__dict__.setdefault("_fast", {})  # {(path, role, its weights' address, dtype): its Fast}
     key = (path, role, w.data_ptr(), w.dtype)
     if key not in runners:
-        runners[key] = Fast(model, capture=path == "graph")
+        runners[key] = Fast(model, capture=True)
     return runners[key]
 
 

@@ -87,8 +87,8 @@ def test_a_group_does_not_see_the_text_after_its_anchor():
     drafter = tiny_drafter(target)
     ids, anchors = random_ids(12, seed=1), [2, 5, 9]
     changed = ids[:3] + random_ids(9, seed=7)
-    a = drafter(target, torch.tensor([ids]), anchors, 3)  # (1, G, k, V)
-    b = drafter(target, torch.tensor([changed]), anchors, 3)
+    a = drafter(target, torch.tensor([ids]), torch.tensor(anchors), 3)  # (1, G, k, V)
+    b = drafter(target, torch.tensor([changed]), torch.tensor(anchors), 3)
     assert torch.equal(a[0, 0], b[0, 0]), "the group after anchor 2 changed when only the text after it changed: " \
                                           "its masks see real tokens past their anchor"
     assert not torch.allclose(a[0, 1:], b[0, 1:]), "the groups after anchors 5 and 9 did not change with the text " \
@@ -102,13 +102,13 @@ def test_packed_training_logits_equal_inference_logits():
     target = tiny_gpt(1)
     drafter = tiny_drafter(target, seed=1, n_masks=4)
     ids, anchors = random_ids(14, seed=2), [0, 4, 7, 13]
-    packed = drafter(target, torch.tensor([ids]), anchors)  # (1, G, 4, V)
+    packed = drafter(target, torch.tensor([ids]), torch.tensor(anchors))  # (1, G, 4, V)
     for g, a in enumerate(anchors):
         cache = drafter.new_cache()
         if a >= 2:  # a first pass reads x_0..x_(a//2 - 1), its 2 masks after the last of them (then forgotten)
-            drafter(target, torch.tensor([ids[:a // 2]]), [a // 2 - 1], 2, cache=cache)
+            drafter(target, torch.tensor([ids[:a // 2]]), torch.tensor([a // 2 - 1]), 2, cache=cache)
         new = ids[cache.length:a + 1]  # the rest of the prefix; the masks follow its last token, x_a
-        guesses = drafter(target, torch.tensor([new]), [len(new) - 1], 4, cache=cache)[0, 0]  # (4, V)
+        guesses = drafter(target, torch.tensor([new]), torch.tensor([len(new) - 1]), 4, cache=cache)[0, 0]  # (4, V)
         off = (guesses - packed[0, g]).abs().max().item()
         assert off <= TOL, (f"group {g} (anchor {a}) of the packed training forward differs by {off:.3g} from what "
                             f"inference gives for the prefix x_0..x_{a}")

@@ -95,13 +95,13 @@ def test_no_group_sees_another_groups_tokens():
     target = tiny_gpt(0)
     drafter = tiny_drafter(target)
     ids, anchors, k = random_ids(12, seed=1), [2, 5, 6, 11], 3
-    logits = drafter(target, torch.tensor([ids]), anchors, k)  # (1, G, k, V)
+    logits = drafter(target, torch.tensor([ids]), torch.tensor(anchors), k)  # (1, G, k, V)
     gen = torch.Generator().manual_seed(0)
 
     def perturbed(rows):  # the logits after adding noise to the block's input at `rows`
         handle = perturb_block_input(drafter, rows, gen)
         try:
-            return drafter(target, torch.tensor([ids]), anchors, k)
+            return drafter(target, torch.tensor([ids]), torch.tensor(anchors), k)
         finally:
             handle.remove()
 
@@ -115,15 +115,15 @@ def test_no_group_sees_another_groups_tokens():
         assert not torch.allclose(perturbed([len(ids) + g * k])[0, g, 1:], logits[0, g, 1:])
     # the same through the tokens, changing the real tokens after the first anchor
     ids2 = ids[:anchors[0] + 1] + random_ids(len(ids) - anchors[0] - 1, seed=9)
-    a = drafter(target, torch.tensor([ids]), anchors, k)
-    b = drafter(target, torch.tensor([ids2]), anchors, k)
+    a = drafter(target, torch.tensor([ids]), torch.tensor(anchors), k)
+    b = drafter(target, torch.tensor([ids2]), torch.tensor(anchors), k)
     assert torch.equal(a[0, 0], b[0, 0]) and not torch.allclose(a[0, 1:], b[0, 1:])
 
 
 def draft(drafter, target, cache, tokens, k):
     """One inference pass as the method makes it: the new real tokens (a list; the last one is the root) join the
     drafter's cache, k masks after the root guess the k tokens after it. Returns logits (k, V)."""
-    return drafter(target, torch.tensor([tokens]), [len(tokens) - 1], k, cache=cache)[0, 0]
+    return drafter(target, torch.tensor([tokens]), torch.tensor([len(tokens) - 1]), k, cache=cache)[0, 0]
 
 
 @torch.no_grad()
@@ -134,10 +134,10 @@ def test_anchors_are_indices_into_the_new_tokens():
     ids = random_ids(8, seed=4)
     cache = drafter.new_cache()
     draft(drafter, target, cache, ids[:4], 2)
-    got = drafter(target, torch.tensor([ids[4:]]), [1], 3, cache=cache)[0, 0]  # (3, V)
-    want = drafter(target, torch.tensor([ids]), [5], 3)[0, 0]  # no cache: the same group, absolute anchor 5
+    got = drafter(target, torch.tensor([ids[4:]]), torch.tensor([1]), 3, cache=cache)[0, 0]  # (3, V)
+    want = drafter(target, torch.tensor([ids]), torch.tensor([5]), 3)[0, 0]  # no cache: the same group, absolute anchor 5
     assert torch.allclose(got, want, atol=TOL)
-    assert not torch.allclose(got, drafter(target, torch.tensor([ids]), [1], 3)[0, 0])  # not position 1
+    assert not torch.allclose(got, drafter(target, torch.tensor([ids]), torch.tensor([1]), 3)[0, 0])  # not position 1
 
 
 @torch.no_grad()
@@ -145,7 +145,7 @@ def test_training_logits_equal_inference_logits():
     target = tiny_gpt(1)
     drafter = tiny_drafter(target, seed=1, n_masks=4)
     ids, anchors = random_ids(15, seed=2), [0, 3, 4, 9, 14]
-    packed = drafter(target, torch.tensor([ids]), anchors)  # (1, G, 4, V) training layout
+    packed = drafter(target, torch.tensor([ids]), torch.tensor(anchors))  # (1, G, 4, V) training layout
     for g, a in enumerate(anchors):
         cache = drafter.new_cache()
         split = a // 2  # the prefix reaches the drafter in two passes, as in decoding
@@ -155,7 +155,7 @@ def test_training_logits_equal_inference_logits():
         assert cache.length == a + 1  # the masks did not stay in the cache
         assert torch.allclose(guesses, packed[0, g], atol=TOL)
         # fewer masks give the same first guesses: mask j only sees masks before it
-        assert torch.allclose(drafter(target, torch.tensor([ids[:a + 1]]), [a], 2)[0, 0],
+        assert torch.allclose(drafter(target, torch.tensor([ids[:a + 1]]), torch.tensor([a]), 2)[0, 0],
                               packed[0, g, :2], atol=TOL)
 
 
@@ -167,8 +167,8 @@ def test_checkpoint_holds_only_the_drafter(tmp_path):
     loaded = load_parallelspec(path, "abc").double()
     assert not any(name.startswith(("wte", "wpe", "lm_head", "ln_f")) for name in drafter.state_dict())
     ids = random_ids(6)
-    x = drafter(target, torch.tensor([ids]), [2, 5])
-    y = loaded(target, torch.tensor([ids]), [2, 5])
+    x = drafter(target, torch.tensor([ids]), torch.tensor([2, 5]))
+    y = loaded(target, torch.tensor([ids]), torch.tensor([2, 5]))
     assert torch.allclose(x, y, atol=1e-6)  # the file holds float32 weights
 
 

@@ -4,8 +4,9 @@
     heads), trees (explicit positions and tree mask) and early-exit's layer ranges (lower layers running ahead,
     upper ones reading hidden_in); the EAGLE head (a causal refresh, then frontier passes); the ParallelSpec
     drafter (tokens and masks, only the real tokens kept). Outputs AND caches are compared after every call, over
-    many calls with the rollbacks and compactions the methods make, so shapes come back and run through
-    graphs.Graphs' buffers (on a GPU, its replays). float64 tiny random models: equal to 1e-10;
+    many calls with the rollbacks and compactions the methods make, so shapes come back and are replayed from
+    graphs.Graphs' recordings (on a CPU its emulated replay, which runs none of the forward's Python). float64
+    tiny random models: equal to 1e-10;
   - the mask a forward gets (the docstring's example), one recorded entry per number of new tokens whatever the
     cache holds, outputs a method may keep (a later call never rewrites them);
   - the bookkeeping: new_cache pools one emptied cache per argument set, `fast` keeps one wrapper per model and
@@ -16,8 +17,9 @@
     code and the same random draws); up to the context's end; and the sampling laws through it of mtp, and of
     medusa and parallelspec with truncated drawn trees (speculative's and early-exit's: test_draft_chain.py;
     eagle's: test_eagle.py). The meta-device check of tests/test_device.py runs on both paths.
-On a CPU the static path calls its forwards instead of replaying graphs: the same slots, masks and buffers, so
-these tests hold the code a GPU replays to its oracle. The CUDA test at the end runs only on a GPU machine."""
+On a CPU the static path replays its forwards through graphs.Emulated: the same slots, masks and buffers, and
+like a CUDA graph it repeats what was recorded without running the forward's Python, so a Python value baked
+into a forward fails these tests here as it would on a GPU. The CUDA test at the end runs only on a GPU machine."""
 import gc
 import random
 import weakref
@@ -28,6 +30,7 @@ import torch
 
 import test_mtp_medusa
 import test_parallelspec
+from nanospec import graphs
 from nanospec.decoding import METHODS
 from nanospec.decoding.eagle import grow_tree, refresh
 from nanospec.model import Output
@@ -183,7 +186,7 @@ def test_parallelspec_drafter():
     plain, cache = drafter.new_cache(), runner.new_cache()
     for m in [6, 1, 3, 2, 1, 1, 3, 2, 1]:
         tokens, k = torch.randint(0, 11, (1, m), generator=g), 1 + m % 3
-        anchors = sorted({0, m - 1})  # the methods' one anchor (the root, the newest token), or two
+        anchors = torch.tensor(sorted({0, m - 1}))  # the methods' one anchor (the root, the newest token), or two
         same_output(runner(target, tokens, anchors, k, cache=cache), drafter(target, tokens, anchors, k, cache=plain))
         seen += m
         assert cache.lengths == [seen] * len(cache.lengths)  # the masks' keys are forgotten
@@ -224,17 +227,17 @@ def test_the_mask_and_slots_of_the_docstring_example():
     cache = runner.new_cache(max_len=6)
     seen = []
     model.blocks[0].attn.register_forward_pre_hook(lambda module, args: seen.append(args[1]))  # (x, mask, cache, i)
-    model.blocks[0].attn.register_forward_hook(lambda module, args, out: seen.append(args[2].slots.tolist()))
+    model.blocks[0].attn.register_forward_hook(lambda module, args, out: seen.append(args[2].slots))
     runner(ids([1, 2]), cache=cache)  # the prompt
     seen.clear()
     runner(ids([3, 4]), cache=cache)
-    assert seen[0].int().tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]] and seen[1] == [2, 3]
+    assert seen[0].int().tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]] and seen[1].tolist() == [2, 3]
     cache.rollback(2)
     seen.clear()
     parents = [-1, 0, 0]
     runner(ids([3, 4, 5]), pos=tree_positions(parents, 2), cache=cache, mask=tree_mask(parents, 2))
     assert seen[0].int().tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 1, 0]]
-    assert seen[1] == [2, 3, 4]
+    assert seen[1].tolist() == [2, 3, 4]
 
 
 @torch.inference_mode()
@@ -288,7 +291,7 @@ def test_new_cache_pools_one_emptied_cache_per_argument_set():
 def test_fast_keeps_one_wrapper_per_model_and_weights():
     model = tiny_gpt(0)
     runner = fast(model, "static")
-    assert isinstance(runner, Fast) and runner.model is model and not runner.capture
+    assert isinstance(runner, Fast) and runner.model is model and runner.capture
     assert fast(model, "static") is runner  # the next generation finds its entries (its graphs on a GPU)
     assert runner.config is model.config and runner.wte is model.wte  # every other attribute is the model's
     assert fast(model, "eager") is model and fast(None, "static") is None
@@ -346,17 +349,16 @@ def test_a_dropped_model_drops_its_wrapper():
 
 
 def test_a_failed_capture_warns_once_and_runs_eager(monkeypatch, capsys):
-    """A capture can fail (an operation CUDA graphs do not allow). Here, on a CPU, the Fast model is told to
-    capture and torch.cuda.CUDAGraph made to fail: the call that tried still returns the right output, one
-    warning line goes to stderr, the model runs eager from then on, and the cache is as the plain one."""
-    def no_graph():
-        raise RuntimeError("operation not permitted when stream is capturing\n(the rest of a long message)")
+    """A capture can fail (an operation CUDA graphs do not allow). Here the emulated capture is made to fail:
+    the call that tried still returns the right output, one warning line goes to stderr, the model runs eager
+    from then on, and the cache is as the plain one."""
+    class NoGraph(graphs.Emulated):
+        def __enter__(self):
+            raise RuntimeError("operation not permitted when stream is capturing\n(the rest of a long message)")
 
-    monkeypatch.setattr(torch.cuda, "Stream", lambda: None)  # warm up on the current stream: no CUDA here
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", no_graph)
+    monkeypatch.setattr(graphs, "Emulated", NoGraph)
     model = tiny_gpt(0)
     runner = Fast(model)
-    runner.graphs.capture = True  # Graphs(capture=True) itself refuses a machine without CUDA
     plain, cache = model.new_cache(), runner.new_cache()
     with torch.inference_mode():
         for t, x in enumerate([[1, 2, 3], [4], [5], [6], [7, 8], [7, 8]]):  # [5]: T = 1 seen twice, capture

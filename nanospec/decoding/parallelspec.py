@@ -127,8 +127,8 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
             run.emit(chain_step(run, target, cache, last, [])[0])
             break
         # one drafter pass over the new tokens (1, T) and d masks after the root, the last of them
-        ids = tensor(new_tokens, draft_cache.device)
-        guesses = drafter(target, ids, [len(new_tokens) - 1], d, cache=draft_cache)[0, 0]  # (d, V) logits
+        ids, root = tensor(new_tokens, draft_cache.device), tensor([len(new_tokens) - 1], draft_cache.device)[0]
+        guesses = drafter(target, ids, root, d, cache=draft_cache)[0, 0]  # (d, V) logits
         if paths is None:
             emitted, m, n = chain_step_guesses(run, target, cache, last, guesses, length, drawn, o.verify)
         else:

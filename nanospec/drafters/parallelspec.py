@@ -90,11 +90,15 @@ class ParallelSpec(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
 
     def forward(self, target, tokens, anchors, k=None, cache=None, pos=None, mask=None):
-        """tokens (B, T) real tokens after the cache's; anchors: indices among them (a list or a (G,) tensor),
-        each followed by a group of k masks (default n_masks). Returns logits (B, G, k, V): guess j (0-based) of
+        """tokens (B, T) real tokens after the cache's; anchors (G,): indices among them, a tensor on the tokens'
+        device (a list would be a host tensor made inside the forward, which a CUDA graph cannot capture), each
+        followed by a group of k masks (default n_masks). Returns logits (B, G, k, V): guess j (0-based) of
         the group after anchor a is for the token j+1 after it. With a cache, only the T real tokens stay in it:
         the masks' keys are written after them and forgotten (no later token sees them)."""
         B, T = tokens.shape
+        if not torch.is_tensor(anchors):
+            raise TypeError(f"anchors must be a (G,) tensor of indices, got {type(anchors).__name__}: "
+                            "torch.tensor(anchors, device=tokens.device)")
         k = k or self.config.n_masks
         pos, mask = self.layout(target, tokens, anchors, k, cache, pos, mask)  # (T + G*k,), (T + G*k, S)
         real = target.wte(tokens)  # (B, T, C)
@@ -113,7 +117,7 @@ class ParallelSpec(nn.Module):
         if pos is not None and mask is not None:
             return pos, mask
         n_cached = cache.length if cache is not None else 0
-        anchors = torch.as_tensor(anchors, dtype=torch.long, device=tokens.device) + n_cached  # (G,) absolute
+        anchors = anchors + n_cached  # (G,) absolute
         mask, pos = group_layout(n_cached, tokens.size(1), anchors, k or self.config.n_masks, tokens.device)
         return pos, mask
 
