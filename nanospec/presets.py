@@ -9,7 +9,10 @@ from nanospec.trainer import TrainConfig
 # Named sizes. `tiny` is the default: all of `make train` within 9.5 minutes on a 2-core CPU in fp32.
 # `gpu` is for one H100-class GPU (about 5 minutes), `small` an older GPU shape. `toy` is for tests and smoke
 # runs (seconds, useless output). Optional keys: corpus_tests (walk the corpus's test folders too),
-# tokenizer_chars (train the tokenizer on this prefix of train.txt only), parallelspec (ParallelSpecConfig fields).
+# corpus_packages (site-packages too, validation held out by package: nanospec/corpus.py), tokenizer_chars (train
+# the tokenizer on a sample of this many characters of train.txt), parallelspec (ParallelSpecConfig fields).
+# A TrainConfig's expected_steps is what the stage reaches on the preset's reference machine, quiet: the end of
+# `make train` says when a stage got less than half (nanospec/stages.py, starved_report).
 PRESETS = {
     "toy": dict(corpus_bytes=300_000, vocab_size=320, head_weight=0.3, head_fraction=0.25,
                 target=GPTConfig(vocab_size=0, block_size=64, n_layer=2, n_head=2, n_embd=32, n_future=2),
@@ -25,14 +28,17 @@ PRESETS = {
     "tiny": dict(corpus_bytes=4_000_000, vocab_size=2048, head_weight=0.3, head_fraction=1 / 16,
                  target=GPTConfig(vocab_size=0, block_size=256, n_layer=8, n_head=4, n_embd=64, n_future=3),
                  draft=GPTConfig(vocab_size=0, block_size=256, n_layer=1, n_head=2, n_embd=96, n_future=0),
-                 target_train=TrainConfig(max_iters=1500, max_seconds=315, optimizer="muon"),
+                 # expected_steps: the quiet 2-core Intel Xeon VM of docs/training.md's log (2026-11-24, fp32)
+                 target_train=TrainConfig(max_iters=1500, max_seconds=315, optimizer="muon", expected_steps=1089),
                  # heads-only phase (nanospec/drafters/heads.py): a fine-tune, so a large rate and no decay
                  heads_train=TrainConfig(max_iters=200, max_seconds=45, lr=3e-3, min_lr=3e-4, warmup_iters=10,
-                                         weight_decay=0.0, eval_interval=50),
-                 draft_train=TrainConfig(max_iters=600, max_seconds=40, lr=3e-3, optimizer="muon"),
-                 eagle_train=TrainConfig(max_iters=300, max_seconds=60, lr=6e-3, warmup_iters=20),
-                 parallelspec_train=TrainConfig(max_iters=600, max_seconds=50, batch_size=8, lr=3e-3, warmup_iters=20),
-                 early_exit_train=TrainConfig(max_iters=150, max_seconds=25, lr=3e-3, warmup_iters=20)),
+                                         weight_decay=0.0, eval_interval=50, expected_steps=113),
+                 draft_train=TrainConfig(max_iters=600, max_seconds=40, lr=3e-3, optimizer="muon", expected_steps=339),
+                 eagle_train=TrainConfig(max_iters=300, max_seconds=60, lr=6e-3, warmup_iters=20, expected_steps=300),
+                 parallelspec_train=TrainConfig(max_iters=600, max_seconds=50, batch_size=8, lr=3e-3, warmup_iters=20,
+                                                expected_steps=600),
+                 early_exit_train=TrainConfig(max_iters=150, max_seconds=25, lr=3e-3, warmup_iters=20,
+                                              expected_steps=150)),
     "small": dict(corpus_bytes=20_000_000, vocab_size=4096, head_weight=0.3, head_fraction=0.25,
                   target=GPTConfig(vocab_size=0, block_size=512, n_layer=8, n_head=8, n_embd=512, n_future=4),
                   draft=GPTConfig(vocab_size=0, block_size=512, n_layer=2, n_head=4, n_embd=192, n_future=0),
@@ -43,16 +49,23 @@ PRESETS = {
                   parallelspec_train=TrainConfig(max_iters=3000, batch_size=32, lr=2e-3, warmup_iters=100),
                   early_exit_train=TrainConfig(max_iters=1000, batch_size=32, lr=2e-3, warmup_iters=50)),
     # gpu: deep and thin like tiny, so that one drafter layer is 1/16 of the target: 16 x 384 reached 1.271 bits
-    # per byte in 60 s on an H100 where 8 x 512 reached 1.315 and then overfit its 7 MB (issue 19). The corpus is
-    # the standard library WITH its tests (~27-31 MB), so that the target reads it a few times only. Stage budgets
-    # (seconds) sum to 260 s plus ~30 s of corpus, tokenizer and loading: about 5 minutes on one H100 in bf16,
-    # chosen from those figures, not measured (no GPU was at hand); max_iters are out of the way, time binds.
-    "gpu": dict(corpus_bytes=32_000_000, corpus_tests=True, tokenizer_chars=8_000_000, vocab_size=4096,
+    # per byte in 60 s on an H100 where 8 x 512 reached 1.315 and then overfit its 7 MB (issue 19). On the 7.6 MB
+    # stdlib with its tests an H200 ran 5100 target steps of 32 x 512 tokens in 140 s: 83M tokens, ~40 passes,
+    # and validation rose after step 2000 (issue 35). So the corpus is the stdlib, its tests AND every installed
+    # package (site-packages), up to 400 MB: 83M tokens are ~290 MB of text at ~3.5 bytes per token, so a machine
+    # with 150-300 MB of Python source (this 2-core VM: 154 MB of training text; a GPU machine's torch, sympy,
+    # scipy, pandas...: ~300 MB) trains 1-2 passes, within the ~4 that cost almost nothing (Muennighoff et al.
+    # 2023). Stage budgets (seconds) sum to 260 s plus corpus (~15 s), tokenizer and tokens (~30 s on 16 cores) and
+    # loading: about 5 minutes on one H100 in bf16, chosen from those figures, not measured (no GPU was at hand);
+    # max_iters are out of the way, time binds.
+    "gpu": dict(corpus_bytes=400_000_000, corpus_tests=True, corpus_packages=True, tokenizer_chars=8_000_000,
+                vocab_size=4096,
                 head_weight=0.3, head_fraction=1 / 8,
                 target=GPTConfig(vocab_size=0, block_size=512, n_layer=16, n_head=6, n_embd=384, n_future=4),
                 draft=GPTConfig(vocab_size=0, block_size=512, n_layer=2, n_head=4, n_embd=256, n_future=0),
+                # expected_steps: one H200, bf16, issue 35's run
                 target_train=TrainConfig(max_iters=20_000, max_seconds=140, batch_size=32, lr=1e-3, min_lr=1e-4,
-                                         warmup_iters=200, eval_interval=1000),
+                                         warmup_iters=200, eval_interval=500, expected_steps=5100),
                 heads_train=TrainConfig(max_iters=2000, max_seconds=20, batch_size=32, lr=1e-3, min_lr=1e-4,
                                         warmup_iters=20, weight_decay=0.0, eval_interval=200),
                 draft_train=TrainConfig(max_iters=20_000, max_seconds=25, batch_size=32, lr=2e-3, warmup_iters=100,

@@ -1,8 +1,9 @@
 """
 The stages of `make train`, in order, each skipped when its output already exists:
 
-    corpus     data/train.txt, data/val.txt   (Python's own standard library source, split by file)
-    tokenizer  out/tokenizer.tiktoken         (byte-level BPE trained on the training split)
+    corpus     data/train.txt, data/val.txt   (Python's own source: the stdlib, for `gpu` also site-packages)
+    tokenizer  out/tokenizer.tiktoken         (byte-level BPE trained on (a sample of) the training split)
+    tokens     out/train.bin, out/val.bin     (both splits tokenized once, uint16, memory-mapped by training)
     target     out/target.pt                  (the GPT with its MTP heads, trained jointly)
     heads      out/heads.pt                   (the MTP heads retrained on the frozen target's own text)
     draft      out/draft.pt                   (a much smaller GPT on the same tokenizer, for `speculative`)
@@ -11,7 +12,9 @@ The stages of `make train`, in order, each skipped when its output already exist
     early_exit out/early_exit.pt              (adapters that make the target's first layers a draft)
 
 `Context` is what every stage reads (the preset, the folders, the device, the tokenized splits); `run` checks
-the folders and runs the stages asked for. train_tiny.py parses the command line and calls `run`; the
+the folders, runs the stages asked for, and ends with a summary: each stage's steps against what the preset
+reaches on a quiet machine (a starved stage says so), and the target against its draft on the whole
+validation split. train_tiny.py parses the command line and calls `run`; the
 drafters' stages live in nanospec/drafters/training.py, the training loop in nanospec/trainer.py.
 
 A run folder is tied to its corpus: out/corpus.json records the corpus it was trained on, and a data folder
@@ -30,8 +33,8 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from nanospec import corpus
-from nanospec.checkpoint import CheckpointError, clean_orphans, gpt_checkpoint, load_checkpoint
+from nanospec import corpus, trainer
+from nanospec.checkpoint import CheckpointError, clean_orphans, gpt_checkpoint, load_checkpoint, load_gpt
 from nanospec.device import pick_device
 from nanospec.drafters import training
 from nanospec.model import GPT
@@ -48,8 +51,9 @@ class Context:
         self.args, self.preset, self.cfg = args, args.preset, PRESETS[args.preset]
         self.data_dir, self.out_dir = args.data_dir, args.out_dir
         self.device = pick_device(args.device)
-        self.tokenizer = self.train_tokens = self.val_tokens = None
+        self.tokenizer = self.train_tokens = self.val_tokens = self.corpus_sha256 = None
         self.stage_started = time.perf_counter()  # when the running stage began: its budget counts from here
+        self.records = {}  # stage -> what its training reached (trainer.train's record), for the summary
 
     def budget(self, key):
         """A stage's wall-clock budget in seconds (0 = none): the preset's, or --max-seconds."""
@@ -72,14 +76,35 @@ class Context:
 
 def corpus_recipe(ctx):
     """What this run asks of the corpus, as data/corpus.json records it; source None: --corpus not given, so
-    whatever the data folder holds (the standard library when it is built here)."""
+    whatever the data folder holds (the standard library, and site-packages for a preset with corpus_packages,
+    when it is built here)."""
     return {"source": os.path.abspath(ctx.args.corpus) if ctx.args.corpus else None,
-            "budget_bytes": ctx.cfg["corpus_bytes"], "tests": ctx.cfg.get("corpus_tests", False)}
+            "budget_bytes": ctx.cfg["corpus_bytes"], "tests": ctx.cfg.get("corpus_tests", False),
+            "packages": bool(ctx.cfg.get("corpus_packages")) and not ctx.args.corpus}
 
 
 def describe(recipe):
-    return (f"{recipe['source'] or 'the standard library'}, {recipe['budget_bytes']:,} bytes"
-            f"{' with test folders' * bool(recipe['tests'])}")
+    where = recipe["source"] or ("the standard library and site-packages" if recipe.get("packages")
+                                 else "the standard library")
+    return f"{where}, {recipe['budget_bytes']:,} bytes{' with test folders' * bool(recipe['tests'])}"
+
+
+def read_json(path, fix):
+    """A JSON file nanospec wrote, or a one-line error naming it and saying what to do (`fix`)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
+        raise ValueError(f"{path} is corrupt ({e}): {fix}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} is corrupt (not a JSON object): {fix}")
+    return value
+
+
+def corpus_stats(ctx):
+    """data/corpus.json, read with a one-line error when it is damaged."""
+    return read_json(os.path.join(ctx.data_dir, "corpus.json"),
+                     f"delete it and its train.txt and val.txt to rebuild the corpus, or pass another --data-dir")
 
 
 def stage_corpus(ctx):
@@ -87,15 +112,40 @@ def stage_corpus(ctx):
     folder that holds another corpus is refused, never overwritten: another run may train on it."""
     meta, wanted = os.path.join(ctx.data_dir, "corpus.json"), corpus_recipe(ctx)
     if os.path.exists(meta):
-        have = {key: json.load(open(meta)).get(key, False) for key in wanted}  # older files have no "tests"
+        stats = corpus_stats(ctx)
+        have = {key: stats.get(key, False) for key in wanted}  # older files have no "tests", no "packages"
         if any(wanted[key] is not None and have[key] != wanted[key] for key in wanted):
             raise ValueError(f"{ctx.data_dir} holds another corpus ({describe(have)}) than this run asks for "
                              f"({describe(wanted)}); it is kept, since another run may use it: pass a new --data-dir")
         print(f"corpus: {ctx.data_dir}/train.txt exists, skipping")
     else:
-        corpus.build_corpus(out_dir=ctx.data_dir, source=ctx.args.corpus, budget_bytes=wanted["budget_bytes"],
-                            include_tests=wanted["tests"], source_flag="--corpus", budget_flag=None)
-    tie_run_to_corpus(ctx, json.load(open(meta)))
+        t0 = time.time()
+        stats = corpus.build_corpus(out_dir=ctx.data_dir, source=ctx.args.corpus, budget_bytes=wanted["budget_bytes"],
+                                    include_tests=wanted["tests"], source_flag="--corpus", budget_flag=None,
+                                    packages=wanted["packages"])
+        print(f"corpus: {sum(stats['bytes'].values()) / 1e6:.1f} MB built in {time.time() - t0:.0f}s into "
+              f"{ctx.data_dir}/")
+    check_corpus_files(ctx, stats)
+    tie_run_to_corpus(ctx, stats)
+
+
+def check_corpus_files(ctx, stats):
+    """train.txt and val.txt must still be the text corpus.json describes (their sizes, and their sha256 where it
+    records one): an emptied or edited file is named now, not reported as "too small" much later. Sets
+    ctx.corpus_sha256, the hash the token files are tied to."""
+    paths = [os.path.join(ctx.data_dir, f"{split}.txt") for split in ("train", "val")]
+    fix = (f"it was changed since the corpus was built; delete {ctx.data_dir}/corpus.json to rebuild the corpus, "
+           "or pass another --data-dir")
+    for split, path in zip(("train", "val"), paths):
+        size = os.path.getsize(path) if os.path.isfile(path) else None
+        expected = stats.get("bytes", {}).get(split)
+        if size != expected:
+            now = "is missing" if size is None else f"holds {size:,} bytes"
+            raise ValueError(f"{path} {now}, but {ctx.data_dir}/corpus.json says {expected:,}: {fix}")
+    ctx.corpus_sha256 = corpus.sha256_of(*paths)
+    if stats.get("sha256", ctx.corpus_sha256) != ctx.corpus_sha256:
+        raise ValueError(f"{paths[0]} or {paths[1]} is not the text {ctx.data_dir}/corpus.json describes (another "
+                         f"sha256): {fix}")
 
 
 def tie_run_to_corpus(ctx, stats):
@@ -104,12 +154,35 @@ def tie_run_to_corpus(ctx, stats):
     record = os.path.join(ctx.out_dir, "corpus.json")
     if not os.path.exists(record):
         corpus.write_atomic(record, json.dumps(stats, indent=2) + "\n")
-    elif json.load(open(record)) != stats:
+    elif read_json(record, f"delete it (it records the corpus {ctx.out_dir} was trained on; the next run "
+                           f"rewrites it from {ctx.data_dir}/corpus.json)") != stats:
         raise ValueError(f"{ctx.out_dir} was trained on another corpus than {ctx.data_dir} now holds (see "
                          f"{record}): pass the --data-dir it was trained with, or a new --out-dir")
 
 
+def tokenizer_sample(path, chars):
+    """The text the tokenizer learns from: the whole file, or, when it holds more than `chars` characters,
+    TOKENIZER_BLOCKS evenly spaced slices of it (whole lines, joined by EOT so that no merge spans two): a
+    sample of every part of a corpus ordered by package, where a prefix would be the standard library only."""
+    size = os.path.getsize(path)
+    if not chars or size <= chars:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    block, pieces = chars // TOKENIZER_BLOCKS, []
+    with open(path, "rb") as f:
+        for start in np.linspace(0, size - block, TOKENIZER_BLOCKS).astype(np.int64):
+            f.seek(int(start))
+            lines = f.read(block).decode("utf-8", errors="ignore").split("\n")
+            pieces.append("\n".join(lines[1:-1]) + "\n")  # whole lines only: the first and last may be cut
+    return corpus.EOT.join(pieces)
+
+
+TOKENIZER_BLOCKS = 64  # slices of a large training split the tokenizer's sample is made of
+
+
 def stage_tokenizer(ctx):
+    """out/tokenizer.tiktoken: a byte-level BPE trained on the training split (a sample of it, for a large one),
+    or the one already there."""
     path = os.path.join(ctx.out_dir, "tokenizer.tiktoken")
     if os.path.isdir(path):
         raise ValueError(f"{path} is a folder, not a tokenizer file: remove it (the tokenizer stage writes the file)")
@@ -117,21 +190,89 @@ def stage_tokenizer(ctx):
         print(f"tokenizer: {path} exists, skipping")
     else:
         t0 = time.time()
-        text = open(os.path.join(ctx.data_dir, "train.txt"), encoding="utf-8").read()
-        text = text[:ctx.cfg.get("tokenizer_chars")]  # a large corpus: a prefix teaches the merges as well
+        text = tokenizer_sample(os.path.join(ctx.data_dir, "train.txt"), ctx.cfg.get("tokenizer_chars"))
+        print(f"tokenizer: training {ctx.cfg['vocab_size'] - 1} merges+bytes on {len(text) / 1e6:.1f}M characters "
+              "of the training split", flush=True)
         ranks = train_bpe(text, ctx.cfg["vocab_size"] - 1)  # -1: the end-of-text special takes the last id
         save_tokenizer(ranks, path[:-len(".tiktoken")])
         print(f"tokenizer: {len(ranks)} merges+bytes trained in {time.time() - t0:.1f}s, saved {path}")
     ctx.tokenizer = Tokenizer.load(path)
-    splits = {}
-    for split in ("train", "val"):
-        text = open(os.path.join(ctx.data_dir, f"{split}.txt"), encoding="utf-8").read()
-        splits[split] = np.array(ctx.tokenizer.encode_corpus(text), dtype=np.uint16)
-    ctx.train_tokens, ctx.val_tokens = splits["train"], splits["val"]
-    stats = json.load(open(os.path.join(ctx.data_dir, "corpus.json")))
-    corpus.print_stats(stats, {k: len(v) for k, v in splits.items()})
+    if ctx.tokenizer.vocab_size > 2 ** 16:
+        raise ValueError(f"{path} has {ctx.tokenizer.vocab_size} tokens; the token files hold uint16 (at most 65536)")
     print(f"tokenizer: vocab {ctx.tokenizer.vocab_size} (incl. end-of-text), listing in {path[:-9]}.vocab")
+
+
+def tokenize_file(tokenizer, text_path, bin_path, progress_name):
+    """Encode text_path (documents joined by EOT) into bin_path, uint16, block by block (a few hundred MB never
+    sit in memory as one string), with a progress line every few seconds. tiktoken encodes a block's documents
+    on every core. Returns the number of tokens written."""
+    size, n, t0, t_last = os.path.getsize(text_path), 0, time.time(), time.time()
+    eot = np.array([tokenizer.eot], dtype=np.uint16)
+    tmp = f"{bin_path}.tmp{os.getpid()}"
+    with open(text_path, "rb") as src, open(tmp, "wb") as dst:
+        rest, first, done = b"", True, 0
+        while True:
+            block = src.read(TOKENIZE_BLOCK_BYTES)
+            data = rest + block
+            if block:  # keep the last (maybe partial) document for the next block
+                cut = data.rfind(corpus.EOT.encode())
+                if cut < 0:
+                    rest = data
+                    continue
+                data, rest = data[:cut], data[cut + len(corpus.EOT):]
+            docs = data.decode("utf-8").split(corpus.EOT)
+            for ids in tokenizer.enc.encode_ordinary_batch(docs, num_threads=os.cpu_count() or 1):
+                if not first:
+                    dst.write(eot.tobytes())  # the separator between two documents: one end-of-text token
+                dst.write(np.asarray(ids, dtype=np.uint16).tobytes())
+                n += len(ids) + (not first)
+                first = False
+            done += len(data) + len(corpus.EOT)
+            if time.time() - t_last > corpus.PROGRESS_SECONDS:
+                t_last = time.time()
+                print(f"{progress_name}: {min(done, size) / 1e6:.0f} of {size / 1e6:.0f} MB, {n / 1e6:.1f}M tokens "
+                      f"({t_last - t0:.0f}s)", flush=True)
+            if not block:
+                break
+    os.replace(tmp, bin_path)
+    return n
+
+
+TOKENIZE_BLOCK_BYTES = 8 << 20  # text encoded per batch: large enough to keep every core busy
+
+
+def stage_tokens(ctx):
+    """out/train.bin, out/val.bin: both splits tokenized once (uint16, as nanoGPT's train.bin), then memory-mapped:
+    training reads windows of them at any corpus size. Kept while out/tokens.json says they were made from this
+    corpus (its sha256) with this tokenizer."""
+    stats = corpus_stats(ctx)
+    meta_path = os.path.join(ctx.out_dir, "tokens.json")
+    bins = {split: os.path.join(ctx.out_dir, f"{split}.bin") for split in ("train", "val")}
+    want = {"tokenizer": ctx.tokenizer.identity, "corpus_sha256": ctx.corpus_sha256}
+    meta = read_json(meta_path, "delete it and the .bin files beside it") if os.path.exists(meta_path) else {}
+    fresh = (all(meta.get(k) == v for k, v in want.items())
+             and all(os.path.isfile(p) and os.path.getsize(p) == 2 * meta.get(split, -1) for split, p in bins.items()))
+    if fresh:
+        print(f"tokens: {ctx.out_dir}/train.bin exists, skipping")
+    else:
+        t0, counts = time.time(), {}
+        for split, path in bins.items():
+            counts[split] = tokenize_file(ctx.tokenizer, os.path.join(ctx.data_dir, f"{split}.txt"), path,
+                                          f"tokens ({split})")
+        print(f"tokens: {sum(counts.values()):,} tokens in {time.time() - t0:.1f}s, saved {bins['train']} and "
+              f"{bins['val']}")
+        meta = {**want, **counts}
+        corpus.write_atomic(meta_path, json.dumps(meta, indent=2) + "\n")
+    splits = {split: np.memmap(path, dtype=np.uint16, mode="r") if meta[split] else np.zeros(0, np.uint16)
+              for split, path in bins.items()}  # (np.memmap refuses an empty file)
+    ctx.train_tokens, ctx.val_tokens = splits["train"], splits["val"]
+    corpus.print_stats(stats, {k: len(v) for k, v in splits.items()})
     check_enough_tokens(ctx, splits)
+    tc = ctx.cfg["target_train"]
+    if tc.expected_steps and len(splits["train"]):
+        passes = tc.expected_steps * tc.batch_size * ctx.cfg["target"].block_size / len(splits["train"])
+        print(f"tokens: in its budget the target reads about {passes:.1f} passes of the training split "
+              f"({tc.expected_steps} steps on the preset's reference machine){'; over 4 it overfits: give more text' * (passes > 4)}")
 
 
 def check_enough_tokens(ctx, splits):
@@ -140,9 +281,11 @@ def check_enough_tokens(ctx, splits):
     need = max(c.block_size + 1 + c.n_future for c in (ctx.cfg["target"], ctx.cfg["draft"])) + 1
     for split, tokens in splits.items():
         if len(tokens) < need:
-            raise ValueError(f"the corpus is too small for preset {ctx.preset!r}: its {split} split has {len(tokens)} "
-                             f"tokens and a training window needs {need}; give more text with --corpus "
-                             "(some hundreds of KB), or use --preset toy")
+            fix = ("give more text with --corpus (some hundreds of KB)" if ctx.args.corpus else
+                   f"delete {ctx.data_dir}/corpus.json to rebuild the corpus")
+            smaller = ", or use --preset toy" if ctx.preset != "toy" else ""
+            raise ValueError(f"the corpus is too small for preset {ctx.preset!r}: {ctx.data_dir}/{split}.txt gives "
+                             f"{len(tokens)} tokens and a training window needs {need}; {fix}{smaller}")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -168,7 +311,41 @@ def lm_losses(model, w, head_positions=None):
 
 def text_bytes(tokenizer, ids):
     """How many bytes of text the token ids stand for (end-of-text counts as one: a document break)."""
-    return sum(1 if t == tokenizer.eot else len(tokenizer.decode_bytes([t])) for t in ids)
+    return int(token_lengths(tokenizer)[np.asarray(ids, dtype=np.int64)].sum())
+
+
+def token_lengths(tokenizer):
+    """(vocab_size,) int64: the bytes each token id stands for (end-of-text: 1), computed once per tokenizer."""
+    if getattr(tokenizer, "_lengths", None) is None:
+        lengths = [1 if t == tokenizer.eot else len(tokenizer.decode_bytes([t])) for t in range(tokenizer.vocab_size)]
+        tokenizer._lengths = np.array(lengths, dtype=np.int64)
+    return tokenizer._lengths
+
+
+def whole_split_bpb(model, tokenizer, tokens, device, batch_size=16, seconds=60.0):
+    """
+    Bits per byte of the main head on the whole validation split: consecutive windows of block_size tokens, each
+    read with the token before it as context, so every token but the first is predicted exactly once. This is
+    the figure that compares the target with its draft (the periodic validation reads only 4 batches). It stops
+    after `seconds` (a big split on a slow device). Returns (bpb, tokens predicted, whether that is the whole).
+    """
+    T = model.config.block_size
+    n = (len(tokens) - 1) // T  # whole windows; the few tokens past the last are left out
+    lengths = token_lengths(tokenizer)
+    nats, nbytes, done, t0 = 0.0, 0, 0, time.perf_counter()
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, n, batch_size):
+            starts = np.arange(i, min(i + batch_size, n)) * T
+            w = np.stack([np.asarray(tokens[s:s + T + 1], dtype=np.int64) for s in starts])
+            x = torch.from_numpy(w).to(device)
+            logits = model(x[:, :-1]).logits.float()
+            nats += F.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1), reduction="sum").item()
+            nbytes += int(lengths[w[:, 1:]].sum())
+            done += w[:, 1:].size
+            if time.perf_counter() - t0 > seconds:
+                break
+    return nats / math.log(2) / max(nbytes, 1), done, done == n * T
 
 
 def gpt_is_complete(name, path, ctx, model_cfg):
@@ -186,8 +363,8 @@ def gpt_is_complete(name, path, ctx, model_cfg):
 
 def train_gpt(name, ctx, model_cfg, train_cfg, head_weight, head_fraction=0.25):
     """Train one GPT (target or draft) on the corpus, or skip it if its checkpoint is complete.
-    Returns the final validation losses (None when skipped); "bpb" is the main head's loss in bits per byte
-    of validation text, which compares models across tokenizers."""
+    Returns the validation losses of the weights kept, the best (None when skipped); "bpb" is the main head's
+    loss in bits per byte of validation text, which compares models across tokenizers."""
     path = os.path.join(ctx.out_dir, f"{name}.pt")
     model_cfg = replace(model_cfg, vocab_size=ctx.tokenizer.vocab_size)
     if gpt_is_complete(name, path, ctx, model_cfg):
@@ -215,7 +392,8 @@ def train_gpt(name, ctx, model_cfg, train_cfg, head_weight, head_fraction=0.25):
         return {"main": main, "bpb": main / math.log(2) * val_tokens_per_byte, **losses}
 
     return train(name, model, loss_fn, eval_fn, train_cfg, path,
-                 lambda: gpt_checkpoint(model, ctx.tokenizer.identity, part=name), ctx.device, B * T)
+                 lambda: gpt_checkpoint(model, ctx.tokenizer.identity, part=name), ctx.device, B * T,
+                 record=ctx.records.setdefault(name, {}), threads="auto")
 
 
 def stage_target(ctx):
@@ -238,8 +416,8 @@ def after_target(drafter_stage):
     return stage
 
 
-# Run in this order by `--stage all`. corpus and tokenizer always run (cheap, skipped when present).
-STAGES = {"corpus": stage_corpus, "tokenizer": stage_tokenizer, "target": stage_target,
+# Run in this order by `--stage all`. corpus, tokenizer and tokens always run (skipped when present).
+STAGES = {"corpus": stage_corpus, "tokenizer": stage_tokenizer, "tokens": stage_tokens, "target": stage_target,
           "heads": after_target(training.train_heads), "draft": stage_draft,
           "eagle": after_target(training.train_eagle), "parallelspec": after_target(training.train_parallelspec),
           "early_exit": after_target(training.train_early_exit)}
@@ -308,10 +486,11 @@ def run_stages(args):
         print(f"removed {tmp}, left by a save that was killed midway")
     torch.set_float32_matmul_precision("high")
     amp = autocast_dtype(ctx.device, args.precision)
+    adapting = " (fewer while other processes keep cores busy)" if ctx.device == "cpu" else ""
     print(f"preset {args.preset} | device {ctx.device} | torch {torch.__version__} | threads "
-          f"{torch.get_num_threads()} | precision {args.precision}: {'bf16 autocast' if amp else 'fp32'}")
+          f"{torch.get_num_threads()}{adapting} | precision {args.precision}: {'bf16 autocast' if amp else 'fp32'}")
     t0 = time.time()
-    wanted = list(dict.fromkeys(list(STAGES) if args.stage == "all" else ["corpus", "tokenizer", args.stage]))
+    wanted = list(dict.fromkeys(list(STAGES) if args.stage == "all" else ["corpus", "tokenizer", "tokens", args.stage]))
     print(plan(ctx, wanted) + gpu_note(ctx))
     for name in wanted:
         ctx.stage_started = time.perf_counter()
@@ -320,3 +499,83 @@ def run_stages(args):
         except NotImplementedError as e:  # a course handout with this stage's function still blank
             print(f"{name}: skipped, it calls a function not written yet ({e or 'NotImplementedError'})")
     print(f"all done in {time.time() - t0:.0f}s")
+    for line in summary(ctx):
+        print(line)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The summary: what each stage reached, and the target against its draft
+
+
+def summary(ctx):
+    """The lines that end a run that trained something: each stage's steps against what the preset reaches on
+    its reference machine, a plain warning for each stage that got less than half, and the target against the
+    draft on the whole validation split."""
+    lines = []
+    trained = {name: r for name, r in ctx.records.items() if r}
+    if trained:
+        lines.append("summary: steps trained (on the preset's quiet reference machine) | best validation at | CPU "
+                     "cores ours / other processes'")
+    for name, r in trained.items():
+        expected = expected_steps(ctx, name, r)
+        others = "?" if r["cpu"]["others"] is None else f"{r['cpu']['others']:.1f}"
+        lines.append(f"  {name:12s} {r['steps']:6d} steps ({f'~{expected}' if expected else 'no reference'}) | "
+                     f"step {r['best_step']} | {r['cpu']['own']:.1f} / {others}")
+    for name, r in trained.items():
+        lines += starved_report(ctx, name, r)
+    lines += target_against_draft(ctx)
+    return lines
+
+
+def expected_steps(ctx, name, r):
+    """What the preset's reference machine reaches in this stage, or None when it does not apply: no figure in
+    the preset, or a budget changed by --max-seconds / --max-iters."""
+    cfg = ctx.cfg[TRAINED[name]]
+    if not cfg.expected_steps or r["max_iters"] != cfg.max_iters or r["max_seconds"] > cfg.max_seconds + 1e-6:
+        return None
+    if ctx.args.max_seconds is not None or ctx.args.max_iters is not None:
+        return None
+    return min(cfg.expected_steps, cfg.max_iters)
+
+
+def starved_report(ctx, name, r):
+    """Two lines when a stage got less than half of the steps the preset's reference machine reaches: why (the
+    other processes' load, or a slower machine), what it means for decoding, and what to do."""
+    expected = expected_steps(ctx, name, r)
+    if not expected or r["steps"] >= expected / 2:
+        return []
+    others = r["cpu"]["others"]
+    if others is not None and others >= 0.5:
+        why = (f"other processes kept {others:.1f} of {r['cpu'].get('cores', os.cpu_count())} cores busy "
+               "meanwhile: the machine was busy")
+    elif others is not None:
+        why = "nothing else was busy: this machine is slower than the preset's reference"
+    else:
+        why = "this system does not say whether other processes were busy"
+    weaker = ("a weaker target: every drafter learns from it, and acceptance and the bench's speed-ups fall short "
+              "of docs/training.md's" if name == "target" else
+              "a weaker drafter: its guesses are accepted less often than docs/training.md's")
+    retrain = f"delete {ctx.out_dir}/{name}.pt" + (" and the drafters' .pt files" if name == "target" else "")
+    return [f"warning: {name} got only {r['steps']} steps of the ~{expected} a quiet reference machine reaches in its "
+            f"{ctx.cfg[TRAINED[name]].max_seconds:.0f}s; {why}.",
+            f"  That is {weaker}. To retrain it when the machine is quiet: {retrain}, then run the same command."]
+
+
+def target_against_draft(ctx):
+    """The target and the draft on the whole validation split (bits per byte), when this run trained either."""
+    if not ({"target", "draft"} & set(ctx.records)) or ctx.val_tokens is None:
+        return []
+    paths = {name: os.path.join(ctx.out_dir, f"{name}.pt") for name in ("target", "draft")}
+    if not all(os.path.exists(p) and load_checkpoint(p).get("done") for p in paths.values()):
+        return []
+    figures = {}
+    for name, path in paths.items():
+        model = load_gpt(path, ctx.tokenizer.identity, ctx.device, part=name)
+        figures[name] = whole_split_bpb(model, ctx.tokenizer, ctx.val_tokens, ctx.device)
+    (t_bpb, n, complete), (d_bpb, _, _) = figures["target"], figures["draft"]
+    whole = ("whole validation split" if complete else
+             "first tokens of the validation split (the whole would take too long here)")
+    verdict = (f"the target is {d_bpb - t_bpb:.3f} better" if t_bpb < d_bpb else
+               f"the target is NOT better than its draft ({t_bpb - d_bpb:.3f} worse): speculation gains little")
+    return [f"target against draft on the {whole} ({n:,} tokens): {t_bpb:.3f} against {d_bpb:.3f} bits per byte; "
+            f"{verdict}"]

@@ -38,6 +38,10 @@ class TrainConfig:
     optimizer: str = "adamw"  # adamw, or muon: Muon for the blocks' matrices (nanospec/muon.py), AdamW for the rest
     muon_lr: float = 0.02  # Muon's peak rate (its updates have unit singular values, so it is not AdamW's scale)
     precision: str = "auto"  # auto: bf16 autocast where the hardware does it fast, else fp32; fp32: never bf16
+    # steps the stage reaches in max_seconds on the preset's reference machine with nothing else running (0: not
+    # known): a run that gets less than half says it was starved (stages.starved_report), instead of silently
+    # saving a weaker model
+    expected_steps: int = 0
 
 
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -111,23 +115,86 @@ def stop_on_sigterm(signum, frame):
     raise KeyboardInterrupt
 
 
+class CpuMeter:
+    """
+    How much CPU a stretch of training got, and how much other processes took meanwhile: Linux's /proc/stat
+    counts every core's busy time, and time.process_time() ours. cores: the machine's; own: the cores this
+    process kept busy on average; others: those the rest of the machine did. Where /proc/stat is missing (macOS,
+    Windows) `others` is None: the run cannot tell why it was slow.
+    Example: 2 cores, `python -c "while 1: pass"` beside training -> others ~1.0, own ~1.0 at best.
+    """
+
+    def __init__(self):
+        self.cores = os.cpu_count() or 1
+        self.t0, self.own0, self.busy0 = time.perf_counter(), time.process_time(), self.busy_seconds()
+
+    @staticmethod
+    def busy_seconds():
+        """Seconds of busy time summed over every core since boot, or None without /proc/stat."""
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        busy = sum(fields[:8]) - idle  # user nice system idle iowait irq softirq steal (guest is in user)
+        return busy / os.sysconf("SC_CLK_TCK")
+
+    def read(self):
+        """{"wall", "own", "others", "cores"}: seconds since the start, the cores busy on average (ours, the
+        rest's), and the machine's."""
+        wall = max(time.perf_counter() - self.t0, 1e-9)
+        own = (time.process_time() - self.own0) / wall
+        busy = self.busy_seconds()
+        others = None if busy is None or self.busy0 is None else max(0.0, (busy - self.busy0) / wall - own)
+        return {"wall": wall, "own": own, "others": others, "cores": self.cores}
+
+
+def threads_for(others, most):
+    """The torch threads to train with when other processes keep `others` cores busy, at most `most` (the
+    machine's, or what the user set): one thread fewer per busy core. With 2 threads on 2 cores and one core
+    busy elsewhere, every operation waits for its slower half; measured on a 2-core EPYC VM, tiny target, fp32:
+    1 thread 0.85-1.19 steps/s against 0.22-0.58 with 2 (docs/training.md, "Threads").
+    Examples: threads_for(0.05, 2) -> 2; threads_for(1.0, 2) -> 1; threads_for(3.2, 16) -> 13."""
+    return max(1, min(most, most - math.ceil(others - 0.25)))
+
+
+MAX_THREADS = torch.get_num_threads()  # torch's own choice (the cores, or OMP_NUM_THREADS): never more than this
+THREAD_CHECK_SECONDS = 10  # how often a CPU run looks at the other processes' load again
+
+
+def adapt_threads(name, meter, quiet=False):
+    """Set torch's threads for the load of the last stretch (meter: a CpuMeter of it); say so when it changes."""
+    others = meter.read()["others"]
+    if others is None:
+        return
+    n = threads_for(others, MAX_THREADS)
+    if n != torch.get_num_threads():
+        if not quiet:
+            print(f"{name}: other processes keep {others:.1f} of {meter.cores} cores busy: training on {n} "
+                  f"thread{'s' * (n > 1)} (was {torch.get_num_threads()})", flush=True)
+        torch.set_num_threads(n)
+
+
 def resume(name, model, opts, cfg, ckpt_path):
-    """Load an unfinished run of this part from ckpt_path into model and opts; return (step, seconds) trained
-    so far, (0, 0.0) when there is none."""
+    """Load an unfinished run of this part from ckpt_path into model and opts; return (step, seconds, best) trained
+    so far, best being (step, losses, weights) of the best validation so far or None; (0, 0.0, None) when there is
+    no run to resume."""
     if not os.path.exists(ckpt_path):
-        return 0, 0.0
+        return 0, 0.0, None
     ckpt = load_checkpoint(ckpt_path)
     if "optimizer" not in ckpt:
-        return 0, 0.0
-    load_weights(ckpt_path, model, ckpt["model"])
+        return 0, 0.0, None
+    load_weights(ckpt_path, model, ckpt.get("last", ckpt["model"]))  # "model" holds the best weights, "last" ours
     states = ckpt["optimizer"] if isinstance(ckpt["optimizer"], list) else [ckpt["optimizer"]]
     if len(states) != len(opts):
         raise ValueError(f"{ckpt_path} was trained with another optimizer than {cfg.optimizer!r}: "
                          "delete it to retrain, or use another --out-dir")
     for opt, state in zip(opts, states):
         opt.load_state_dict(state)
+    best = (ckpt["best"]["step"], ckpt["best"]["losses"], ckpt["model"]) if ckpt.get("best") else None
     print(f"{name}: resuming from {ckpt_path} at step {ckpt['step']} ({ckpt['seconds']:.0f}s trained)")
-    return ckpt["step"], ckpt["seconds"]
+    return ckpt["step"], ckpt["seconds"], best
 
 
 def optimizer_step(model, opts, loss, lr, cfg):
@@ -142,16 +209,45 @@ def optimizer_step(model, opts, loss, lr, cfg):
         opt.zero_grad(set_to_none=True)
 
 
-def train(name, model, loss_fn, eval_fn, cfg, ckpt_path, ckpt_fields, device, tokens_per_step):
+def shown(losses):
+    return " | ".join(f"{k} {v:.3f}" for k, v in losses.items())
+
+
+def train(name, model, loss_fn, eval_fn, cfg, ckpt_path, ckpt_fields, device, tokens_per_step, record=None,
+          threads="fixed"):
     """Train `model` in place; resume from `ckpt_path` if it holds an unfinished run of the same part.
-    `ckpt_fields()` returns what the checkpoint stores besides the training state (config, weights, tokenizer)."""
+    `ckpt_fields()` returns what the checkpoint stores besides the training state (config, weights, tokenizer).
+
+    The weights kept are those of the best validation (as nanoGPT does): the first figure eval_fn returns is the
+    one compared (lower is better); the checkpoint's "model" holds them, and until the run is done "last" holds
+    the current weights, which a resume continues from. At the end the model holds the best weights, and the
+    returned losses are theirs. `record` (a dict), when given, receives what the run reached: steps, seconds,
+    the best step, and the CPU it got (CpuMeter). threads="auto" (make train, on a CPU): every
+    THREAD_CHECK_SECONDS, one torch thread fewer per core that other processes keep busy (threads_for); "fixed"
+    (tests, which compare runs bit for bit): torch's threads as they are."""
     opts = make_optimizers(model, cfg)
-    step, seconds = resume(name, model, opts, cfg, ckpt_path)
+    step, seconds, best = resume(name, model, opts, cfg, ckpt_path)
     amp = autocast_dtype(device, cfg.precision)
     autocast = lambda: torch.autocast(device.split(":")[0], dtype=amp or torch.float32, enabled=amp is not None)
+    steps_before = step  # a resumed run: the steps of this call are what its CPU share is measured over
+
+    def keep_if_best(losses):
+        """Remember the current weights if their validation is the best so far (ties: the later step)."""
+        nonlocal best
+        if not losses:
+            return  # an eval_fn without figures (tests): the last weights are kept
+        key = next(iter(losses))
+        if best is None or losses[key] <= best[1][key]:
+            best = (step, dict(losses), {k: v.detach().clone() for k, v in model.state_dict().items()})
 
     def save(done):
-        save_atomic({**ckpt_fields(), "optimizer": [opt.state_dict() for opt in opts], "step": step,
+        fields = ckpt_fields()
+        extra = {}
+        if best is not None:
+            extra = {"model": best[2], "best": {"step": best[0], "losses": best[1]}}
+            if not done and best[0] != step:
+                extra["last"] = fields["model"]  # what a resume continues from
+        save_atomic({**fields, **extra, "optimizer": [opt.state_dict() for opt in opts], "step": step,
                      "seconds": seconds, "done": done, "train_config": asdict(cfg)}, ckpt_path)
 
     def evaluate():
@@ -159,7 +255,7 @@ def train(name, model, loss_fn, eval_fn, cfg, ckpt_path, ckpt_fields, device, to
         with torch.no_grad(), autocast():
             losses = eval_fn(model)
         model.train()
-        print(f"{name}: step {step} | val " + " | ".join(f"{k} {v:.3f}" for k, v in losses.items()), flush=True)
+        print(f"{name}: step {step} | val " + shown(losses), flush=True)
         return losses
 
     def time_left():  # of the wall-clock budget, keeping room for the final evaluation and save
@@ -169,6 +265,8 @@ def train(name, model, loss_fn, eval_fn, cfg, ckpt_path, ckpt_fields, device, to
     t_last, tok_rate = time.perf_counter(), 0.0
     reserve = 0.0  # how long the last evaluation + save took: the final one must fit in the budget too
     signal.signal(signal.SIGTERM, stop_on_sigterm)  # `kill` and job schedulers: stop as cleanly as on Ctrl-C
+    meter = window = CpuMeter()  # the whole run; the stretch since the last look at the load
+    adapting = threads == "auto" and device == "cpu"
     try:
         while step < cfg.max_iters and time_left() > 0:
             t0 = time.perf_counter()
@@ -181,15 +279,17 @@ def train(name, model, loss_fn, eval_fn, cfg, ckpt_path, ckpt_fields, device, to
             dt = time.perf_counter() - t0
             seconds += dt
             tok_rate = 0.9 * tok_rate + 0.1 * tokens_per_step / dt if tok_rate else tokens_per_step / dt
+            if adapting and time.perf_counter() - window.t0 > THREAD_CHECK_SECONDS:
+                adapt_threads(name, window)
+                window = CpuMeter()
             if step % cfg.eval_interval == 0 or time.perf_counter() - t_last > 10 or step == cfg.max_iters:
                 t_last = time.perf_counter()
                 left = min((cfg.max_iters - step) * dt, time_left())
-                shown = " | ".join(f"{k} {v:.3f}" for k, v in parts.items())
-                print(f"{name}: step {step}/{cfg.max_iters} | loss {loss.item():.3f} | {shown} | "
+                print(f"{name}: step {step}/{cfg.max_iters} | loss {loss.item():.3f} | {shown(parts)} | "
                       f"{tok_rate / 1e3:.1f}k tok/s | lr {lr:.1e} | {seconds:.0f}s, ~{max(0, left):.0f}s left", flush=True)
             if step % cfg.eval_interval == 0 and step < cfg.max_iters:
                 t_eval = time.perf_counter()
-                evaluate()
+                keep_if_best(evaluate())
                 save(done=False)
                 reserve = time.perf_counter() - t_eval
                 seconds += reserve
@@ -197,7 +297,19 @@ def train(name, model, loss_fn, eval_fn, cfg, ckpt_path, ckpt_fields, device, to
         save(done=False)
         print(f"\n{name}: interrupted at step {step}; checkpoint saved to {ckpt_path}. Run the same command to resume.")
         raise SystemExit(130)
-    losses = evaluate()
+    cpu = meter.read()
+    last = evaluate()
+    keep_if_best(last)
+    if best is not None and best[0] != step:
+        key = next(iter(last))
+        print(f"{name}: validation rose at the end ({key} {last[key]:.3f} at step {step}, {best[1][key]:.3f} at step "
+              f"{best[0]}): keeping the weights of step {best[0]}", flush=True)
+        model.load_state_dict(best[2])
     save(done=True)
-    print(f"{name}: done, {step} steps in {seconds:.0f}s, saved {ckpt_path}")
-    return losses
+    kept = f", kept step {best[0]} (best validation)" if best is not None else ""
+    print(f"{name}: done, {step} steps in {seconds:.0f}s{kept}, saved {ckpt_path}")
+    if record is not None:
+        record.update(steps=step, seconds=seconds, best_step=best[0] if best else step, expected=cfg.expected_steps,
+                      max_iters=cfg.max_iters, max_seconds=cfg.max_seconds, steps_this_run=step - steps_before,
+                      cpu=cpu, threads=torch.get_num_threads())
+    return best[1] if best is not None else last

@@ -89,6 +89,7 @@ def run_variant(name, args):
                 shutil.copy(path, out_dir)
     stages.stage_corpus(ctx)
     stages.stage_tokenizer(ctx)
+    stages.stage_tokens(ctx)
     tc = cfg["target_train"]
     if args.steps:  # a fixed number of steps, the schedule over them: the loss does not depend on the load
         cfg["target_train"] = replace(tc, max_iters=args.steps, max_seconds=0.0, eval_interval=max(args.steps // 3, 1))

@@ -157,13 +157,16 @@ def test_the_gpu_preset_is_well_formed():
         x = torch.zeros(2, 16, dtype=torch.long)
         assert target(x).logits.shape == (2, 16, cfg["vocab_size"])
         assert eagle(target, x, target(x).hidden).logits.shape == (2, 16, cfg["vocab_size"])
-        assert ps(target, x, [3, 7]).shape == (2, 2, ps.config.n_masks, cfg["vocab_size"])
+        assert ps(target, x, torch.tensor([3, 7], device=x.device)).shape == (2, 2, ps.config.n_masks, cfg["vocab_size"])
     assert target_cfg.n_embd % target_cfg.n_head == 0 and draft_cfg.n_embd % draft_cfg.n_head == 0
     assert draft_cfg.block_size == target_cfg.block_size  # speculative drafts within the target's context
     assert len(adapter.exits) == target_cfg.n_layer - 1
     n = lambda m: sum(p.numel() for p in m.parameters())
     assert target_cfg.n_layer >= 12 and n(eagle) < n(target) / 8 and n(draft) < n(target) / 8  # deep and thin
-    assert cfg["corpus_tests"] and cfg["corpus_bytes"] >= 25_000_000  # the stdlib with its tests
+    # the stdlib with its tests and site-packages, a few hundred MB: under ~4 passes of the data (issue 35)
+    assert cfg["corpus_tests"] and cfg["corpus_packages"] and cfg["corpus_bytes"] >= 200_000_000
+    tc = cfg["target_train"]
+    assert tc.expected_steps * tc.batch_size * cfg["target"].block_size * 3.5 / cfg["corpus_bytes"] < 4
     budgets = [cfg[key].max_seconds for key in stages.TRAINED.values()]
     assert all(budgets) and sum(budgets) <= 270  # + corpus, tokenizer and loading: about 5 minutes
     assert all(math.isfinite(b) for b in budgets)

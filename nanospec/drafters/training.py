@@ -89,7 +89,7 @@ def train_drafter(ctx, name, recipe_of):
     train(name, module, loss_fn, eval_fn, train_cfg, path,
           lambda: {"part": name, "config": asdict(recipe.config), "model": module.state_dict(),
                    "tokenizer": ctx.tokenizer.identity, "target": target_id},
-          ctx.device, B * L)
+          ctx.device, B * L, record=getattr(ctx, "records", {}).setdefault(name, {}), threads="auto")
     print(f"{name}: stage took {time.time() - t0:.0f}s (loading the target and evaluations included)")
 
 
