@@ -227,3 +227,77 @@ def test_training_makes_every_tensor_on_the_model_s_device():
         w = windows(tokens, rng, 2, 24 + 1 + 2)
         assert set(stages.lm_losses(target, w)) == {"main", "head1", "head2"}
         stages.lm_losses(target, w, torch.arange(3, device="cpu"))
+
+
+# ----------------------------------------------------------------------------- token files and named files (issues 33, 35)
+
+
+def toy_run(tmp_path, *extra):
+    """The corpus, tokenizer and tokens stages of the toy preset on a small source; returns the base argv."""
+    argv = ["--preset", "toy", "--corpus", str(write_source(tmp_path / "src", n=30, lines=40)),
+            "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out")]
+    train_tiny.main(argv + ["--stage", "tokens", *extra])
+    return argv
+
+
+def test_the_tokens_are_uint16_files_of_the_corpus_encoded_once(tmp_path, monkeypatch, capsys):
+    import numpy as np
+
+    from nanospec.tokenizer import Tokenizer
+    monkeypatch.setattr(stages, "TOKENIZE_BLOCK_BYTES", 1000)  # many blocks: documents cut across them rejoin
+    argv = toy_run(tmp_path)
+    tok = Tokenizer.load(tmp_path / "out" / "tokenizer.tiktoken")
+    for split in ("train", "val"):
+        expected = tok.encode_corpus((tmp_path / "data" / f"{split}.txt").read_text())
+        assert np.fromfile(tmp_path / "out" / f"{split}.bin", dtype=np.uint16).tolist() == expected
+    capsys.readouterr()
+    ctx = stages.Context(train_tiny.build_parser().parse_args(argv))
+    for stage in ("corpus", "tokenizer", "tokens"):
+        stages.STAGES[stage](ctx)
+    assert "train.bin exists, skipping" in capsys.readouterr().out  # encoded once
+    assert isinstance(ctx.train_tokens, np.memmap) and ctx.train_tokens.dtype == np.uint16  # read from disk
+    # a retrained tokenizer gets new token files
+    (tmp_path / "out" / "tokenizer.tiktoken").unlink()
+    monkeypatch.setitem(PRESETS["toy"], "vocab_size", 300)
+    train_tiny.main(argv + ["--stage", "tokens"])
+    assert "tokens:" in capsys.readouterr().out
+    assert np.fromfile(tmp_path / "out" / "train.bin", dtype=np.uint16).max() < 300
+
+
+def test_the_tokenizer_learns_from_a_sample_of_the_whole_split(tmp_path):
+    path = tmp_path / "train.txt"
+    path.write_text("".join(f"first part line {i}\n" for i in range(5000)) +
+                    "".join(f"last part line {i}\n" for i in range(5000)))
+    sample = stages.tokenizer_sample(path, 20_000)
+    assert len(sample) <= 20_000 and "first part" in sample and "last part" in sample
+    assert all(line.startswith(("first part line", "last part line")) or line == ""
+               for piece in sample.split(corpus.EOT) for line in piece.split("\n"))  # whole lines only
+    assert stages.tokenizer_sample(path, None) == path.read_text()
+
+
+@pytest.mark.parametrize("damage, named", [
+    (lambda d, o: (d / "train.txt").write_text(""), "data/train.txt holds 0 bytes"),
+    (lambda d, o: (d / "val.txt").unlink(), "data/val.txt is missing"),
+    (lambda d, o: (d / "corpus.json").write_text("{\n"), "data/corpus.json is corrupt"),
+    (lambda d, o: (d / "corpus.json").write_text("[]"), "data/corpus.json is corrupt"),
+    (lambda d, o: (o / "corpus.json").write_text("not json"), "out/corpus.json is corrupt"),
+    (lambda d, o: (o / "tokens.json").write_text("{"), "out/tokens.json is corrupt"),
+    (lambda d, o: (d / "train.txt").write_text((d / "train.txt").read_text().replace("g_1", "h_1")),
+     "is not the text"),
+])
+def test_damaged_training_files_are_named(tmp_path, damage, named):
+    """Issue 33: an emptied data/train.txt said "too small for preset 'toy' ... or use --preset toy", and a corrupt
+    data/corpus.json "Expecting value: line 2 column 1", neither naming the file."""
+    argv = toy_run(tmp_path)
+    damage(tmp_path / "data", tmp_path / "out")
+    with pytest.raises(SystemExit) as e:
+        train_tiny.main(argv + ["--stage", "tokens"])
+    message = str(e.value.code)
+    assert message.startswith("error: ") and "\n" not in message and named in message, message
+    assert "delete" in message or "pass another --data-dir" in message
+
+
+def test_too_small_names_the_split_and_never_suggests_the_preset_in_use(tmp_path):
+    src = write_source(tmp_path / "src", n=4, lines=3)
+    message = train_error(["--corpus", str(src)], tmp_path)
+    assert "too small for preset 'toy'" in message and "/data/" in message and "--preset toy" not in message
