@@ -190,7 +190,7 @@ def complete(results, name, prompts):
 
 def failed_row(name, why, width, greedy):
     """A row that did not finish: FAILED and its reason (cut to a line's worth: the notes above hold it whole)."""
-    why = why if len(why) <= 70 else why[:69] + "…"
+    why = why if len(why) <= 50 else why[:49] + "…"
     return [name, f"FAILED: {why}"] + ["-"] * (width - 2 + greedy)
 
 
@@ -374,7 +374,7 @@ def repetition_section(m):
             for q in (q for q in m.prompts if q["category"] == c and q["id"] in m.results[t].get("ar", {})):
                 o, s, n = ngram_repeats(q["ids"], m.results[t]["ar"][q["id"]]["ids"])
                 own, seen, total = own + o, seen + s, total + n
-            row += [f"{own / max(1, total):.0%}", f"{seen / max(1, total):.0%}"]
+            row += [f"{own / total:.0%}", f"{seen / total:.0%}"] if total else ["-", "-"]  # "-": no ar output
         rows.append(row)
     head = ["category"] + [f"{'greedy' if t == 0 else f't={t:g}'}: {what}" for t in m.temperatures
                            for what in ("repeats own 4-grams", "4-grams in prompt or earlier")]
