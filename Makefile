@@ -1,10 +1,29 @@
-# Thin targets: each runs one visible command.
+# Thin targets: each runs one visible command. `make` alone lists them.
 PYTHON ?= python
-OUT ?= ../nanospec-handout
-PRECISION ?= auto  # `make train PRECISION=fp32`: the reference every README figure names
-PRESET ?= tiny  # `make train PRESET=gpu`: the deep GPU preset (one H100, ~5 min), into out-gpu/
+PRECISION ?= auto
+PRESET ?= tiny
+TIMEOUT ?= 300
 
-.PHONY: install deps train test bench bench-batch bench-quick gpu-check figures handout grade
+# Every value given on the command line reaches the shell as one single-quoted word: OUT="/tmp/a b" is one path,
+# and OUT="x;echo hi" is a strange folder name, never a second command.
+quote = '$(subst ','\'',$(strip $(1)))'
+
+.PHONY: help install deps train test bench bench-batch bench-quick gpu-check figures handout grade
+
+# The first target, so that `make` alone lists the others; one printf, one write: `make | head -3` ends quietly.
+help:
+	@printf '%s\n' \
+	    "make train         the corpus, tokenizer, target and every drafter into out/ (~9 min on 2 CPU cores)" \
+	    "                   PRESET=gpu: the deep GPU preset, into out-gpu/; PRECISION=fp32: the README's figures" \
+	    "make test          the test suite (~4 min on 2 cores)" \
+	    "make bench         every method against ar, into bench_results.md (CKPT=out-gpu: another run folder)" \
+	    "make bench-batch   batched ar, speculative and prompt-lookup at B = 1..32, into bench_batch.md" \
+	    "make bench-quick   a smoke run of the bench" \
+	    "make figures       the PNGs, into runs/figures/ (OUT=docs/figures: the README's; needs matplotlib)" \
+	    "make gpu-check     every method on CUDA, greedy = ar, and the quick bench" \
+	    "make handout       a student copy of the course (EX=1-11 OUT=../handout)" \
+	    "make grade         grade the exercises (EX=3,4 to choose; TIMEOUT=$(TIMEOUT) seconds per pytest run)" \
+	    "make install       pip install -r requirements.txt"
 
 install:
 	$(PYTHON) -m pip install -r requirements.txt
@@ -15,34 +34,36 @@ deps:
 	@$(PYTHON) -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in \
 	('torch', 'numpy', 'tiktoken', 'pytest', 'hypothesis')))" || $(PYTHON) -m pip install -r requirements.txt
 
-train: deps
-	$(PYTHON) train_tiny.py --preset $(strip $(PRESET)) --precision $(strip $(PRECISION))
+train: deps  # PRECISION=fp32: the reference every README figure names; PRESET=gpu: one H100, ~5 min, into out-gpu/
+	$(PYTHON) train_tiny.py --preset $(call quote,$(PRESET)) --precision $(call quote,$(PRECISION))
 
 test: deps
 	$(PYTHON) -m pytest
 
 bench:  # CKPT=out-gpu: the gpu preset's checkpoints
-	$(PYTHON) -m nanospec.bench $(if $(CKPT),--ckpt $(CKPT))
+	$(PYTHON) -m nanospec.bench $(if $(CKPT),--ckpt $(call quote,$(CKPT)))
 
 bench-batch:  # batched ar, speculative and prompt-lookup at B = 1..32 (nanospec/bench_batch.py)
-	$(PYTHON) -m nanospec.bench --batch-sizes 1,2,4,8,16,32 $(if $(CKPT),--ckpt $(CKPT))
+	$(PYTHON) -m nanospec.bench --batch-sizes 1,2,4,8,16,32 $(if $(CKPT),--ckpt $(call quote,$(CKPT)))
 
 bench-quick:
-	$(PYTHON) -m nanospec.bench --quick
+	$(PYTHON) -m nanospec.bench --quick $(if $(CKPT),--ckpt $(call quote,$(CKPT)))
 
-# The PNGs of README.md and docs/ from out/ and bench_results.json (needs matplotlib: pip install matplotlib).
+# The PNGs from out/ and bench_results.json (needs matplotlib: pip install matplotlib), into runs/figures/, which
+# git ignores; `make figures OUT=docs/figures` replaces the README's own.
 figures:
-	$(PYTHON) -m nanospec.figures
+	$(PYTHON) -m nanospec.figures $(if $(OUT),--out $(call quote,$(OUT)))
 
 # Every method at greedy, temperature 1 and 0.7 + top-p 0.9 on CUDA, greedy = ar, and the quick bench (needs out/).
-# Without a GPU it says so and exits 0.
 gpu-check:
-	$(PYTHON) -m nanospec.gpu_check $(if $(CKPT),--ckpt $(CKPT))
+	$(PYTHON) -m nanospec.gpu_check $(if $(CKPT),--ckpt $(call quote,$(CKPT)))
 
 # The course (EXERCISES.md): `make handout EX=3,4 OUT=../handout`, then `make grade` (EX=3,4 to choose).
 # Over an earlier handout only the generated files change; OVERWRITE=1 also replaces those edited since.
 handout:
-	$(PYTHON) -m nanospec.course.handout --ex $(or $(EX),all) --out $(OUT) $(if $(OVERWRITE),--overwrite)
+	$(PYTHON) -m nanospec.course.handout --ex $(call quote,$(or $(EX),all)) \
+	    --out $(call quote,$(or $(OUT),../nanospec-handout)) $(if $(OVERWRITE),--overwrite)
 
+# Each pytest run may take TIMEOUT seconds; after one that runs out, one more run without the exercise that hung.
 grade: deps
-	$(PYTHON) -m nanospec.course.grade $(if $(EX),--ex $(EX))
+	$(PYTHON) -m nanospec.course.grade $(if $(EX),--ex $(call quote,$(EX))) --timeout $(call quote,$(TIMEOUT))

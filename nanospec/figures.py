@@ -12,8 +12,8 @@
     batch.png             batched decoding: tokens/s and speedup over batched `ar` against the batch size, the
                           crossover marked (from the bench's batch table, --batch-sizes)
 
-    python -m nanospec.figures                     # out/ and bench_results.json -> docs/figures/
-    python -m nanospec.figures --results bench_results.json --ckpt out --out docs/figures
+    python -m nanospec.figures                     # out/ and bench_results.json -> runs/figures/ (git ignores it)
+    python -m nanospec.figures --out docs/figures  # the README's own (make figures OUT=docs/figures)
 
 matplotlib is the one optional dependency (pip install matplotlib): nothing else in nanospec needs it. A figure
 whose input is missing is skipped with a line saying which command makes it.
@@ -68,9 +68,21 @@ def draw_step(path, context, drafts, targets, n_accepted):
         box(i + 0.5, 1.3, t, "#cfe3ff")
     for i, t in enumerate(drafts[:n_accepted] + [targets[n_accepted]]):
         box(i + 0.5, 0.3, t, "#9be39b" if i < n_accepted else "#ffe08a")
-    ax.set_title(f"after \"{repr(context[-40:])[1:-1]}\": {k} guesses, one target forward, {n_accepted} accepted "
+    ax.set_title(f"after \"{repr(tail(context))[1:-1]}\"\n{k} guesses, one target forward, {n_accepted} accepted "
                  f"+ the target's own token = {n_accepted + 1} tokens", fontsize=9)
     save(fig, path)
+
+
+def tail(text, width=60):
+    """The end of `text` in at most `width` characters, cut where a reader expects a cut: at a line break, else
+    after a space, never inside a word ('...' marks the cut). tail('import os\\ndef main(', 12) -> '...def main('."""
+    if len(text) <= width:
+        return text
+    end = text[-width:]
+    for sep in ("\n", " "):
+        if sep in end[:-1]:
+            return "..." + end[end.index(sep) + 1:]
+    return "..." + end
 
 
 def draw_tree(path, labels, parents, kept, mask):
@@ -213,14 +225,22 @@ def tree_figure(models, path, prompt="import os\n\n\ndef read(path):\n    with o
     draw_tree(path, [tok.decode([t]) for t in tokens], parents, {0, *kept}, tree_mask(parents, 0))
 
 
-def main(argv=None):
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Draw the figures of README.md and docs/ from nanospec's own runs.")
     p.add_argument("--ckpt", default="out", help="the trained run folder (make train)")
     p.add_argument("--results", default="bench_results.json", help="the bench's results (make bench)")
-    p.add_argument("--out", default="docs/figures", help="where the PNGs go")
-    args = p.parse_args(argv)
+    p.add_argument("--out", default=os.path.join("runs", "figures"),
+                   help="where the PNGs go (default runs/figures, which git ignores; docs/figures: the README's)")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     pyplot()  # fail early, in one line, without matplotlib
-    os.makedirs(args.out, exist_ok=True)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"error: --out {args.out}: cannot make that folder ({e.strerror})") from None
     try:
         from nanospec.parts import load_models
         models = load_models(args.ckpt, "cpu", ("draft", "heads"))
@@ -231,8 +251,12 @@ def main(argv=None):
     if not os.path.exists(args.results):
         print(f"skipped the bench figures: no {args.results} (run `make bench`)", file=sys.stderr)
         return
-    with open(args.results, encoding="utf-8") as f:
-        results = json.load(f)
+    try:
+        with open(args.results, encoding="utf-8") as f:
+            results = json.load(f)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: --results {args.results} is not the bench's JSON ({e}): run `make bench` "
+                         "again") from None
     title = results.get("title", "")
     if results.get("methods"):
         draw_bench(os.path.join(args.out, "bench.png"), results["methods"], title)

@@ -13,8 +13,14 @@ never full marks. The tests the registry names as an exercise's `gates` prove a 
 statistical bound): if one of them fails, the exercise scores zero, whatever its other tests say. Each failure is
 reported with its test's own message (what was expected, what came), and the table ends with the command that
 shows everything (`python -m pytest -m exN -x`). A test file that cannot even be imported (say, a syntax error in the student's code) scores
-0 with the error shown. If the run outlives --timeout (an endless loop), each exercise is run alone, so one
-hang costs only its own points. Nothing is timed: a score never depends on the machine.
+0 with the error shown. Each pytest run says what it runs and may take --timeout seconds (`make grade
+TIMEOUT=120`; default 300). A run that outlives it (an endless loop) names the test it was in, from pytest's
+verbose output: that exercise is marked timed out and the others run once more without it, so one hang costs
+only its own points and grading takes at most two timeouts. Nothing is timed: a score never depends on the
+machine.
+
+In a handout, only the exercises it blanks can be graded: grading another one would grade the reference code
+that the handout kept, and report full marks for work nobody did.
 
 --submission grades another folder (a student's repository) with THIS project's tests: its tests/ folder is
 replaced by ours first, and conftest.py files above tests/ are not loaded, so editing the tests changes nothing.
@@ -101,19 +107,39 @@ def test_name(case):
 
 
 def run_tests(root, exercises, junit, timeout):
-    """One pytest subprocess over the exercises' tests. Returns [Case], or None if it timed out."""
+    """One pytest subprocess over the exercises' tests, announced on stderr. Returns ([Case], None), or (None, the
+    test file it was in) if it outlived `timeout` seconds (None if that cannot be told: a hang while importing)."""
     files = sorted({ex.test_file for ex in exercises})
-    cmd = [sys.executable, "-m", "pytest", *files, "-m", " or ".join(ex.marker for ex in exercises),
-           f"--junitxml={junit}", "-o", "addopts=", "-q", "--strict-markers", "-p", "no:cacheprovider",
-           f"--confcutdir={os.path.join(root, 'tests')}"]
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    try:
-        subprocess.run(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None
+    marks = " or ".join(ex.marker for ex in exercises)
+    cmd = [sys.executable, "-m", "pytest", *files, "-m", marks, f"--junitxml={junit}", "-o", "addopts=", "-v",
+           "--strict-markers", "-p", "no:cacheprovider", f"--confcutdir={os.path.join(root, 'tests')}"]
+    print(f"grading exercise{'s' * (len(exercises) > 1)} {', '.join(str(ex.id) for ex in exercises)}: python -m "
+          f"pytest -m '{marks}' (at most {timeout:g} s; TIMEOUT=... to change)", file=sys.stderr, flush=True)
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}  # unbuffered: a killed run's
+    log = junit + ".log"                                                           # output names its last test
+    with open(log, "w") as out:
+        try:
+            subprocess.run(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return None, running_file(log)
     if not os.path.exists(junit):
         raise RuntimeError(f"pytest wrote no report in {root}: run `{' '.join(cmd[1:4])} ...` there to see why")
-    return read_junit(junit)
+    return read_junit(junit), None
+
+
+def running_file(log):
+    """The test file of the test a killed verbose pytest run was in: pytest -v writes each test's id when it
+    starts ('tests/test_ex05_kv_cache.py::test_x ') and its outcome when it ends; the last id without an outcome
+    is the one that hung. None if every id it wrote has an outcome (it hung elsewhere, say while importing)."""
+    with open(log, errors="replace") as f:
+        lines = [line for line in f.read().splitlines() if "::" in line]
+    if not lines:
+        return None
+    last = lines[-1]
+    if re.search(r"\b(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", last):
+        return None
+    return last.split("::", 1)[0].strip()
 
 
 def why(case, root):
@@ -138,7 +164,8 @@ def score(exercises, cases, timed_out=(), root="."):
             continue
         if ex.id in timed_out:
             r.status = "timed out"
-            r.notes.append("the tests did not finish in time: an endless loop?")
+            r.notes.append("the tests did not finish in time (an endless loop?): grade it alone with "
+                           f"`make grade EX={ex.id}`, or give it more time with TIMEOUT=")
             continue
         broken = [c for c in cases if c.exercise is None and c.file == ex.test_file]
         if broken:
@@ -178,22 +205,27 @@ def score(exercises, cases, timed_out=(), root="."):
     return results
 
 
-def grade(root, exercises, junit=None, timeout=600):
-    """Run and score. Returns [Result]."""
+def grade(root, exercises, junit=None, timeout=300):
+    """Run and score: one run of every exercise; if it runs out of time, the exercise it hung in is timed out
+    and the others run once more (if that one runs out too, what it did not finish is timed out). Returns
+    [Result]."""
     graded = [ex for ex in exercises if not ex.manual]
     cases, timed_out = [], set()
     with tempfile.TemporaryDirectory() as tmp:
-        if graded:
-            found = run_tests(root, graded, junit or os.path.join(tmp, "all.xml"), timeout)
+        for attempt in (1, 2):
+            if not graded:
+                break
+            found, hung_in = run_tests(root, graded, junit or os.path.join(tmp, f"run{attempt}.xml"), timeout)
             if found is not None:
                 cases = found
-            else:  # one exercise hangs: find it by running each alone
-                for ex in graded:
-                    alone = run_tests(root, [ex], os.path.join(tmp, f"ex{ex.id}.xml"), timeout)
-                    if alone is None:
-                        timed_out.add(ex.id)
-                    else:
-                        cases += alone
+                break
+            hung = [ex for ex in graded if ex.test_file == hung_in]
+            if attempt == 2 or not hung:  # no second chance, or no way to tell which one hung: all of them
+                hung = graded
+            timed_out |= {ex.id for ex in hung}
+            graded = [ex for ex in graded if ex not in hung]
+            print(f"ran out of time in exercise{'s' * (len(hung) > 1)} {', '.join(str(ex.id) for ex in hung)}"
+                  + (": running the others once more" if graded and attempt == 1 else ""), file=sys.stderr, flush=True)
     return score(exercises, cases, timed_out, root)
 
 
@@ -237,15 +269,35 @@ def gradescope(results, text, seconds):
             "output": text, "tests": tests}
 
 
-def default_selection(root):
-    """The exercises of the handout in hand (handout.json beside this project, else in root), else all."""
+def handout_exercises(root):
+    """The ids of the exercises the handout in hand blanks (handout.json beside this project, else in root), or
+    None outside a handout."""
     for folder in (PROJECT, root):
         stamp = os.path.join(folder, STAMP)
         if os.path.exists(stamp):
             with open(stamp) as f:
-                ids = json.load(f)["exercises"]
-            return [BY_ID[i] for i in ids] + [ex for ex in EXERCISES if ex.manual]
-    return list(EXERCISES)
+                return json.load(f)["exercises"]
+    return None
+
+
+def default_selection(root):
+    """The exercises of the handout in hand, else all."""
+    ids = handout_exercises(root)
+    if ids is None:
+        return list(EXERCISES)
+    return [BY_ID[i] for i in ids] + [ex for ex in EXERCISES if ex.manual]
+
+
+def check_in_handout(exercises, root):
+    """In a handout, an exercise it does not blank is a ValueError: its code is still the reference's, and
+    grading it would report full marks for nothing."""
+    ids = handout_exercises(root)
+    extra = [ex.id for ex in exercises if ids is not None and ex.id not in ids and not ex.manual]
+    if extra:
+        raise ValueError(f"exercise{'s' * (len(extra) > 1)} {', '.join(map(str, extra))} "
+                         f"{'are' if len(extra) > 1 else 'is'} not in this handout (it has "
+                         f"{', '.join(map(str, ids))}): its code is the reference's, so grading it means nothing; "
+                         f"drop EX= to grade the handout's own")
 
 
 def install_tests(root):
@@ -267,13 +319,17 @@ def main(argv=None):
     p.add_argument("--json", default="results.json", help="where to write Gradescope's results (default "
                                                           "results.json; '' = do not write)")
     p.add_argument("--junit", default=None, help="also keep pytest's JUnit XML here")
-    p.add_argument("--timeout", type=float, default=600, help="seconds one pytest run may take (default 600)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds one pytest run may take (default 300); "
+                   "after a run that runs out, the exercise it hung in scores 0 and the others run once more")
     args = p.parse_args(argv)
     root = os.path.abspath(args.submission or PROJECT)
     try:
         if not os.path.isdir(os.path.join(root, "nanospec")):
             raise ValueError(f"{root} holds no nanospec/ folder: is it a copy of the project?")
+        if not args.timeout > 0:
+            raise ValueError(f"--timeout must be a number of seconds above 0, got {args.timeout:g}")
         exercises = default_selection(root) if args.ex is None else parse_selection(args.ex)
+        check_in_handout(exercises, root)
         if args.submission:
             install_tests(root)
         t0 = time.time()
