@@ -156,6 +156,21 @@ def test_the_batch_table_reports_failed_cells(toy_out, tmp_path, monkeypatch):
     assert "n/a" in table and got["batch"]["greedy"]["prompt-lookup"].keys() == {"1"}  # no speedup without ar
 
 
+def test_ctrl_c_in_the_batch_table_keeps_the_batch_sizes_that_finished(toy_out, tmp_path, monkeypatch):
+    real = bench_batch.generate
+
+    def generate(models, prompts, *args, **kwargs):
+        if len(prompts) == 2:
+            raise KeyboardInterrupt
+        return real(models, prompts, *args, **kwargs)
+    monkeypatch.setattr(bench_batch, "generate", generate)
+    with pytest.raises(SystemExit) as e:
+        small(toy_out, tmp_path / "b.md", "--batch-sizes", "1,2", "--temperatures", "0")
+    table = (tmp_path / "b.md").read_text()
+    assert e.value.code == 130 and table.startswith("# nanospec bench: batched decoding (partial)")
+    assert "the batch sizes that finished (1 of 2)" in table and "\n| 1 " in table and "\n| 2 " not in table
+
+
 # ----------------------------------------------------------------------------- real processes: Ctrl-C, a closed pipe
 
 def start_bench(toy_out, out, *flags):

@@ -102,6 +102,12 @@ def test_flags_that_only_matter_when_sampling_are_refused_at_temperature_0(ckpt,
     assert "only matters when sampling" in decode_error(ckpt, "--prompt", "x", *flags)
 
 
+def test_show_tree_on_another_method_is_a_lowercase_one_line_error(ckpt):
+    """Before: `eagle --show-tree` said 'Error: ...', unlike every other message."""
+    assert "--show-tree is an option of medusa, not of eagle" in decode_error(ckpt, "--method", "eagle",
+                                                                             "--show-tree", "--prompt", "x")
+
+
 def test_the_same_flags_sample_at_temperature_1(ckpt, capsys):
     decode.main(["--ckpt", ckpt, *ARGS, "--prompt", "x", "--temperature", "1", "--seed", "1", "--top-k", "3",
                  "--top-p", "0.9", "--method", "mtp", "--verify", "block", "--json"])
