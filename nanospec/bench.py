@@ -532,7 +532,6 @@ def measure(args, argv, setup, rows):
             log(f"forward costs not measured: {one_line(e)}")
     except KeyboardInterrupt:
         partial = f"interrupted (Ctrl-C) after {time.perf_counter() - t_start:.0f}s of measurements"
-        log(f"{partial}: writing what finished")
     temperatures, prompts = finished_part(temperatures, setup["prompts"], finished)
     results = {t: {label: {p["id"]: by_prompt[p["id"]] for p in prompts if p["id"] in by_prompt}
                    for label, by_prompt in results[t].items()} for t in temperatures}
@@ -559,7 +558,7 @@ def finished_part(temperatures, prompts, finished):
     return ([temperatures[0]], [p for p in prompts if p["id"] in first]) if first else ([], [])
 
 
-def write(args, text, **figures):
+def write(args, text, quiet=False, **figures):
     """Write the report to --out and merge `figures` into --json (make figures reads it: a batch run keeps the
     method table's numbers, and the other way round), then print it: the files first, so that a reader who
     closes the pipe early (`make bench | head`) loses nothing. A file that cannot be written is a one-line error
@@ -575,7 +574,8 @@ def write(args, text, **figures):
         except (OSError, ValueError):  # none yet, or not ours: start afresh
             old = {}
         write_atomic(args.json, json.dumps({**old, **figures}, indent=1))
-        log(f"wrote {args.out} and {args.json}")
+        if not quiet:  # after a Ctrl-C, one line says it all (main's last)
+            log(f"wrote {args.out} and {args.json}")
     except OSError as e:
         problem = f"error: could not write the report ({one_line(e)}); it is printed above"
     print(text)
@@ -602,7 +602,7 @@ def main(argv=None):
         text, batch, title, partial = bench_batch.run(args, setup, log)
         if text is None:
             return interrupted("interrupted (Ctrl-C) before the first batch size finished: no report written")
-        got = write(args, text, batch=batch, batch_title=title)
+        got = write(args, text, quiet=bool(partial), batch=batch, batch_title=title)
         return interrupted(f"{partial}: wrote the partial batch table ({args.out})") if partial else got
     try:
         rows = warm_up(setup["paths"], {t: table_rows(names, t, paths) for t in setup["temperatures"]},
@@ -620,7 +620,7 @@ def main(argv=None):
                                                             s[name]["all"]["speedup"]]
                       for t, s in summaries.items() if name in s and s[name]["all"]["speedup"] is not None}
                for name in setup["names"]}
-    write(args, text, methods={name: by for name, by in figures.items() if by},
+    write(args, text, quiet=bool(measured.partial), methods={name: by for name, by in figures.items() if by},
           title=f"{report.machine()}; {args.max_new_tokens} new tokens, batch size 1")
     if measured.partial:
         return interrupted(f"{measured.partial}: wrote the partial report ({args.out})")

@@ -170,7 +170,6 @@ def run(args, setup, log):
     except KeyboardInterrupt:
         done = [B for B in sizes if all((t, m, B) in got for t in temperatures for m in methods)]
         partial = f"interrupted (Ctrl-C); the table holds the batch sizes that finished ({len(done)} of {len(sizes)})"
-        log(partial)
         if not done:
             return None, None, None, partial
     machine = f"{report.machine()}; device {report.device_name(setup['device'])}; torch {torch.__version__}"
