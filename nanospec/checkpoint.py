@@ -58,11 +58,12 @@ def save_atomic(obj, path):
 
 
 def clean_orphans(folder):
-    """Delete the temporary files (`NAME.pt.tmpPID`) that a save killed midway left in `folder`, those of
-    processes no longer running. Returns their paths."""
+    """Delete the temporary files (`NAME.pt.tmpPID`, and the token files' `NAME.bin.tmpPID`) that a save killed
+    midway left in `folder`, those of processes no longer running. Returns their paths."""
     removed = []
-    for tmp in glob.glob(os.path.join(glob.escape(folder), "*.pt.tmp*")):
-        pid = re.fullmatch(r".*\.pt\.tmp(\d+)", tmp)
+    for tmp in sorted(glob.glob(os.path.join(glob.escape(folder), "*.pt.tmp*")) +
+                      glob.glob(os.path.join(glob.escape(folder), "*.bin.tmp*"))):
+        pid = re.fullmatch(r".*\.(?:pt|bin)\.tmp(\d+)", tmp)
         if pid is None or pid_alive(int(pid.group(1))):
             continue
         os.remove(tmp)

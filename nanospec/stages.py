@@ -271,8 +271,9 @@ def stage_tokens(ctx):
     tc = ctx.cfg["target_train"]
     if tc.expected_steps and len(splits["train"]):
         passes = tc.expected_steps * tc.batch_size * ctx.cfg["target"].block_size / len(splits["train"])
+        more = "; past ~4 passes repeated text is worth less than new text: a larger corpus helps" * (passes > 4)
         print(f"tokens: in its budget the target reads about {passes:.1f} passes of the training split "
-              f"({tc.expected_steps} steps on the preset's reference machine){'; over 4 it overfits: give more text' * (passes > 4)}")
+              f"({tc.expected_steps} steps on the preset's reference machine){more}")
 
 
 def check_enough_tokens(ctx, splits):
@@ -521,8 +522,11 @@ def summary(ctx):
         others = "?" if r["cpu"]["others"] is None else f"{r['cpu']['others']:.1f}"
         lines.append(f"  {name:12s} {r['steps']:6d} steps ({f'~{expected}' if expected else 'no reference'}) | "
                      f"step {r['best_step']} | {r['cpu']['own']:.1f} / {others}")
-    for name, r in trained.items():
-        lines += starved_report(ctx, name, r)
+    starved = [name for name, r in trained.items() if starved_report(ctx, name, r)]
+    for name in starved:
+        lines += starved_report(ctx, name, trained[name])
+    if starved:
+        lines += starved_advice(ctx, starved)
     lines += target_against_draft(ctx)
     return lines
 
@@ -539,26 +543,31 @@ def expected_steps(ctx, name, r):
 
 
 def starved_report(ctx, name, r):
-    """Two lines when a stage got less than half of the steps the preset's reference machine reaches: why (the
-    other processes' load, or a slower machine), what it means for decoding, and what to do."""
+    """One warning line when a stage got less than half of the steps the preset's reference machine reaches, with
+    why: the other processes' load, or a slower machine. [] when it got enough (or there is no reference)."""
     expected = expected_steps(ctx, name, r)
     if not expected or r["steps"] >= expected / 2:
         return []
     others = r["cpu"]["others"]
     if others is not None and others >= 0.5:
-        why = (f"other processes kept {others:.1f} of {r['cpu'].get('cores', os.cpu_count())} cores busy "
-               "meanwhile: the machine was busy")
+        why = f"other processes kept {others:.1f} of {r['cpu'].get('cores', os.cpu_count())} cores busy: the machine was busy"
     elif others is not None:
         why = "nothing else was busy: this machine is slower than the preset's reference"
     else:
         why = "this system does not say whether other processes were busy"
-    weaker = ("a weaker target: every drafter learns from it, and acceptance and the bench's speed-ups fall short "
-              "of docs/training.md's" if name == "target" else
-              "a weaker drafter: its guesses are accepted less often than docs/training.md's")
-    retrain = f"delete {ctx.out_dir}/{name}.pt" + (" and the drafters' .pt files" if name == "target" else "")
     return [f"warning: {name} got only {r['steps']} steps of the ~{expected} a quiet reference machine reaches in its "
-            f"{ctx.cfg[TRAINED[name]].max_seconds:.0f}s; {why}.",
-            f"  That is {weaker}. To retrain it when the machine is quiet: {retrain}, then run the same command."]
+            f"{ctx.cfg[TRAINED[name]].max_seconds:.0f}s; {why}."]
+
+
+def starved_advice(ctx, starved):
+    """What starved stages mean for decoding, and what to do, said once after their warnings."""
+    if "target" in starved:
+        return [f"  A starved target is a weaker model, and every drafter learns from it: acceptance and the bench's "
+                f"speed-ups fall short of docs/training.md's. To retrain when the machine is quiet: delete "
+                f"{ctx.out_dir}/*.pt, then run the same command."]
+    files = " ".join(f"{ctx.out_dir}/{name}.pt" for name in starved)
+    return [f"  A starved drafter guesses worse: its guesses are accepted less often than docs/training.md's. To "
+            f"retrain when the machine is quiet: delete {files}, then run the same command."]
 
 
 def target_against_draft(ctx):

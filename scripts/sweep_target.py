@@ -52,6 +52,9 @@ VARIANTS = {
     "8x128-batch8-muon-lr0.04": {"target": dict(n_embd=128), "train": dict(batch_size=8, muon_lr=0.04)},
     "8x96-muon": {"target": dict(n_embd=96)},
     "tiny": {},  # 8x64, batch 16, Muon, heads on 1/16 of the positions
+    # issue 35: AdamW's rate (embeddings, tied unembedding, norms, MTP heads) at 3x and 5x; Muon's unchanged
+    "tiny-lr6e-3": {"train": dict(lr=6e-3, min_lr=6e-4)},
+    "tiny-lr1e-2": {"train": dict(lr=1e-2, min_lr=1e-3)},
 }
 
 

@@ -147,10 +147,13 @@ def test_orphans_of_a_killed_save_are_cleaned_on_the_next_start(tmp_path, capsys
     orphan, live = out / f"target.pt.tmp{dead_pid()}", out / f"draft.pt.tmp{os.getpid()}"
     orphan.write_bytes(b"half a checkpoint")
     live.write_bytes(b"a save under way")  # a running process's: left alone
+    tokens = out / f"train.bin.tmp{dead_pid()}"  # the token files' (issue 35) too
+    tokens.write_bytes(b"half the tokens")
     train_tiny.main(["--preset", "toy", "--corpus", str(src), "--data-dir", str(tmp_path / "data"),
                      "--out-dir", str(out), "--stage", "corpus"])
-    assert not orphan.exists() and live.exists()
-    assert f"removed {orphan}" in capsys.readouterr().out
+    assert not orphan.exists() and live.exists() and not tokens.exists()
+    printed = capsys.readouterr().out
+    assert f"removed {orphan}" in printed and f"removed {tokens}" in printed
     assert clean_orphans(str(out)) == []
 
 

@@ -111,7 +111,7 @@ def test_the_cpu_meter_sees_a_busy_process_beside_us():
         hog.kill()
         hog.wait()
     assert reading["others"] >= 0.4  # the hog (and whatever else this machine runs), not us
-    assert reading["own"] >= 0.3 and reading["cores"] >= 1
+    assert reading["own"] > 0 and reading["cores"] >= 1  # (how much we got depends on the machine's load)
 
 
 def record(steps, others, cores=2, stage="target"):
@@ -127,14 +127,16 @@ def ctx(max_seconds=None, max_iters=None):
 
 def test_a_starved_stage_says_so_and_what_to_do():
     """Issue 35: 132 target steps of ~1100 while another process took a core, and nothing said so."""
-    lines = stages.starved_report(ctx(), "target", record(132, 1.0))
-    assert lines[0] == ("warning: target got only 132 steps of the ~1089 a quiet reference machine reaches in its "
-                        "315s; other processes kept 1.0 of 2 cores busy meanwhile: the machine was busy.")
-    assert "weaker target" in lines[1] and "delete out/target.pt and the drafters' .pt files" in lines[1]
+    assert stages.starved_report(ctx(), "target", record(132, 1.0)) == [
+        "warning: target got only 132 steps of the ~1089 a quiet reference machine reaches in its 315s; other "
+        "processes kept 1.0 of 2 cores busy: the machine was busy."]
     assert "slower than the preset's reference" in stages.starved_report(ctx(), "target", record(132, 0.1))[0]
-    assert "weaker drafter" in stages.starved_report(ctx(), "draft", record(100, 1.0, stage="draft"))[1]
     assert stages.starved_report(ctx(), "target", record(600, 1.0)) == []  # over half: fine
     assert stages.starved_report(ctx(max_seconds=30), "target", record(132, 1.0)) == []  # another budget: no reference
+    advice = stages.starved_advice(ctx(), ["target", "draft"])[0]
+    assert "weaker model" in advice and "delete out/*.pt" in advice
+    advice = stages.starved_advice(ctx(), ["draft", "eagle"])[0]
+    assert "accepted less often" in advice and "delete out/draft.pt out/eagle.pt" in advice
 
 
 def test_the_summary_lists_every_trained_stage():
@@ -144,3 +146,4 @@ def test_the_summary_lists_every_trained_stage():
     lines = stages.summary(c)
     assert lines[0].startswith("summary:") and "target" in lines[1] and "~1089" in lines[1]
     assert any(line.startswith("warning: draft got only 50 steps of the ~339") for line in lines)
+    assert "accepted less often" in lines[-1] and not any("target got" in line for line in lines)
