@@ -154,7 +154,7 @@ def threads_for(others, most):
     """The torch threads to train with when other processes keep `others` cores busy, at most `most` (the
     machine's, or what the user set): one thread fewer per busy core. With 2 threads on 2 cores and one core
     busy elsewhere, every operation waits for its slower half; measured on a 2-core EPYC VM, tiny target, fp32:
-    1 thread 0.85-1.19 steps/s against 0.22-0.58 with 2 (docs/training.md, "Threads").
+    1 thread 0.85-1.19 steps/s against 0.16-0.58 with 2 (docs/training.md, "Threads").
     Examples: threads_for(0.05, 2) -> 2; threads_for(1.0, 2) -> 1; threads_for(3.2, 16) -> 13."""
     return max(1, min(most, most - math.ceil(others - 0.25)))
 
@@ -163,16 +163,15 @@ MAX_THREADS = torch.get_num_threads()  # torch's own choice (the cores, or OMP_N
 THREAD_CHECK_SECONDS = 10  # how often a CPU run looks at the other processes' load again
 
 
-def adapt_threads(name, meter, quiet=False):
+def adapt_threads(name, meter):
     """Set torch's threads for the load of the last stretch (meter: a CpuMeter of it); say so when it changes."""
     others = meter.read()["others"]
     if others is None:
         return
     n = threads_for(others, MAX_THREADS)
     if n != torch.get_num_threads():
-        if not quiet:
-            print(f"{name}: other processes keep {others:.1f} of {meter.cores} cores busy: training on {n} "
-                  f"thread{'s' * (n > 1)} (was {torch.get_num_threads()})", flush=True)
+        print(f"{name}: other processes keep {others:.1f} of {meter.cores} cores busy: training on {n} "
+              f"thread{'s' * (n > 1)} (was {torch.get_num_threads()})", flush=True)
         torch.set_num_threads(n)
 
 
