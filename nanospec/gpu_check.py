@@ -187,7 +187,7 @@ def main(argv=None):
     failures += [f"{name} at {label}: {why}" for name, row in grid.items() for label, why in row.items() if why]
     print(f"gpu-check on {bench.report.device_name(args.device)} ({args.dtype}, torch {torch.__version__}): every "
           f"method x setting, {len(PROMPTS)} prompts x {args.seeds} seeds, {args.max_new_tokens} tokens"
-          + ("; \"name (static)\": on the static path (replayed on CUDA), its greedy output against its eager one"
+          + ("; \"name (static)\": replayed (CUDA graphs on CUDA, emulated on a CPU), greedy against its eager output"
              if args.runtime == "static" else ""))
     print(bench.report.table(["method", *[label for label, _ in SETTINGS]],
                              [[name, *["FAIL" if row[label] else "ok" for label, _ in SETTINGS]]
