@@ -47,7 +47,7 @@ class Measured:
     seconds: float  # of measurements
     loads: tuple  # load average before and after
     reads: dict = None  # temperature -> {row label: host reads per target forward}, from one untimed run
-    cost_path: str = "eager"  # the path `cost` and `step` ran: eager, static (just called) or graph (replayed)
+    cost_path: str = "eager"  # the path `cost` and `step` ran: eager, static (replay emulated) or graph (replayed)
     cost_eager: dict = None  # comparing runtimes: `cost` on the eager path (cost_path is then static or graph)
     c_eager: dict = None  # comparing runtimes: c of each drafter from its "(eager)" rows
     partial: str = None  # why the measuring stopped early (Ctrl-C); None for a whole run
@@ -279,7 +279,7 @@ def bar_chart(summary, names, width=40):
 
 # ----------------------------------------------------------------------------- the sections
 
-PATHS = {"eager": "eager (plain PyTorch)", "static": "static (shape-static forwards, just called)",
+PATHS = {"eager": "eager (plain PyTorch)", "static": "static (shape-static forwards, replay emulated on the CPU)",
          "graph": "graph (shape-static forwards replayed from CUDA graphs)"}
 
 

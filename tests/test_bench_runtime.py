@@ -2,8 +2,8 @@
 options, path), its models are runtime.prepare's for that path, wrapped once per path; the report says which
 path ran; comparing runtimes (the default on CUDA, --compare-runtimes anywhere) shows every method on the static
 path with an eager row "name (eager)" beside it, speedups against the static `ar`, drafter cost c and the
-forward-cost table both ways. On the CPU the static path is just called, not replayed: these tests check the
-logic, not the gain."""
+forward-cost table both ways. On the CPU the static path is replayed by the emulation (graphs.Emulated): these
+tests check the logic, not the gain."""
 from pathlib import Path
 
 import pytest
@@ -64,7 +64,7 @@ def test_runtime_flag_picks_the_path_and_the_header_says_which_ran(toy_out, tmp_
                 "--methods", "speculative,jacobi")
     line = next(line for line in got["report"].splitlines() if line.startswith("- runtime: "))
     assert line.startswith("- runtime: --runtime static;")
-    assert "ran static (shape-static forwards, just called) for every row" in line
+    assert "ran static (shape-static forwards, replay emulated on the CPU) for every row" in line
     assert "forward costs below: static" in line
     assert "ar (eager)" not in got["summaries"][0.0]  # not comparing on a CPU unless asked
     eager = quick(toy_out, tmp_path / "e.md", "--runtime", "eager", "--temperatures", "0", "--methods", "ar")
@@ -85,13 +85,13 @@ def test_comparing_runtimes_shows_eager_and_static_side_by_side(toy_out, tmp_pat
     assert got["summaries"][0.0]["ar (eager)"]["equal"] == 3  # the eager row's greedy output is ar's too
     assert "| ar (eager) " in report and "MISMATCH" not in report and not got["failed"]
     line = next(line for line in report.splitlines() if line.startswith("- runtime: "))
-    assert "static (shape-static forwards, just called): ar, speculative, eagle, jacobi" in line
+    assert "static (shape-static forwards, replay emulated on the CPU): ar, speculative, eagle, jacobi" in line
     assert "eager (plain PyTorch): ar (eager), speculative (eager)" in line
     c_line = next(line for line in report.splitlines() if line.startswith("- drafter cost c = "))
     for name in ("speculative", "eagle"):  # c both ways for every drafter
         assert c_line.count(f" {name} ") == 1 and c_line.split(f" {name} ")[1].split(")")[0].count("eager") == 1
     assert "## Cost of one target forward over n new tokens, relative to n = 1 (static and eager)" in report
-    assert "static (shape-static forwards, just called): cost(1) = " in report
+    assert "static (shape-static forwards, replay emulated on the CPU): cost(1) = " in report
     assert "eager (plain PyTorch): cost(1) = " in report and "as much eager as static over 1 token" in report
     assert "Every speedup here is against ar on the static path" in report
     args = bench.parse_args([])

@@ -317,7 +317,7 @@ def test_prepare_wraps_the_cached_parts_only():
 
 def test_runtime_path_is_graph_on_cuda_only():
     """auto replays graphs on CUDA and runs plain PyTorch elsewhere; eager is eager everywhere; static is the
-    graph path on CUDA and shape-static forwards just called elsewhere."""
+    graph path on CUDA and shape-static forwards replayed by the emulation elsewhere."""
     assert RUNTIMES == ("auto", "eager", "static")
     assert [runtime_path(r, "cuda:0") for r in RUNTIMES] == ["graph", "eager", "graph"]
     assert [runtime_path(r, d) for r in RUNTIMES for d in ("cpu", "meta")] == ["eager"] * 4 + ["static"] * 2
