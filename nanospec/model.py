@@ -181,11 +181,16 @@ def causal_mask(n_cached, T, device):
     return torch.ones(T, n_cached + T, dtype=torch.bool, device=device).tril(diagonal=n_cached)
 
 
-def layout(n_cached, T, pos=None, mask=None, device="cpu", first=0):
+def layout(n_cached, T, pos=None, mask=None, device="cpu", first=0, table=None):
     """Where a forward's T new tokens go after the n_cached a cache holds: (pos (T,), mask (T, n_cached+T) or None).
     Given ones are kept; by default the positions follow the cache (starting at n_cached + first) and the mask is
     causal, None when nothing is cached (plain causal attention over the T tokens). Every cached model asks this
-    of its arguments in its `layout` method, which the fast runtime (nanospec/runtime.py) calls too."""
+    of its arguments in its `layout` method, which the fast runtime (nanospec/runtime.py) calls too.
+    table: the rows of the position table. A default position past it is refused here, on the host: inside a
+    kernel it is, on CUDA, a device-side assert that ends the process."""
+    if pos is None and table is not None and n_cached + first + T > table:
+        raise ValueError(f"position {n_cached + first + T - 1} is past the model's context of {table} tokens; "
+                         "shorten the prompt or the generation")
     if pos is None:
         pos = torch.arange(n_cached + first, n_cached + first + T, device=device)  # (T,)
     if mask is None and n_cached > 0:  # (is_causal in attention only fits a square T == S mask)
@@ -251,7 +256,7 @@ class GPT(nn.Module):
         start = layers[0] if layers is not None else 0
         x = hidden_in if start > 0 else idx  # (B, T) or (B, T, C)
         n_cached = cache.lengths[start] if cache is not None else 0
-        return layout(n_cached, x.size(1), pos, mask, x.device)
+        return layout(n_cached, x.size(1), pos, mask, x.device, table=self.config.block_size)
 
     def head_logits(self, hidden, n=None):
         """hidden (B, T, C) trunk output -> (B, n, T, V): head i's logits for token t+1+i, for the first n heads

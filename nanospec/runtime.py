@@ -111,12 +111,6 @@ class Fast:
         n = 0 if mask is None else mask.size(1) - T  # the cached tokens the new ones follow
         if n + T > cache.max_len:
             raise ValueError(f"KV cache full: {n + T} tokens > {cache.max_len}; shorten the prompt or the generation")
-        table = self.model.config.block_size  # rows of the position table: a position past it is, on CUDA, a
-        # device-side assert that poisons the process, so check on the host; positions never pass n + T (a tree
-        # node's depth is below its slot), so the one read this takes happens only at the context's end
-        if n + T >= table and int(pos.max()) >= table:
-            raise ValueError(f"position {int(pos.max())} is past the model's context of {table} tokens; shorten the "
-                             "prompt or the generation")
         full = torch.zeros(T, cache.max_len, dtype=torch.bool, device=pos.device)  # (T, max_len) False: hidden
         full[:, :n + T] = torch.ones(T, T, dtype=torch.bool, device=pos.device).tril() if mask is None else mask
         slots = torch.arange(n, n + T, device=pos.device)  # (T,)

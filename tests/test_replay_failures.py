@@ -23,7 +23,7 @@ from nanospec.runtime import Fast, prepare
 
 from test_model import random_ids, tiny_gpt
 from test_parallelspec import tiny_drafter
-from test_runtime import all_models, ids
+from test_runtime import all_models, ids, random_head
 
 
 @pytest.mark.parametrize("method", ["ar", "prompt-lookup", "jacobi", "speculative", "mtp"])
@@ -63,11 +63,20 @@ def test_anchors_as_a_list_are_refused():
 
 @torch.inference_mode()
 def test_a_position_past_the_table_is_a_host_side_error():
-    """On CUDA an index past wpe is a device-side assert that poisons the process: the Fast model refuses it on
-    the host first, as one line (a cache longer than the position table, as a tree's room makes)."""
+    """On CUDA an index past wpe is a device-side assert that poisons the process: the model's layout refuses it
+    on the host first, as one line, eager and replayed alike (a cache longer than the position table, as a tree's
+    room makes; the EAGLE head's positions run one ahead of its slots)."""
     model = tiny_gpt(0, block_size=16)
-    runner = Fast(model)
-    cache = runner.new_cache(max_len=24)
-    runner(ids(random_ids(15)), cache=cache)  # positions 0..14: fine
-    with pytest.raises(ValueError, match="position 16 is past the model's context of 16 tokens"):
-        runner(ids([1, 2]), cache=cache)  # positions 15, 16
+    for runner in (model, Fast(model)):
+        cache = runner.new_cache(max_len=24)
+        runner(ids(random_ids(15)), cache=cache)  # positions 0..14: fine
+        with pytest.raises(ValueError, match="position 16 is past the model's context of 16 tokens"):
+            runner(ids([1, 2]), cache=cache)  # positions 15, 16
+    target = tiny_gpt(0, block_size=16)
+    head = random_head(target, 0)
+    for runner in (head, Fast(head)):
+        cache = runner.new_cache(max_len=24)
+        features = torch.zeros(1, 15, target.config.n_embd, dtype=torch.float64)
+        runner(target, ids(random_ids(14)), features[:, :14], cache=cache)  # positions 1..14
+        with pytest.raises(ValueError, match="position 16 is past the model's context of 16 tokens"):
+            runner(target, ids([1, 2]), features[:, :2], cache=cache)  # positions 15, 16

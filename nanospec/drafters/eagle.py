@@ -66,7 +66,8 @@ class Eagle(nn.Module):
 
     def layout(self, target, tokens, features, pos=None, cache=None, mask=None, logits=True):
         """The positions and mask `forward` gives its tokens (model.layout): slot j holds position j+1."""
-        return layout(cache.length if cache is not None else 0, tokens.size(1), pos, mask, tokens.device, first=1)
+        return layout(cache.length if cache is not None else 0, tokens.size(1), pos, mask, tokens.device, first=1,
+                      table=self.config.block_size)
 
     def unembed(self, target, hidden):
         """(B, T, C) predicted features -> (B, T, V) logits, through the target's own final norm and head."""
