@@ -55,6 +55,7 @@ figures:
 	$(PYTHON) -m nanospec.figures $(if $(OUT),--out $(call quote,$(OUT)))
 
 # Every method at greedy, temperature 1 and 0.7 + top-p 0.9 on CUDA, greedy = ar, and the quick bench (needs out/).
+# Without a GPU: the same checks on the CPU, the static path's CUDA-graph replay emulated (nanospec/graphs.py).
 gpu-check:
 	$(PYTHON) -m nanospec.gpu_check $(if $(CKPT),--ckpt $(call quote,$(CKPT)))
 
