@@ -130,6 +130,7 @@ class Emulated(TorchDispatchMode):
             self.steps.append((op, args, kwargs, result, fresh))
         return result
 
+    @torch.inference_mode()  # the recorded tensors may be inference tensors (captured under inference_mode)
     def replay(self):
         for op, args, kwargs, result, fresh in self.steps:
             new = op(*args, **kwargs)
