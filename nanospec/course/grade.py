@@ -116,13 +116,14 @@ def run_tests(root, exercises, junit, timeout):
     print(f"grading exercise{'s' * (len(exercises) > 1)} {', '.join(str(ex.id) for ex in exercises)}: python -m "
           f"pytest -m '{marks}' (at most {timeout:g} s; TIMEOUT=... to change)", file=sys.stderr, flush=True)
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}  # unbuffered: a killed run's
-    log = junit + ".log"                                                           # output names its last test
-    with open(log, "w") as out:
-        try:
-            subprocess.run(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
-                           stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            return None, running_file(log)
+    with tempfile.TemporaryDirectory() as tmp:                                     # output names its last test
+        log = os.path.join(tmp, "pytest.log")
+        with open(log, "w") as out:
+            try:
+                subprocess.run(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
+                               stdin=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired:
+                return None, running_file(log)
     if not os.path.exists(junit):
         raise RuntimeError(f"pytest wrote no report in {root}: run `{' '.join(cmd[1:4])} ...` there to see why")
     return read_junit(junit), None
