@@ -67,6 +67,8 @@ class Context:
             cfg = replace(cfg, max_iters=self.args.max_iters, eval_interval=min(cfg.eval_interval, self.args.max_iters))
         if self.budget(key):
             cfg = replace(cfg, max_seconds=max(1.0, self.budget(key) - (time.perf_counter() - self.stage_started)))
+        else:  # --max-seconds 0: no budget at all, not the preset's
+            cfg = replace(cfg, max_seconds=0.0)
         return replace(cfg, seed=self.args.seed, precision=self.args.precision)
 
 

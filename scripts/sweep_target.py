@@ -55,6 +55,9 @@ VARIANTS = {
     # issue 35: AdamW's rate (embeddings, tied unembedding, norms, MTP heads) at 3x and 5x; Muon's unchanged
     "tiny-lr6e-3": {"train": dict(lr=6e-3, min_lr=6e-4)},
     "tiny-lr1e-2": {"train": dict(lr=1e-2, min_lr=1e-3)},
+    "tiny-lr2e-2": {"train": dict(lr=2e-2, min_lr=2e-3)},
+    "tiny-lr4e-2": {"train": dict(lr=4e-2, min_lr=4e-3)},
+    "tiny-lr1e-2-muon0.03": {"train": dict(lr=1e-2, min_lr=1e-3, muon_lr=0.03)},
 }
 
 

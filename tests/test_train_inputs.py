@@ -64,6 +64,8 @@ def test_bad_numbers_are_one_line_errors(tmp_path, flag, value, meaning):
 def test_max_seconds_zero_means_no_budget(tmp_path):
     ctx = SimpleNamespace(args=SimpleNamespace(max_seconds=0.0), cfg=PRESETS["tiny"])
     assert stages.Context.budget(ctx, "target_train") == 0.0  # plan and train_cfg read 0 as "no time budget"
+    ctx = stages.Context(train_tiny.build_parser().parse_args(["--max-seconds", "0"]))
+    assert ctx.train_cfg("target_train").max_seconds == 0.0  # the preset's 315 s are gone too
 
 
 def test_a_missing_corpus_names_the_flag_train_tiny_has(tmp_path):
