@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from nanospec.device import seeded_generator
+
 from nanospec.decoding.options import Sampling
 from nanospec.verify import sample, warp
 
@@ -93,13 +95,12 @@ def start(models, prompt_ids, max_new_tokens, sampling=Sampling(), seed=None):
     vocab = models.target.config.vocab_size
     if max(prompt) >= vocab or min(prompt) < 0:
         raise ValueError(f"prompt token ids must be in [0, {vocab}): was it encoded with another tokenizer?")
-    if seed is not None and not -2**63 <= seed < 2**64:
-        raise ValueError(f"seed must fit in 64 bits, got {seed}")
-    generator = torch.Generator(device=models.target.wte.weight.device)
+    device = models.target.wte.weight.device
     if seed is None:
+        generator = torch.Generator(device=device)
         generator.seed()  # a fresh nondeterministic seed
-    else:
-        generator.manual_seed(seed)
+    else:  # 0..2**63-1, each its own stream (the CPU generator alone keeps a seed's low 32 bits)
+        generator = seeded_generator(device, seed)
     return Run(prompt, max_new_tokens, block_size, sampling, generator, models.eot)
 
 
