@@ -24,8 +24,6 @@ each row uses its own slice of every draw, so rows are independent and a seeded 
 What others learned: "Batch Speculative Decoding Done Right" (arXiv 2510.22876) on rows whose positions, masks and
 caches fell out of step; vLLM keeps a committed length per row and lets rejected slots be overwritten.
 """
-import time
-
 import torch
 
 from nanospec.decoding.options import Sampling
@@ -81,7 +79,7 @@ def generate(models, prompts, max_new_tokens, *, method="ar", temperature=0.0, t
         raise ValueError(f"batched decoding runs {', '.join(BATCHED)}, not {method!r}")
     if not prompts:
         raise ValueError("no prompts: give at least one")
-    t0, sampling = time.perf_counter(), Sampling(temperature, top_k, top_p).check()
+    sampling = Sampling(temperature, top_k, top_p).check()
     runs = [start(models, p, max_new_tokens, sampling, seed) for p in prompts]  # each row checked and recorded
     target, draft, B = models.target, models.draft, len(runs)
     generator, device = runs[0].generator, runs[0].generator.device  # one generator: each row its own slice
@@ -120,5 +118,5 @@ def generate(models, prompts, max_new_tokens, *, method="ar", temperature=0.0, t
         done = [run.emit(row[:row[-2]] + [row[-1]]) for run, row in zip(live, rows)]
     stats = [run.stats() for run in runs]
     return [run.out for run in runs], {"rows": stats, "new_tokens": sum(s["new_tokens"] for s in stats),
-                                       "batch_forwards": forwards, "wall_time": time.perf_counter() - t0,
+                                       "batch_forwards": forwards,
                                        "tokens_per_forward": sum(s["tokens_per_forward"] for s in stats) / B}

@@ -8,7 +8,6 @@ A method calls `run.emit(tokens)` once per target forward with the tokens that f
 guesses plus the target's own next token); `emit` keeps what fits and says when to stop. How long the forwards
 and the drafting took is not the method's business: the benchmark times the models themselves (nanospec/bench.py).
 """
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -30,7 +29,6 @@ class Run:
     guesses_per_step: list = field(default_factory=list)  # of those, accepted guesses (the rest: the target's own)
     target_forwards: int = 0
     stop: str = None  # why generation ended: "eot", "max_new_tokens" or "context"
-    t0: float = field(default_factory=time.perf_counter)
 
     @property
     def seq(self):
@@ -69,13 +67,13 @@ class Run:
         return self.stop is not None
 
     def stats(self, **extra):
-        """What the run did: tokens, target forwards, tokens per forward (and per forward, accepted_per_step), the
-        wall time, why it stopped, and the method's own figures (`extra`)."""
+        """What the run did: tokens, target forwards, tokens per forward (and per forward, accepted_per_step), why
+        it stopped, and the method's own figures (`extra`). No clock: decode.py and the bench time a run from
+        outside."""
         n = len(self.out)
         return {"new_tokens": n, "target_forwards": self.target_forwards,
                 "tokens_per_forward": n / max(1, self.target_forwards),
                 "accepted_per_step": self.accepted_per_step, "guesses_per_step": self.guesses_per_step,
-                "wall_time": time.perf_counter() - self.t0,
                 "stop": self.stop, **extra}
 
 
