@@ -158,7 +158,9 @@ def test_timed_files_each_call_as_drafting_or_a_target_forward(runtime, temperat
     adapter and the borrowed final norm and head after each guess (no pass: they finish it); the verify over
     layers E..L is a target forward. Speculative: every call of the draft GPT is a pass. ar and mtp (heads in
     the target's forward): no drafting at all. The EAGLE head reads the target's modules inside its own call,
-    which is its own time, not a second entry."""
+    which is its own time, not a second entry. The spies on the real modules see every call on the eager path
+    only: the static path replays its captured forwards (a CUDA graph, or its emulation on a CPU) without
+    calling the module, so there the ledger is checked against the method's own counts alone."""
     models = every_part()  # fresh hooks for this test
     target_calls, draft_calls, eagle_calls = spy_calls(models.target), spy_calls(models.draft), spy_calls(models.eagle)
     ledger = Ledger(clock=tick())
@@ -171,17 +173,19 @@ def test_timed_files_each_call_as_drafting_or_a_target_forward(runtime, temperat
         _, stats = METHODS[method](timed, random_ids(8, seed=1), 24, temperature=temperature, seed=0)
         got = ledger.totals()
         assert got["forwards"] == got["target"] == stats["target_forwards"], method
+        called = runtime == "eager"  # the spies see every call (see the docstring)
         if method == "early-exit":
-            lower = target_calls.count((0, E))
-            assert lower == stats["drafted"] + stats["target_forwards"] - 1  # k guesses + the read-back, per step
-            assert target_calls.count((E, L)) == stats["target_forwards"] - 1  # every verify; the prefill: None
+            lower = stats["drafted"] + stats["target_forwards"] - 1  # k guesses + the read-back, per step
             assert got["passes"] == lower and got["drafting"] == lower + 3 * stats["drafted"]  # adapter, ln_f, head
+            if called:
+                assert target_calls.count((0, E)) == lower
+                assert target_calls.count((E, L)) == stats["target_forwards"] - 1  # every verify; the prefill: None
         elif method == "speculative":
-            assert got["passes"] == got["drafting"] == len(draft_calls) > 0
+            assert got["passes"] == got["drafting"] > 0 and (not called or got["passes"] == len(draft_calls))
         elif method == "eagle":
-            assert got["passes"] == len(eagle_calls) > 0  # tree levels; refresh's unembed adds seconds, no pass
+            assert got["passes"] > 0 and (not called or got["passes"] == len(eagle_calls))  # tree levels
             refreshes = stats["target_forwards"] - 1  # after the prefill and every verify but the last
-            assert got["drafting"] == got["passes"] + 2 * refreshes  # refresh's unembed: ln_f + lm_head
+            assert got["drafting"] == got["passes"] + 2 * refreshes  # refresh's unembed: ln_f + lm_head, no pass
         else:
             assert got["passes"] == got["drafting"] == 0 and not draft_calls and not eagle_calls, method
 
