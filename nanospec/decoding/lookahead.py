@@ -140,7 +140,6 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         use_window = W + N - 3 <= run.room()  # its deepest node's position must exist: none near the context end
         tokens, parents, where, chain = build_tree(root, grams, levels if use_window else [])
         emitted, path, out = tree_step(run, target, cache, tokens, parents)  # the cache keeps root + path
-        accepted_window += len(path) if path and path[0] >= len(tokens) - sum(map(len, where)) else 0
         if use_window:  # one Jacobi step of the window, and its fresh n-grams into the pool
             new = out.logits[0, where[-1]].argmax(-1).tolist()  # (W,) the top level's argmax: guesses for t+N-1+i
             if step >= N - 2:
@@ -149,6 +148,8 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
             levels = [levels[1][1:]] + levels[2:] + [new]
             step += 1
         done = run.emit(emitted, drafted=len(tokens) - 1)
+        if path and path[0] >= len(tokens) - sum(map(len, where)):  # the accepted path runs through the window
+            accepted_window += run.guesses_per_step[-1]  # its guesses the run kept
         learn(pool, run.seq, len(emitted), N, G)  # the text itself: the newest n-grams, tried first
 
     return run.out, run.stats(accepted_window=accepted_window, pool_size=sum(map(len, pool.values())))
