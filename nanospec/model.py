@@ -14,6 +14,21 @@ Meta's design: an MLP head reads one position and keeps no cache, so drafting fr
 matrix-vector products at the last accepted position and tree verification needs no per-head cache.
 The heads are trained with the trunk, then retrained alone on the frozen target's own text
 (nanospec/drafters/heads.py), which makes their guesses far more often right (figures in docs/training.md).
+
+The fast layer's contract, the model's side (nanospec/runtime.py wraps any model that keeps it: GPT, the EAGLE
+head, the ParallelSpec drafter; tests/test_runtime.py holds each wrapped model to the plain one):
+  - the forward takes `pos`, `cache` and `mask` keywords, writes keys and values only through `cache.update`
+    and moves the cache only through `cache.advance`;
+  - `layout(...)`, called with the forward's own arguments, returns what the forward will use: (pos (T,), the
+    new tokens' positions; mask (T, cached + T), True where a new token sees a slot, or None for plain causal
+    attention with nothing cached), the given pos and mask when there are. The fast layer pads that mask with
+    False to the whole cache and writes the new keys at slots cached..cached + T - 1, so that a forward's shapes
+    depend on T alone and it can be replayed;
+  - everything that changes from one step to the next reaches the forward as a tensor: a Python value it
+    reads is frozen into a replayed graph.
+And the bench's side (nanospec/probes.py times parts from outside, knowing none of their insides): a GPT names
+the modules drafters call outside its forward (`borrowed_by_drafters`) and says which of its forwards draft
+(`drafts`).
 """
 import math
 from dataclasses import dataclass
@@ -251,8 +266,9 @@ class GPT(nn.Module):
             out.head_logits = self.head_logits(x)
         return out
 
-    def layout(self, idx, pos=None, cache=None, mask=None, heads=False, layers=None, hidden_in=None):
-        """The positions and mask `forward` gives its new tokens (model.layout), from the same arguments."""
+    def layout(self, idx, pos=None, cache=None, mask=None, layers=None, hidden_in=None, **unplaced):
+        """(pos (T,), mask (T, cached + T) or None): the positions and mask `forward` gives its new tokens
+        (model.layout), from the same arguments; `unplaced`, the forward's others (heads), move no token."""
         start = layers[0] if layers is not None else 0
         x = hidden_in if start > 0 else idx  # (B, T) or (B, T, C)
         n_cached = cache.lengths[start] if cache is not None else 0
@@ -266,5 +282,15 @@ class GPT(nn.Module):
         return torch.stack([self.lm_head(self.ln_f(h(hidden))) for h in self.heads[:n]], dim=1)
 
     def new_cache(self, batch_size=1, max_len=None):
+        """A fresh, empty KVCache for this model's layers, on its device and in its dtype."""
         w = self.wte.weight
         return KVCache(self.config, batch_size, w.device, w.dtype, max_len)
+
+    # What the bench times as drafting (nanospec/probes.py): the modules a drafter calls outside the forward
+    # (the EAGLE head's unembedding, the early exit's head), and a forward through the first blocks only.
+    borrowed_by_drafters = ("ln_f", "lm_head")
+
+    def drafts(self, layers=None, **forward):
+        """Does a forward with these keywords draft? One through blocks 0..E-1 only, E < n_layer, does (early-exit's
+        draft: the target's own first layers); every other is a target forward."""
+        return layers is not None and layers[0] == 0 and layers[1] < self.config.n_layer

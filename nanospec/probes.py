@@ -10,11 +10,13 @@ A decoding method has no timer and no counter in it; the bench wraps the models 
     timed, fastest        one call's seconds, and the fastest of several runs of each of a few calls
 
 Which calls draft: every call of the draft GPT, the EAGLE head and the ParallelSpec drafter (a drafter pass
-each), and early-exit's passes through the target's first E layers (`layers=(0, E)`, E < n_layer): the same
-model as the target, drafting. The early-exit adapter and the target's final norm and head, when a drafter
-borrows them outside the target's forward (the exit's head, the EAGLE head's unembedding), add their seconds to
-drafting but no pass: they finish the pass before them. Every other target call is a target forward. A call
-made inside another timed call (the EAGLE head reading the target's embedding) is its caller's time.
+each), and every target call the target itself says drafts (`target.drafts(**call)`: early-exit's passes through
+its first layers). The early-exit adapter and the target modules the target names as borrowed by drafters
+(`target.borrowed_by_drafters`: its final norm and head, which the exit's head and the EAGLE head's unembedding
+call outside the target's forward) add their seconds to drafting but no pass: they finish the pass before them.
+Every other target call is a target forward. The parts say this of themselves (nanospec/model.py): the bench
+knows none of their insides. A call made inside another timed call (the EAGLE head reading the target's
+embedding) is its caller's time.
 
     ledger = Ledger(cuda=False)
     models = timed_models(models, ledger)          # after runtime.prepare: Timed(Fast(model))
@@ -29,7 +31,6 @@ from dataclasses import replace
 
 import torch
 
-BORROWED = ("ln_f", "lm_head")  # the target's parts a drafter borrows outside the target's forward
 READS = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__", "nonzero")  # host reads of a tensor
 
 
@@ -91,18 +92,16 @@ class Timed:
 
     def __getattr__(self, name):
         value = getattr(self.model, name)
-        if self.kind == "target" and name in BORROWED:  # outside the target's forward, a drafter's work
+        if self.kind == "target" and name in self.model.borrowed_by_drafters:  # outside its forward: drafting
             return Timed(value, self.ledger, "drafting", counts=False)
         return value
 
-    def kind_of(self, layers):
-        """A target call through its first E < n_layer layers is early-exit drafting; any other, a target forward."""
-        if self.kind == "target" and layers is not None and layers[0] == 0 and layers[1] < self.config.n_layer:
-            return "drafting"
-        return self.kind
+    def kind_of(self, call):
+        """A target call the target says drafts (call: the call's keywords) is drafting; any other, its own kind."""
+        return "drafting" if self.kind == "target" and self.model.drafts(**call) else self.kind
 
     def __call__(self, *args, **kwargs):
-        with self.ledger.timing(self.kind_of(kwargs.get("layers")), self.counts):
+        with self.ledger.timing(self.kind_of(kwargs), self.counts):
             return self.model(*args, **kwargs)
 
 

@@ -36,7 +36,9 @@ GPT, the EAGLE head and the ParallelSpec drafter all do; the tests hold each Fas
 (on a CPU replayed by the emulation: the path the tests run); auto = static on CUDA, eager elsewhere (on a CPU
 the static path saves no overhead and attends over every slot, so it is slower).
 """
+import copy
 import sys
+import weakref
 from dataclasses import fields, is_dataclass, replace
 
 import torch
@@ -81,13 +83,14 @@ class SlotCache:
 class Fast:
     """A model whose cached forwards run shape-static, replayed from graphs (CUDA graphs on CUDA, graphs.Emulated
     on a CPU) when capture is True, or just called on the static buffers when it is False (to debug).
-    Called like the model; every other attribute is the model's. `new_cache` hands out one cache per set of
-    arguments, emptied, the same tensors every generation: a graph replays on the buffers it was captured with."""
+    Called like the model; every other attribute is the model's. `new_cache` hands each caller an empty cache of
+    its own, as the model's does, on pooled tensors: a graph replays on the buffers it was captured with."""
 
     def __init__(self, model, capture=True):
         self.model, self.capture = model, capture
         self.graphs = Graphs(capture)
-        self.caches = {}  # new_cache's arguments -> the cache
+        self.caches = {}  # new_cache's arguments -> [[a cache holding pooled tensors, a weak reference to the
+        # cache last handed out on them], ...]
         self.made = {}  # graph key (with shapes) -> (the cache moves its forward makes, SlotCache.moves; its
         # output's class), recorded when the forward's Python runs: a replay runs none
 
@@ -95,11 +98,18 @@ class Fast:
         return getattr(self.model, name)
 
     def new_cache(self, *args, **kwargs):
-        key = (args, tuple(sorted(kwargs.items())))
-        if key not in self.caches:
-            self.caches[key] = self.model.new_cache(*args, **kwargs)
-        cache = self.caches[key]
-        cache.lengths = [0] * len(cache.lengths)  # every slot free: stale keys are masked
+        """An empty cache, as model.new_cache(*args, **kwargs) makes, that no other live cache shares tensors with.
+        A graph replays on the tensors it was captured with, so the tensors are pooled per set of arguments: they go
+        to the next caller once the cache last handed out on them is gone (its generation ended), every slot free
+        (stale keys are masked); a cache asked for while that one is still held gets tensors of its own."""
+        pool = self.caches.setdefault((args, tuple(sorted(kwargs.items()))), [])
+        free = next((entry for entry in pool if entry[1]() is None), None)  # its last cache is gone
+        if free is None:
+            free = [self.model.new_cache(*args, **kwargs), None]
+            pool.append(free)
+        cache = copy.copy(free[0])  # the pooled tensors, lengths of its own
+        cache.lengths = [0] * len(cache.lengths)
+        free[1] = weakref.ref(cache)
         return cache
 
     def __call__(self, *args, cache=None, pos=None, mask=None, **kwargs):
@@ -141,11 +151,11 @@ class Fast:
 
 
 def graph_key(cache, given, kwargs, tensors):
-    """What names one graph of a Fast model: the cache it writes, every argument that is not a tensor (the layer
+    """What names one graph of a Fast model: the cache tensors it writes, every argument that is not a tensor (the layer
     range, heads, k, the target), the keywords given, and the tensors' shapes. The cache moves recorded for a
     graph are the ones its Python made for this key, so the shapes must be in it: a 1-token step and a 4-token
     verify move the cache by 1 and 4, and a replay runs no Python to tell them apart."""
-    return (id(cache), tuple(None if torch.is_tensor(a) else freeze(a) for a in given), tuple(kwargs),
+    return (id(cache.k), tuple(None if torch.is_tensor(a) else freeze(a) for a in given), tuple(kwargs),
             tuple(tuple(t.shape) for t in tensors))
 
 

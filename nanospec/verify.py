@@ -12,27 +12,25 @@ emitted token is drawn from `residual = norm(max(0, p - q))`. The output then fo
     P(out = y) = min(p(y), q(y)) + (1 - sum min(p, q)) * residual(y) = p(y).
 The other rules are the same two functions applied differently. What the methods run (through
 decoding/verify_step.py), each held by the tests to the exact law:
-  - verify_chain             the rule at each position of a drafted chain, bonus token from p at the end
-  - verify_chain_point_mass  deterministic drafts: q is a point mass at the draft, so accept_prob = p(x) and
-                             the residual is p with x removed (= "sample y ~ p, keep it while it matches")
+  - verify_chain             the rule at each position of a drafted chain, bonus token from p at the end;
+                             deterministic drafts (n-gram copies, top-k, Jacobi iterates) go through it as
+                             point masses, q = point_mass(x) = one_hot(x): accept_prob = p(x) and the residual is
+                             p with x removed (= "sample y ~ p, keep it while it matches")
   - verify_block             the drafted chain judged jointly (block verification): the same law, at least as
                              many drafts accepted in expectation (`--verify block`)
   - verify_tree_descend      a tree of deterministic drafts (Medusa / EAGLE-2 top-k trees, n-grams): the tree
                              point-mass rule as "draw y ~ p at the node, step into the child holding y"
   - verify_tree_without_replacement
                              a tree whose children at each node are draws from q WITHOUT replacement
-                             (`sample_without_replacement`; Jeon et al. 2024, arXiv 2402.14160)
+                             (`sample_without_replacement`; Jeon et al. 2024, arXiv 2402.14160), walked by walk_tree
+  - verify_tree_traversal    a drawn tree judged from its leaves up (`--verify traversal`): the same law
   - verify_chain_greedy, verify_tree_greedy
                              the greedy case of the rules above, with no distribution built
   - typical_accept           Medusa's typical acceptance (arXiv 2401.10774); LOSSY, kept as an option and
                              as a negative control for the tests.
-REFERENCE rules, which no method runs: the tests prove them exact on 1e5 rows at once and hold the rules above
-to them (marked "Reference rule" in their docstrings):
-  - verify_tree_point_mass   the tree point-mass rule written as rejections (what verify_tree_descend computes)
-  - verify_tree_sampled      a tree whose children are i.i.d. samples from q (SpecInfer, arXiv 2305.09781)
-  - the `_batched` twins     each rule over a leading batch dimension; a per-step rule that calls its twin
-                             with a batch of 1 (verify_chain, verify_chain_point_mass,
-                             verify_tree_without_replacement) is tested as the very code the methods run.
+The chain rules and the tree rules that return tensors work over leading dimensions, as accept_prob and residual
+do: one chain or tree, or B of them (batched decoding), through the same code. The REFERENCE rules, which no method
+runs, are nanospec/verify_reference.py: the tests prove them exact and hold the rules above to them.
 
 Greedy decoding is the zero-temperature case: `warp` returns a one-hot distribution at the argmax, and every
 rule then reduces to "accept while the guess equals the target's argmax, then emit the argmax".
@@ -144,75 +142,55 @@ def residual(p, q):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Chains: one drafted token per position.
+# Chains: one drafted token per position. Every rule works over leading dimensions, as accept_prob and residual
+# do: p_target (..., k+1, V) is one chain, or B of them, with no wrapper in between.
 
 
-def verify_chain_batched(p_target, q_draft, draft_tokens, generator=None):
-    """`verify_chain` on B independent chains at once.
-
-    p_target (B, k+1, V): target probs at each draft position and at the bonus position.
-    q_draft (B, k, V): the draft probs each token was sampled from. draft_tokens (B, k) LongTensor.
-    Returns n_accepted (B,) and next_token (B,), both LongTensor.
-    """
-    # BEGIN SOLUTION ex4
-    B, k = draft_tokens.shape
-    # one uniform per position, compared with that position's acceptance probability
-    u = torch.rand(B, k, generator=generator, dtype=p_target.dtype, device=p_target.device)  # (B, k)
-    accepted = u < accept_prob(p_target[:, :k], q_draft, draft_tokens)  # (B, k)
-    n_accepted = accepted.long().cumprod(-1).sum(-1)  # (B,) length of the all-accepted prefix
-    # The next token comes from residual(p_i, q_i) at the first rejection i, or from p_k (the bonus) when all
-    # k were accepted. A zero row of q at the bonus position makes this one formula: residual(p, 0) = p.
-    q_padded = torch.cat([q_draft, torch.zeros_like(p_target[:, :1])], dim=1)  # (B, k+1, V)
-    rows = torch.arange(B, device=p_target.device)
-    dist = residual(p_target[rows, n_accepted], q_padded[rows, n_accepted])  # (B, V)
-    return n_accepted, sample(dist, generator)
-    # END SOLUTION ex4
+def point_mass(x, p):
+    """The q of a deterministic guess (an n-gram copy, a top-k token, a Jacobi iterate): q = one_hot(x), in p's
+    vocabulary and dtype. x (...) -> (..., V). Under it accept_prob(p, q, x) = min(1, p(x)/1) = p(x), and
+    residual(p, q) is p with x removed: "draw y ~ p, keep the guess while y == x". Example: x = 1, V = 3 ->
+    [0., 1., 0.]."""
+    return torch.nn.functional.one_hot(x, p.size(-1)).to(p.dtype)
 
 
 def verify_chain(p_target, q_draft, draft_tokens, generator=None):
-    """Speculative sampling over a chain of k drafts (Leviathan et al. 2022; Chen et al. 2023).
+    """Speculative sampling over a chain of k drafts (Leviathan et al. 2022; Chen et al. 2023), on one chain or
+    on B independent chains at once.
 
-    p_target (k+1, V): target probs at each draft position plus the bonus position.
-    q_draft (k, V): the draft's probs the tokens were sampled from. draft_tokens (k,) LongTensor.
+    p_target (..., k+1, V): target probs at each draft position plus the bonus position.
+    q_draft (..., k, V): the draft's probs the tokens were sampled from (point_mass(x, p) for deterministic
+    guesses). draft_tokens (..., k) LongTensor.
     Accept x_i with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection emit a sample of
     norm(max(0, p_i - q_i)); if all k are accepted emit a bonus sample from p_target[k].
-    Returns (n_accepted, next_token): the emitted tokens are draft_tokens[:n_accepted] + [next_token].
+    Returns (n_accepted, next_token), LongTensors (...): the emitted tokens are draft_tokens[:n_accepted] +
+    [next_token]. No host read: the caller reads them once (verify_step.chain_step).
     Example (greedy, p and q one-hot): draft [5, 9, 2], target argmax [5, 9, 7, 3] -> (2, 7), emit [5, 9, 7].
     Example (sampling): p_0 = [0.2, 0.8], q_0 = [0.6, 0.4], draft [0, ...]: accept with prob 1/3; else emit
     a sample of norm([0, 0.4]) = token 1.
     """
-    n, nxt = verify_chain_batched(p_target[None], q_draft[None], draft_tokens[None], generator)
-    return tuple(torch.cat([n, nxt]).tolist())  # one host read: on a GPU each read waits for the queued kernels
-
-
-def verify_chain_point_mass_batched(p_target, draft_tokens, generator=None):
-    """`verify_chain_point_mass` on B chains (what it runs, with B = 1): p_target (B, k+1, V),
-    draft_tokens (B, k) -> (B,), (B,)."""
-    q_draft = torch.nn.functional.one_hot(draft_tokens, p_target.size(-1)).to(p_target.dtype)  # (B, k, V)
-    return verify_chain_batched(p_target, q_draft, draft_tokens, generator)
-
-
-def verify_chain_point_mass(p_target, draft_tokens, generator=None):
-    """Verify deterministic drafts (MTP heads, n-gram lookups, top-1 chains): no q, the draft is a guess.
-
-    p_target (k+1, V); draft_tokens (k,). A guess is a draft whose q is a point mass at x, so the chain rule
-    applies with q_i = one_hot(x_i): accept x_i with prob p_i(x_i); on rejection emit a sample of p_i with x_i
-    removed. That is exactly "sample y ~ p_i, keep it while y == x_i; the first y that differs IS the emitted
-    token", and it is lossless. Re-sampling a fresh y' ~ p_i after the mismatch is NOT: y' may be x_i again,
-    so x_i comes out with probability p(x) + (1 - p(x)) p(x).
-    Returns (n_accepted, next_token). With one-hot p (greedy) this is "accept while draft == argmax":
-    draft [5, 9, 2], target argmax [5, 9, 7, 3] -> (2, 7), emit [5, 9, 7].
-    """
-    n, nxt = verify_chain_point_mass_batched(p_target[None], draft_tokens[None], generator)
-    return tuple(torch.cat([n, nxt]).tolist())  # one host read
+    # BEGIN SOLUTION ex4
+    k = draft_tokens.size(-1)
+    # one uniform per position, compared with that position's acceptance probability
+    u = torch.rand(draft_tokens.shape, generator=generator, dtype=p_target.dtype, device=p_target.device)  # (..., k)
+    accepted = u < accept_prob(p_target[..., :k, :], q_draft, draft_tokens)  # (..., k)
+    n_accepted = accepted.long().cumprod(-1).sum(-1)  # (...) length of the all-accepted prefix
+    # The next token comes from residual(p_i, q_i) at the first rejection i, or from p_k (the bonus) when all
+    # k were accepted. A zero row of q at the bonus position makes this one formula: residual(p, 0) = p.
+    q_padded = torch.cat([q_draft, torch.zeros_like(p_target[..., :1, :])], dim=-2)  # (..., k+1, V)
+    at = n_accepted[..., None, None]  # (..., 1, 1) the row of the first rejection, or of the bonus
+    p_at = torch.take_along_dim(p_target, at, dim=-2)[..., 0, :]  # (..., V)
+    q_at = torch.take_along_dim(q_padded, at, dim=-2)[..., 0, :]  # (..., V)
+    return n_accepted, sample(residual(p_at, q_at), generator)
+    # END SOLUTION ex4
 
 
 def verify_chain_greedy(logits, draft_tokens):
-    """The greedy case of both chain rules, the fast way: one argmax, no distributions built.
+    """The greedy case of the chain rules, the fast way: one argmax, no distributions built.
 
     logits (k+1, V); draft_tokens (k,). Accept while each guess equals the target's argmax, then emit the
-    argmax after the last accepted guess. It gives exactly what verify_chain_point_mass(warp(logits, 0), ...)
-    and verify_chain(...) give on one-hot p and q (the tests check it), about 20x cheaper, which matters on a
+    argmax after the last accepted guess. It gives exactly what verify_chain(warp(logits, 0), q, ...) gives on
+    one-hot p and any q the guesses could come from (the tests check it), about 20x cheaper, which matters on a
     CPU where a tiny model's forward takes a millisecond.
     draft [5, 9, 2], argmax [5, 9, 7, 3] -> (2, 7).
     """
@@ -261,34 +239,33 @@ def block_acceptance(p_target, q_draft, draft_tokens):
     # END SOLUTION ex14
 
 
-def verify_block_batched(p_target, q_draft, draft_tokens, generator=None):
-    """`verify_block` on B chains: p_target (B, k+1, V), q_draft (B, k, V), draft_tokens (B, k) -> n_accepted (B,),
-    next_token (B,). One uniform per position; no early exit: the longest prefix whose test passes is kept."""
-    h, emit_law = block_acceptance(p_target, q_draft, draft_tokens)  # (B, k+1), (B, k+1, V)
-    B, k1 = h.shape
-    u = torch.rand(B, k1, generator=generator, dtype=h.dtype, device=h.device)  # (B, k+1)
-    passed = (u < h) | (torch.arange(k1, device=h.device) == 0)  # (B, k+1) the empty prefix always passes
-    n = torch.where(passed, torch.arange(k1, device=h.device), 0).max(-1).values  # (B,) the longest that passed
-    return n, sample(emit_law[torch.arange(B, device=h.device), n], generator)
-
-
 def verify_block(p_target, q_draft, draft_tokens, generator=None):
     """Block verification of a chain of k drafts, each drawn from q_draft given the ones before it: the same
-    inputs and outputs as `verify_chain`, the output law the same (the target's), and in expectation at least as
-    many drafts accepted, often more (the paper proves it optimal among rules that see only the chain's own
-    probabilities). p = [1/3, 2/3], q = [2/3, 1/3] at both of k = 2 positions: 10/9 drafts accepted per step
-    with verify_chain, 11/9 with this rule. Returns (n_accepted, next_token)."""
-    n, nxt = verify_block_batched(p_target[None], q_draft[None], draft_tokens[None], generator)
-    return tuple(torch.cat([n, nxt]).tolist())  # one host read
+    inputs and outputs as `verify_chain` (one chain or B, over leading dimensions), the output law the same (the
+    target's), and in expectation at least as many drafts accepted, often more (the paper proves it optimal among
+    rules that see only the chain's own probabilities). p = [1/3, 2/3], q = [2/3, 1/3] at both of k = 2
+    positions: 10/9 drafts accepted per step with verify_chain, 11/9 with this rule. One uniform per position; no
+    early exit: the longest prefix whose test passes is kept. Returns (n_accepted, next_token), LongTensors (...)."""
+    lead, k = draft_tokens.shape[:-1], draft_tokens.size(-1)
+    B, V = lead.numel(), p_target.size(-1)  # B chains in a row
+    h, emit_law = block_acceptance(p_target.reshape(B, k + 1, V), q_draft.reshape(B, k, V),
+                                   draft_tokens.reshape(B, k))  # (B, k+1), (B, k+1, V)
+    u = torch.rand(h.shape, generator=generator, dtype=h.dtype, device=h.device)  # (B, k+1)
+    length = torch.arange(k + 1, device=h.device)  # (k+1,) the prefix each test stands for
+    passed = (u < h) | (length == 0)  # (B, k+1) the empty prefix always passes
+    n = torch.where(passed, length, 0).max(-1).values  # (B,) the longest that passed
+    next_token = sample(emit_law[torch.arange(B, device=h.device), n], generator)  # (B,)
+    return n.reshape(lead), next_token.reshape(lead)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Trees (nanospec/tree.py): node 0 is the root, a token already fixed; every other node is a drafted token under
-# its parent, and every parent comes before its children.
+# its parent, and every parent comes before its children. The rules that return tensors work over leading
+# dimensions (one tree, or B trees of one shape); tree_step reads their answer once with `host_path`.
 
 
-def _layout(parents):
-    """parents (N,) -> (parents as a list, children[u] in index order, depth[u]).
+def tree_lists(parents):
+    """parents (N,) -> (parents as a list, children[u] in index order, depth[u]), checked.
     Example: [-1, 0, 0, 1] -> ([-1, 0, 0, 1], [[1, 2], [3], [], []], [0, 1, 1, 2])."""
     parents = [int(v) for v in parents]
     if parents[0] != -1 or min(parents[1:], default=0) < 0:
@@ -297,22 +274,26 @@ def _layout(parents):
     return parents, children(parents), depth
 
 
-def _walk_tree(p_target, tokens, parents, proposal, generator):
-    """The walk shared by both lossless tree rules, on B trees with the same shape.
+def walk_tree(p_target, q_child, tokens, parents, generator=None):
+    """The walk of the lossless tree rules, root down, on one tree or B trees of one shape.
 
-    p_target (B, N, V); tokens (B, N); parents (N,). proposal(rows, node, child) -> (B, V) is the q the child's
-    token was drawn from. At each node, from P = p_target[node]: try the children in index order, accepting
-    child c with accept_prob(P, q_c, x_c); after a rejection P <- residual(P, q_c). Descend into an accepted
-    child; when none is accepted (or at a leaf) emit a sample of P.
-    Returns path (B, D) with -1 after the last accepted node (D = the tree's depth), next_token (B,).
+    p_target (..., N, V): the target's law after each node; q_child (..., N, V): row c is the q child c's token was
+    drawn from (point_mass(tokens, p) for guesses; row 0, the root, unused); tokens (..., N); parents (N,).
+    At each node, from P = p_target[node]: try the children in index order, accepting child c with
+    accept_prob(P, q_c, x_c) = min(1, P(x_c) / q_c(x_c)); after a rejection P <- residual(P, q_c). Descend into
+    an accepted child; when none is accepted (or at a leaf) emit a sample of P.
+    Returns path (..., D) with -1 after the last accepted node (D = the tree's depth), next_token (...).
     """
-    B, N, V = p_target.shape
-    parents, children, depth = _layout(parents)
-    D, width = max(depth), max(len(ch) for ch in children)
-    device = p_target.device
+    lead, (N, V) = p_target.shape[:-2], p_target.shape[-2:]
+    p_target = p_target.reshape(-1, N, V)  # (B, N, V): the trees in a row
+    q_child = q_child.reshape(-1, N, V)  # (B, N, V)
+    tokens = tokens.reshape(-1, N)  # (B, N)
+    B, device = p_target.size(0), p_target.device
+    parents, kids, depth = tree_lists(parents)
+    D, width = max(depth), max(len(ch) for ch in kids)
     # child_table[u, j] = j-th child of node u, -1 if u has fewer children
     child_table = torch.full((N, width), -1, dtype=torch.long, device=device)  # (N, width)
-    for u, ch in enumerate(children):
+    for u, ch in enumerate(kids):
         child_table[u, : len(ch)] = torch.tensor(ch, dtype=torch.long, device=device)
     rows = torch.arange(B, device=device)
     node = torch.zeros(B, dtype=torch.long, device=device)  # (B,) where each tree's walk stands
@@ -325,7 +306,8 @@ def _walk_tree(p_target, tokens, parents, proposal, generator):
             child = child_table[node, j]  # (B,)
             c = child.clamp(min=0)
             trying = alive & (child >= 0) & (chosen < 0)
-            x, q = tokens[rows, c], proposal(rows, node, c)  # (B,), (B, V)
+            x = tokens[rows, c]  # (B,)
+            q = q_child[rows, c]  # (B, V)
             u = torch.rand(B, generator=generator, dtype=p_target.dtype, device=device)  # (B,)
             ok = u < accept_prob(P, q, x)
             chosen = torch.where(trying & ok, child, chosen)
@@ -334,71 +316,42 @@ def _walk_tree(p_target, tokens, parents, proposal, generator):
         path[:, d] = chosen  # all D levels run, stopped walks too (their draws unused): no host read per level
         node = torch.where(alive, chosen, node)
         P = torch.where(alive[:, None], p_target[rows, node], P)
-    return path, sample(P, generator)
+    return path.reshape(*lead, D), sample(P, generator).reshape(lead)
 
 
-def _path_list(path_row, next_token):
-    """path (D,) padded with -1 and next_token () -> (path as a list without the padding, next token as an int),
-    in ONE host read: on a GPU each read waits for every queued kernel."""
-    *path, nxt = torch.cat([path_row, next_token.reshape(1)]).tolist()
+def host_path(path, next_token):
+    """One tree's answer, path (D,) padded with -1 and next_token (), -> (path as a list without the padding,
+    next token as an int), in ONE host read: on a GPU each read waits for every queued kernel."""
+    *path, nxt = torch.cat([path, next_token.reshape(1)]).tolist()
     return [v for v in path if v >= 0], nxt
 
 
-def verify_tree_point_mass_batched(p_target, tokens, parents, generator=None):
-    """Reference rule. `verify_tree_point_mass` on B trees of one shape: p_target (B, N, V), tokens (B, N),
-    parents (N,).
-    Returns path (B, D) padded with -1, next_token (B,)."""
-    V = p_target.size(-1)
+def verify_tree_descend(p_target, tokens, parents, generator=None):
+    """The tree point-mass rule as sample-and-match, what tree_step runs for guesses not drawn (top-k trees:
+    Medusa, EAGLE-2; n-grams; Jacobi windows). p_target (N, V): the target's law after each node.
 
-    def proposal(rows, node, child):  # a guess is a point mass at its own token
-        return torch.nn.functional.one_hot(tokens[rows, child], V).to(p_target.dtype)
-
-    return _walk_tree(p_target, tokens, parents, proposal, generator)
-
-
-def verify_tree_point_mass(p_target, tokens, parents, generator=None):
-    """Reference rule (the methods run its sample-and-match form, verify_tree_descend). Lossless verification
-    of a tree of deterministic drafts (top-k trees: Medusa, EAGLE-2/3).
-
-    tokens (N,), parents (N,) with parents[0] == -1: node 0 is the root, an already fixed token.
-    p_target (N, V): the target's distribution of the NEXT token after each node.
-    At node u: P = p_target[u]; for each child c in index order accept with prob P[x_c] / sum(P); on rejection
-    set P[x_c] = 0 and renormalise (a duplicate token then has P = 0 and is skipped). Descend into an accepted
-    child; if none is accepted, emit a sample from P. This is the chain's point-mass rule at every node, and it
-    is the same as "draw y ~ p_u, descend if y is a child": the total acceptance at u is the sum of its
-    children's p. Returns (path, next_token): path = accepted node indices, root excluded, in order.
-    Example (greedy): tokens [0, 5, 8, 9, 7], parents [-1, 0, 0, 1, 1], target argmax after nodes
-    0..4 = [8, 1, 7, 4, 2] -> node 1 (5) rejected, node 2 (8) accepted, it has no children -> ([2], 7).
-    """
-    tokens = torch.as_tensor(tokens, device=p_target.device)  # (N,)
-    path, nxt = verify_tree_point_mass_batched(p_target[None], tokens[None], parents, generator)
-    return _path_list(path[0], nxt[0])
-
-
-def verify_tree_descend(p_target, tokens, parents, generator=None, draws=None):
-    """The tree point-mass rule as sample-and-match, what tree_step runs. p_target (N, V): the target's law
-    after each node.
-
-    At node u draw y ~ p_u; if a child of u holds y, step into it (the first such child: a duplicate sibling
-    never wins) and repeat there; else stop and emit y. Child x is entered with probability p_u(x) and, when
-    none is, y follows p_u without the children's tokens: exactly verify_tree_point_mass's law. (The draw y
-    is both the test and the emitted token; drawing a FRESH token after a mismatch would be biased.)
-    Greedy: p is one-hot, y is the argmax. Returns (path: accepted node indices, root excluded; next_token).
-    Every node's y is drawn at once, before the walk, and read in one transfer: a node the walk never reaches
-    leaves its draw unused, and each visited node's y is still a fresh draw of its own p_u. draws: those y (a
-    list), when the caller drew sample(p_target, generator) itself to read it with its own tensors in one transfer.
+    A guess is a point mass, q = one_hot(x), so the walk's min(1, P(x)/q(x)) = P(x) and the residual is P with
+    x removed (verify_reference.verify_tree_point_mass runs exactly that). The same law, drawn at once: at node
+    u draw y ~ p_u; if a child of u holds y, step into it (the first such child: a duplicate sibling never wins)
+    and repeat there; else stop and emit y. Child x is entered with probability p_u(x) and, when none is, y
+    follows p_u without the children's tokens. (The draw y is both the test and the emitted token; drawing a
+    FRESH token after a mismatch would be biased.) Greedy: p is one-hot, y is the argmax.
+    Returns (path: accepted node indices, root excluded; next_token). Every node's y is drawn at once, before
+    the walk, and read in one transfer: a node the walk never reaches leaves its draw unused, and each visited
+    node's y is still a fresh draw of its own p_u.
     Example: tokens [0, 5, 8, 9], parents [-1, 0, 0, 1], greedy argmax after nodes 0..3 = [8, 1, 7, 4]
     -> y = 8 at the root: node 2; no child of node 2 holds y = 7 -> ([2], 7).
     """
-    draws = sample(p_target, generator).tolist() if draws is None else draws  # (N,) y at every node, one read
+    draws = sample(p_target, generator).tolist()  # (N,) y at every node, one read
     return _descend(tokens, parents, draws.__getitem__)  # the draw is both the test and, at the end, the output
 
 
 def verify_tree_greedy(logits, tokens, parents):
     """The greedy case of the tree rules, the fast way: one argmax over all nodes, then the same descent as
     verify_tree_descend with y = the argmax (what sampling a one-hot row gives). logits (N, V). It returns what
-    verify_tree_descend(warp(logits, 0), ...) and verify_tree_point_mass return under greedy (the tests check
-    it) without building N one-hot rows or drawing from them: on a CPU that is a third of a tiny model's step.
+    verify_tree_descend(warp(logits, 0), ...) and verify_reference.verify_tree_point_mass return under greedy (the
+    tests check it) without building N one-hot rows or drawing from them: on a CPU that is a third of a tiny
+    model's step.
     Example: tokens [0, 5, 8, 9], parents [-1, 0, 0, 1], argmax after nodes 0..3 = [8, 1, 7, 4] -> ([2], 7).
     """
     best = logits.argmax(-1).tolist()  # same tie-break as warp(logits, 0): the first maximum
@@ -422,38 +375,6 @@ def _descend(tokens, parents, pick):
     # END SOLUTION ex8
 
 
-def verify_tree_sampled_batched(p_target, q_draft, tokens, parents, generator=None):
-    """Reference rule. `verify_tree_sampled` on B trees of one shape: p_target, q_draft (B, N, V), tokens (B, N),
-    parents (N,).
-    Returns path (B, D) padded with -1, next_token (B,)."""
-
-    def proposal(rows, node, child):  # children of u were drawn from q_draft[u]
-        return q_draft[rows, node]
-
-    return _walk_tree(p_target, tokens, parents, proposal, generator)
-
-
-def verify_tree_sampled(p_target, q_draft, tokens, parents, generator=None):
-    """Reference rule (no method draws children with replacement). Lossless verification of a tree whose
-    children were drawn i.i.d. from q at their parent (with replacement): SpecInfer's multi-step speculative
-    sampling, i.e. recursive rejection sampling.
-
-    p_target, q_draft (N, V): the target's next-token distribution after each node, and the draft
-    distribution node u's children were drawn from. tokens (N,), parents (N,) as in verify_tree_point_mass.
-    At node u: P = p_target[u]; for each child c in order accept with prob min(1, P(x_c) / q_u(x_c)); on
-    rejection P = norm(max(0, P - q_u)). If none is accepted, emit a sample from P.
-    Only valid when the children really are samples of q_u: for top-k children use verify_tree_point_mass
-    (feeding a top-k tree here with the draft's softmax as q biases the output).
-    Example: p_0 = [0.2, 0.8], q_0 = [0.6, 0.4], two children both token 0: the first is accepted with prob 1/3;
-    after a rejection P = [0, 1], so the second has prob 0 and the emitted token is 1.
-    Returns (path, next_token) as verify_tree_point_mass.
-    """
-    path, nxt = verify_tree_sampled_batched(
-        p_target[None], q_draft[None], torch.as_tensor(tokens, device=p_target.device)[None], parents, generator
-    )
-    return _path_list(path[0], nxt[0])
-
-
 def without_replacement_proposals(q, drawn):
     """The law each of k draws without replacement came from: q (..., V), drawn (..., k) -> (..., k, V), where row j
     is q with drawn[..., :j] removed and renormalised. What `verify_tree_without_replacement` checks each child
@@ -468,30 +389,14 @@ def without_replacement_proposals(q, drawn):
     # END SOLUTION ex13
 
 
-def verify_tree_without_replacement_batched(p_target, q_draft, tokens, parents, generator=None):
-    """`verify_tree_without_replacement` on B trees of one shape: p_target, q_draft (B, N, V), tokens (B, N),
-    parents (N,).
-    Returns path (B, D) padded with -1, next_token (B,)."""
-    _, children, _ = _layout(parents)
-    q_child = torch.zeros_like(q_draft)  # (B, N, V) the law each child was drawn from; row 0 (the root) unused
-    for u, ch in enumerate(children):
-        if ch:  # u's children, in draw order: u's q without the siblings drawn before each
-            q_child[:, ch] = without_replacement_proposals(q_draft[:, u], tokens[:, ch])  # (B, len(ch), V)
-
-    def proposal(rows, node, child):
-        return q_child[rows, child]
-
-    return _walk_tree(p_target, tokens, parents, proposal, generator)
-
-
 def verify_tree_without_replacement(p_target, q_draft, tokens, parents, generator=None):
     """Lossless verification of a tree whose children at each node were drawn from q WITHOUT replacement:
     recursive rejection sampling over distinct drafts (Jeon et al. 2024, Recursive Speculative Decoding,
-    arXiv 2402.14160). What the sampling modes of medusa, eagle and parallelspec call.
+    arXiv 2402.14160). What the sampling modes of medusa, eagle and parallelspec run, through tree_step.
 
-    p_target, q_draft (N, V): the target's next-token law after each node, and the law q_u node u's children
-    were drawn from (`sample_without_replacement`, children in draw order = index order). tokens, parents (N,)
-    as in verify_tree_point_mass. At node u, from P = p_target[u], for its children x_1, x_2, ... in order:
+    p_target, q_draft (..., N, V): the target's next-token law after each node, and the law q_u node u's children
+    were drawn from (`sample_without_replacement`, children in draw order = index order). tokens (..., N) (a list
+    for one tree), parents (N,). At node u, from P = p_target[u], for its children x_1, x_2, ... in order:
       child j was drawn from q_j = q_u without x_1..x_{j-1}, renormalised (`without_replacement_proposals`);
       accept it with probability min(1, P(x_j) / q_j(x_j)) and descend into it;
       on rejection P <- norm(max(0, P - q_j)), which zeroes P(x_j) (a rejection needs P(x_j) < q_j(x_j)).
@@ -504,12 +409,14 @@ def verify_tree_without_replacement(p_target, q_draft, tokens, parents, generato
     Why the output follows p_u exactly, and the four conditions a drafter must meet for it to hold (children
     drawn in verification order from the q they are checked against, a number fixed in advance, none pruned or
     reordered for its own value): docs/verify.md.
-    Returns (path, next_token) as verify_tree_point_mass.
+    Returns path (..., D) padded with -1 (the accepted nodes, root excluded), next_token (...), as walk_tree.
     """
-    path, nxt = verify_tree_without_replacement_batched(
-        p_target[None], q_draft[None], torch.as_tensor(tokens, device=p_target.device)[None], parents, generator
-    )
-    return _path_list(path[0], nxt[0])
+    tokens = torch.as_tensor(tokens, device=p_target.device).expand(p_target.shape[:-1])  # (..., N)
+    q_child = torch.zeros_like(q_draft)  # (..., N, V) the law each child was drawn from; row 0 (the root) unused
+    for u, ch in enumerate(tree_lists(parents)[1]):
+        if ch:  # u's children, in draw order: u's q without the siblings drawn before each
+            q_child[..., ch, :] = without_replacement_proposals(q_draft[..., u, :], tokens[..., ch])  # (..., m, V)
+    return walk_tree(p_target, q_child, tokens, parents, generator)
 
 
 def traverse_tree(p_target, q_draft, tokens, parents, coin):
@@ -528,7 +435,7 @@ def traverse_tree(p_target, q_draft, tokens, parents, coin):
     On a chain this is block verification (`block_acceptance`); on a tree of depth 1 it is
     verify_tree_without_replacement. Example: p = [1/3, 2/3], q = [2/3, 1/3] at every node, a chain root -> 0 -> 1:
     w = 1/2 at node 1 and 1 at node 2, which passes every time (the top-down rule rejects token 0 half the time)."""
-    parents, kids, _ = _layout(parents)
+    parents, kids, _ = tree_lists(parents)
     P, Q = p_target.clone(), q_draft.clone()  # (N, V) each node's target law and proposal, updated as children fail
     w, tried = [1.0] + [0.0] * (len(parents) - 1), [0] * len(parents)  # weights; children tried so far
     node, path = 0, []
@@ -570,12 +477,23 @@ def verify_tree_traversal(p_target, q_draft, tokens, parents, generator=None):
     return path, int(torch.searchsorted(cdf, torch.tensor([u[N] * cdf[-1].item()], dtype=cdf.dtype), right=True))
 
 
-def typical_accept_batched(p_target, tokens, parents, posterior_threshold=0.09, posterior_alpha=0.3, generator=None):
-    """`typical_accept` on B trees of one shape: p_target (B, N, V), tokens (B, N), parents (N,).
-    Returns path (B, D) padded with -1, next_token (B,)."""
-    B, N, V = p_target.shape
-    parents, _, depth = _layout(parents)
-    device = p_target.device
+def typical_accept(p_target, tokens, parents, posterior_threshold=0.09, posterior_alpha=0.3, generator=None):
+    """Medusa's typical acceptance (Cai et al. 2024). LOSSY BY DESIGN: the output does NOT follow p_target.
+
+    It accepts any "plausible" draft without a random test: child x of node u is accepted when
+    p_u(x) > min(posterior_threshold, posterior_alpha * exp(-H(p_u))). It follows the longest path of accepted
+    nodes (ties: highest sum of log p along the path), then emits a sample from p at the last accepted node.
+    Example: p_root = [0.5, 0.3, 0.2] (threshold min(0.09, 0.3 e^-1.03) = 0.09), one child with token 2:
+    0.2 > 0.09, so token 2 is emitted every time, where p gives it 20%. Greedy (one-hot p) stays exact:
+    the threshold is 0.09 and only the argmax passes. Kept as an option for medusa and as a negative control.
+    p_target (..., N, V), tokens (..., N) (a list for one tree), parents (N,) as in walk_tree.
+    Returns path (..., D) padded with -1, next_token (...).
+    """
+    lead, (N, V) = p_target.shape[:-2], p_target.shape[-2:]
+    tokens = torch.as_tensor(tokens, device=p_target.device).expand(*lead, N).reshape(-1, N)  # (B, N)
+    p_target = p_target.reshape(-1, N, V)  # (B, N, V): the trees in a row
+    B, device = p_target.size(0), p_target.device
+    parents, _, depth = tree_lists(parents)
     entropy = torch.special.entr(p_target).sum(-1)  # (B, N) H(p_u), with 0 log 0 = 0
     threshold = torch.clamp(posterior_alpha * torch.exp(-entropy), max=posterior_threshold)  # (B, N)
     par = torch.tensor(parents[1:], dtype=torch.long, device=device)  # (N-1,) parent of nodes 1..N-1
@@ -597,23 +515,5 @@ def typical_accept_batched(p_target, tokens, parents, posterior_threshold=0.09, 
     ancestors = torch.full((N, D), -1, dtype=torch.long, device=device)  # (N, D)
     for n in range(1, N):
         ancestors[n, :depth[n]] = torch.tensor(path_to(parents, n)[1:], dtype=torch.long, device=device)
-    rows = torch.arange(B, device=device)
-    return ancestors[best], sample(p_target[rows, best], generator)
-
-
-def typical_accept(p_target, tokens, parents, posterior_threshold=0.09, posterior_alpha=0.3, generator=None):
-    """Medusa's typical acceptance (Cai et al. 2024). LOSSY BY DESIGN: the output does NOT follow p_target.
-
-    It accepts any "plausible" draft without a random test: child x of node u is accepted when
-    p_u(x) > min(posterior_threshold, posterior_alpha * exp(-H(p_u))). It follows the longest path of accepted
-    nodes (ties: highest sum of log p along the path), then emits a sample from p at the last accepted node.
-    Example: p_root = [0.5, 0.3, 0.2] (threshold min(0.09, 0.3 e^-1.03) = 0.09), one child with token 2:
-    0.2 > 0.09, so token 2 is emitted every time, where p gives it 20%. Greedy (one-hot p) stays exact:
-    the threshold is 0.09 and only the argmax passes. Kept as an option for medusa and as a negative control.
-    tokens (N,), parents (N,), p_target (N, V) as in verify_tree_point_mass. Returns (path, next_token).
-    """
-    path, nxt = typical_accept_batched(
-        p_target[None], torch.as_tensor(tokens, device=p_target.device)[None], parents, posterior_threshold,
-        posterior_alpha, generator
-    )
-    return _path_list(path[0], nxt[0])
+    next_token = sample(p_target[torch.arange(B, device=device), best], generator)  # (B,)
+    return ancestors[best].reshape(*lead, D), next_token.reshape(lead)

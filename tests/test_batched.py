@@ -130,7 +130,7 @@ def test_a_bonus_from_past_the_padding_is_caught(monkeypatch):
     """Negative control: a row whose k_b real guesses all passed keeps the rule's next token, drawn after the
     padding guesses (another context), instead of a fresh draw from the target after its own k_b."""
     def broken(p_target, drafts, q_draft, k_rows, generator):
-        n, nxt = batched.verify_chain_point_mass_batched(p_target, drafts, generator)
+        n, nxt = batched.verify_chain(p_target, batched.point_mass(drafts, p_target), drafts, generator)
         return torch.minimum(n, torch.tensor(k_rows)), nxt
 
     monkeypatch.setattr(batched, "judge", broken)

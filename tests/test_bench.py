@@ -192,7 +192,7 @@ def test_timed_files_each_call_as_drafting_or_a_target_forward(runtime, temperat
 
 def test_without_the_layers_rule_early_exit_drafting_counts_as_target_forwards(parts, monkeypatch):
     """Negative control: a Timed that files every target call as a target forward miscounts early-exit."""
-    monkeypatch.setattr(Timed, "kind_of", lambda self, layers: self.kind)
+    monkeypatch.setattr(Timed, "kind_of", lambda self, call: self.kind)
     ledger = Ledger()
     _, stats = METHODS["early-exit"](timed_models(parts, ledger), random_ids(8, seed=1), 24, seed=0)
     got = ledger.totals()
@@ -208,7 +208,10 @@ def test_timed_passes_the_model_through(parts):
     assert isinstance(head, Timed) and head.model is parts.target.lm_head
     assert head.kind == "drafting" and not head.counts
     fast = Timed(prepare(parts, "static")[0].target, ledger, "target")
-    assert fast.new_cache() is fast.new_cache()  # the Fast's pooled cache, through the wrapper
+    first = fast.new_cache()
+    pooled = first.k
+    del first  # its generation ended: the next cache, fresh, gets the Fast's pooled tensors, through the wrapper
+    assert fast.new_cache().k is pooled and fast.new_cache() is not fast.new_cache()
     x = random_ids(5, seed=2)
     with torch.inference_mode():
         assert torch.equal(target(torch.tensor([x])).logits, parts.target(torch.tensor([x])).logits)

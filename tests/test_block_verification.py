@@ -22,7 +22,7 @@ from nanospec import verify
 from nanospec.decoding import METHODS
 from nanospec.parts import Models
 from nanospec.tree import children, depths, path_to
-from nanospec.verify import (block_acceptance, traverse_tree, verify_block, verify_block_batched,
+from nanospec.verify import (block_acceptance, traverse_tree, verify_block,
                              verify_chain_greedy, verify_tree_traversal, without_replacement_proposals)
 from test_mtp_medusa import SAMPLING_MODEL, exact_law, method_law
 from test_model import tiny_gpt
@@ -162,11 +162,11 @@ def test_greedy_block_is_the_argmax_match():
         drafts = torch.where(torch.rand(4, generator=g) < 0.7, best[:4], torch.randint(0, 4, (4,), generator=g))
         p = torch.nn.functional.one_hot(best, 4).to(F64)
         q = torch.nn.functional.one_hot(drafts, 4).to(F64)
-        assert verify_block(p, q, drafts, g) == verify_chain_greedy(logits, drafts.tolist())
+        assert tuple(int(v) for v in verify_block(p, q, drafts, g)) == verify_chain_greedy(logits, drafts.tolist())
 
 
 def test_the_sampler_follows_its_exact_probabilities():
-    """verify_block_batched on 200000 copies of one step against the law block_acceptance gives (bound from
+    """verify_block on 200000 copies of one step against the law block_acceptance gives (bound from
     tv_bound over the (k+1) * V outcomes (n_accepted, next token), failure probability 1e-6)."""
     table = laws(3, 2, 1)
     drafts = (0, 2)
@@ -174,7 +174,7 @@ def test_the_sampler_follows_its_exact_probabilities():
     h, emit = (t[0] for t in block_acceptance(p, q, torch.tensor([drafts])))
     exact = torch.stack([(h[j] if j else 1.0) * torch.prod(1 - h[j + 1:]) * emit[j] for j in range(3)]).flatten()
     n = 200_000
-    acc, nxt = verify_block_batched(p.expand(n, -1, -1), q.expand(n, -1, -1), torch.tensor([drafts] * n),
+    acc, nxt = verify_block(p.expand(n, -1, -1), q.expand(n, -1, -1), torch.tensor([drafts] * n),
                                     torch.Generator().manual_seed(0))
     assert tv(empirical_law(acc * 3 + nxt, 9), exact) < tv_bound(9, n)
 
@@ -183,7 +183,7 @@ def test_a_block_verified_chain_loop_keeps_the_law():
     """test_verify.py's speculative loop (bigram target and draft, 4 tokens) with the block rule; and the same
     statistic sees the token rule's residual inside a block."""
     def block(p_target, q_draft, drafts, g):
-        return verify_block_batched(p_target, q_draft[:, :-1], drafts, g)
+        return verify_block(p_target, q_draft[:, :-1], drafts, g)
 
     seqs = run_chain(block, L=4, k=3, n=60_000)
     law = empirical_law(sequence_codes(seqs, V3), V3 ** 4)

@@ -1,7 +1,9 @@
 """The two commands users run, end to end on a toy model trained in seconds: train_tiny.py (stages, resume,
 atomic checkpoints, clear errors) and decode.py (grouped output, --json, one-line errors)."""
+import ast
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -132,6 +134,22 @@ def test_decode_ar_imports_no_training_code(toy):
     res = run_cli("-c", script)
     assert res.returncode == 0, res.stderr
     assert res.stderr.strip().splitlines()[-1] == "[]", f"training code imported: {res.stderr.strip()}"
+
+
+def test_the_methods_hold_no_clock_and_no_speed_layer():
+    """Timing and speed are layers around the methods (docs/design.md): no file of nanospec/decoding imports
+    `time`, the probes, the runtime or the graphs, and importing every method loads none of those modules."""
+    banned = {"time", "nanospec.probes", "nanospec.runtime", "nanospec.graphs"}
+    for path in sorted(pathlib.Path(ROOT, "nanospec", "decoding").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            assert not banned & set(names), f"{path.name} imports {sorted(banned & set(names))}"
+    script = ("import sys, nanospec.decoding, nanospec.decoding.batched; "
+              "print(sorted(m for m in sys.modules if m in ('nanospec.probes', 'nanospec.runtime', 'nanospec.graphs')))")
+    res = run_cli("-c", script)
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
 
 
 def test_stdin_prompt(toy):

@@ -10,7 +10,7 @@ import verify_chain_greedy` in verify_step.py, `cache.rollback(...)` on a KVCach
 eagle.py). Then one seeded generation per run below, on each runtime, must have called every function the run
 names, e.g.
 
-    speculative, t=1, static  -> verify_chain_batched (exercise 4), accept_prob and residual (3), rollback (5)
+    speculative, t=1, static  -> verify_chain (exercise 4), accept_prob and residual (3), rollback (5)
     eagle, greedy, eager      -> grow_tree, expand, frontier_mask (9), tree_mask, tree_positions (6), ...
 
 and it must call no exercise that its row of EXERCISES.md's table leaves out (a student who follows the table
@@ -43,7 +43,7 @@ EXERCISE_OF = {fn: (ex.id, path) for ex in EXERCISES for path, fn in ex.regions}
 # What the runs share: the verify step of a chain (exercise 2 greedy; 4 and 3 when sampling) and of a tree
 # (exercise 6's mask and positions, 8's walk, 5's compaction; 13 and 3 for drawn children at t=1).
 CHAIN = ("verify_chain_greedy", "KVCache.rollback")
-CHAIN_SAMPLED = ("verify_chain_batched", "accept_prob", "residual", "KVCache.rollback")
+CHAIN_SAMPLED = ("verify_chain", "accept_prob", "residual", "KVCache.rollback")
 TREE = ("tree_mask", "tree_positions", "_descend", "KVCache.compact")
 DRAWN_TREE = ("tree_mask", "tree_positions", "tree_from_paths", "without_replacement_proposals", "accept_prob",
               "residual", "KVCache.compact")

@@ -224,16 +224,17 @@ GALLERY = [
             return torch.where(p_x > 0, (q_x / torch.where(p_x > 0, p_x, 1.0)).clamp(max=1.0), torch.ones_like(p_x))
     """),
     # exercise 4
-    (4, "verify_chain_batched", "after a rejection, a fresh draw from p instead of the residual",
-     Edit("residual(p_target[rows, n_accepted], q_padded[rows, n_accepted])", "p_target[rows, n_accepted]")),
-    (4, "verify_chain_batched", "the bonus token drawn from q's last row, not p_target[k]",
-     Edit("torch.cat([q_draft, torch.zeros_like(p_target[:, :1])], dim=1)",
-          "torch.cat([q_draft, q_draft[:, -1:] if k else torch.zeros_like(p_target[:, :1])], dim=1)")),
-    (4, "verify_chain_batched", "every accepted guess counted, not the prefix before the first rejection",
+    (4, "verify_chain", "after a rejection, a fresh draw from p instead of the residual",
+     Edit("sample(residual(p_at, q_at), generator)", "sample(p_at, generator)")),
+    (4, "verify_chain", "the bonus token drawn from q's last row, not p_target[k]",
+     Edit("torch.cat([q_draft, torch.zeros_like(p_target[..., :1, :])], dim=-2)",
+          "torch.cat([q_draft, q_draft[..., -1:, :] if k else torch.zeros_like(p_target[..., :1, :])], dim=-2)")),
+    (4, "verify_chain", "every accepted guess counted, not the prefix before the first rejection",
      Edit("accepted.long().cumprod(-1).sum(-1)", "accepted.long().sum(-1)")),
-    (4, "verify_chain_batched", "one uniform shared by every position of a chain",
-     Edit("u = torch.rand(B, k, generator=generator, dtype=p_target.dtype, device=p_target.device)",
-          "u = torch.rand(B, 1, generator=generator, dtype=p_target.dtype, device=p_target.device).expand(B, k)")),
+    (4, "verify_chain", "one uniform shared by every position of a chain",
+     Edit("u = torch.rand(draft_tokens.shape, generator=generator, dtype=p_target.dtype, device=p_target.device)",
+          "u = torch.rand(draft_tokens.shape[:-1] + (1,), generator=generator, dtype=p_target.dtype, "
+          "device=p_target.device).expand(draft_tokens.shape)")),
     # exercise 8
     (8, "_descend", "a fresh draw after a mismatch (the classic bug EXERCISES.md warns about)",
      Edit("return path, y", "return path, pick(node)")),
@@ -446,9 +447,12 @@ CORRECT = [
             nothing = total == 0
             return torch.where(nothing, p, left / total.masked_fill(nothing, 1.0))
     """),
-    (4, "verify_chain_batched", "a loop over positions, the bonus as its own case", """
-        def verify_chain_batched(p_target, q_draft, draft_tokens, generator=None):
-            B, k = draft_tokens.shape
+    (4, "verify_chain", "a loop over positions, the bonus as its own case", """
+        def verify_chain(p_target, q_draft, draft_tokens, generator=None):
+            lead, k, V = draft_tokens.shape[:-1], draft_tokens.size(-1), p_target.size(-1)
+            B = lead.numel()
+            p_target, q_draft = p_target.reshape(B, k + 1, V), q_draft.reshape(B, k, V)
+            draft_tokens = draft_tokens.reshape(B, k)
             u = torch.rand(B, k, generator=generator, dtype=p_target.dtype, device=p_target.device)
             a = accept_prob(p_target[:, :k], q_draft, draft_tokens)
             n = torch.zeros(B, dtype=torch.long)
@@ -460,7 +464,7 @@ CORRECT = [
             at = n.clamp(max=max(k - 1, 0))
             rejected = residual(p_target[rows, at], q_draft[rows, at]) if k else p_target[:, 0]
             dist = torch.where((n < k)[:, None], rejected, p_target[rows, n])
-            return n, sample(dist, generator)
+            return n.reshape(lead), sample(dist, generator).reshape(lead)
     """),
     (8, "_descend", "a walk over children lists", """
         def _descend(tokens, parents, pick):

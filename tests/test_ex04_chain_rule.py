@@ -1,5 +1,5 @@
-"""Exercise 4 (EXERCISES.md): `verify_chain_batched` in nanospec/verify.py, speculative sampling over a chain of
-k drafts with its bonus token. Literal greedy cases (a wrong guess first, in the middle, last; all accepted plus
+"""Exercise 4 (EXERCISES.md): `verify_chain` in nanospec/verify.py, speculative sampling over a chain of
+k drafts with its bonus token, on one chain or B at once (leading dimensions). Literal greedy cases (a wrong guess first, in the middle, last; all accepted plus
 the bonus; no guesses), then seeded statistics: the rejection draws from the residual, the bonus from p, the
 accepted count follows its truncated geometric law, and whole sequences follow the target's law.
 
@@ -12,7 +12,7 @@ Run: python -m pytest -m ex4 -x"""
 import pytest
 import torch
 
-from nanospec.verify import verify_chain, verify_chain_batched
+from nanospec.verify import verify_chain
 from teach import expect, expect_equal, expect_law
 from test_verify import empirical_law, sequence_codes, tv, tv_bound
 
@@ -36,19 +36,19 @@ TARGET = [5, 9, 7, 3]  # greedy: the target's argmax after [last, d1, d2, d3]
 ], ids=["first-wrong", "middle-wrong", "last-wrong", "all-accepted"])
 def test_greedy_literal(draft, expected):
     """Greedy decoding is the one-hot case: p and q point masses, so the rule is "accept while equal"."""
-    got = verify_chain(one_hot(TARGET), one_hot(draft), torch.tensor(draft))
+    got = tuple(int(v) for v in verify_chain(one_hot(TARGET), one_hot(draft), torch.tensor(draft)))  # one chain
     expect_equal(got, expected, f"verify_chain (greedy: one-hot p and q), draft {draft}, target argmax {TARGET}, "
                                 f"as (n_accepted, next_token)")
 
 
 def test_no_guesses_is_a_plain_sample_of_p():
     p = torch.tensor([[0.0, 0.25, 0.75]], dtype=F64).expand(20_000, 1, 3)
-    n, nxt = verify_chain_batched(p, torch.zeros(20_000, 0, 3, dtype=F64), torch.zeros(20_000, 0, dtype=torch.long),
+    n, nxt = verify_chain(p, torch.zeros(20_000, 0, 3, dtype=F64), torch.zeros(20_000, 0, dtype=torch.long),
                                   torch.Generator().manual_seed(0))
-    expect(bool((n == 0).all()), f"verify_chain_batched with k = 0 guesses must accept 0, got n_accepted "
+    expect(bool((n == 0).all()), f"verify_chain with k = 0 guesses must accept 0, got n_accepted "
                                  f"{sorted(set(n.tolist()))}")
     law = empirical_law(nxt, 3)
-    expect_law(tv(law, p[0, 0]), tv_bound(3, 20_000), "verify_chain_batched with no guesses: the next token must "
+    expect_law(tv(law, p[0, 0]), tv_bound(3, 20_000), "verify_chain with no guesses: the next token must "
                "be a plain sample of p_target[0] = [0, 0.25, 0.75]", law, p[0, 0])
 
 
@@ -58,12 +58,12 @@ def test_shapes_and_independent_rows():
     targets = [TARGET, TARGET, TARGET, [5, 9, 7, 8]]
     p = torch.stack([one_hot(t) for t in targets])  # (4, 4, 10)
     q = torch.stack([one_hot(d) for d in drafts])  # (4, 3, 10)
-    n, nxt = verify_chain_batched(p, q, torch.tensor(drafts), torch.Generator().manual_seed(0))
+    n, nxt = verify_chain(p, q, torch.tensor(drafts), torch.Generator().manual_seed(0))
     expect(n.dtype == nxt.dtype == torch.long and n.shape == nxt.shape == (4,),
-           f"verify_chain_batched on 4 chains: expected two LongTensors of shape (4,), got {n.dtype} "
+           f"verify_chain on 4 chains: expected two LongTensors of shape (4,), got {n.dtype} "
            f"{tuple(n.shape)} and {nxt.dtype} {tuple(nxt.shape)}")
     expect_equal((n.tolist(), nxt.tolist()), ([0, 1, 2, 3], [5, 9, 7, 8]),
-                 "verify_chain_batched on 4 greedy chains (each row its own p and q), (n_accepted, next_token)")
+                 "verify_chain on 4 greedy chains (each row its own p and q), (n_accepted, next_token)")
 
 
 def test_a_rejection_draws_from_the_residual():
@@ -72,7 +72,7 @@ def test_a_rejection_draws_from_the_residual():
     B, g = 60_000, torch.Generator().manual_seed(1)
     p = torch.tensor([[0.2, 0.8], [0.5, 0.5]], dtype=F64).expand(B, 2, 2)
     q = torch.tensor([[0.6, 0.4]], dtype=F64).expand(B, 1, 2)
-    n, nxt = verify_chain_batched(p, q, torch.zeros(B, 1, dtype=torch.long), g)
+    n, nxt = verify_chain(p, q, torch.zeros(B, 1, dtype=torch.long), g)
     after = nxt[n == 0]
     expect(bool((after == 1).all()), f"after a rejection the token must be drawn from residual(p_0, q_0) = [0, 1], "
                                      f"but token 0 came {(after == 0).sum().item()} times in {len(after)} rejections "
@@ -89,7 +89,7 @@ def test_all_accepted_then_the_bonus_follows_p_not_q():
     bonus = torch.tensor([0.7, 0.0, 0.0, 0.3], dtype=F64)
     drafts = torch.stack([torch.multinomial(q_rows[j], B, replacement=True, generator=g) for j in range(k)], 1)
     p = torch.cat([q_rows, bonus[None]]).expand(B, k + 1, 4)
-    n, nxt = verify_chain_batched(p, q_rows.expand(B, k, 4), drafts, g)
+    n, nxt = verify_chain(p, q_rows.expand(B, k, 4), drafts, g)
     expect(bool((n == k).all()), f"with q = p every guess must be accepted: n_accepted {sorted(set(n.tolist()))}, "
                                  f"expected always {k}")
     law = empirical_law(nxt, 4)
@@ -104,7 +104,7 @@ def test_accepted_count_is_truncated_geometric():
     p_row, q_row = torch.tensor([0.5, 0.3, 0.2], dtype=F64), torch.tensor([0.2, 0.3, 0.5], dtype=F64)
     a = torch.minimum(p_row, q_row).sum().item()  # 0.7
     drafts = torch.multinomial(q_row, B * k, replacement=True, generator=g).view(B, k)
-    n, _ = verify_chain_batched(p_row.expand(B, k + 1, 3), q_row.expand(B, k, 3), drafts, g)
+    n, _ = verify_chain(p_row.expand(B, k + 1, 3), q_row.expand(B, k, 3), drafts, g)
     law = torch.tensor([a**j * (1 - a) for j in range(k)] + [a**k], dtype=F64)
     got = empirical_law(n, k + 1)
     expect_law(tv(got, law), tv_bound(k + 1, B), "n_accepted must follow the truncated geometric law a^j (1 - a), "
@@ -130,7 +130,7 @@ def test_generated_sequences_follow_the_target_law():
             drafts.append(prev)
         drafts = torch.stack(drafts, 1)  # (B, k)
         context = torch.cat([last[:, None], drafts], 1)  # (B, k+1): the token before each position
-        n, nxt = verify_chain_batched(P[context], Q[context[:, :k]], drafts, g)
+        n, nxt = verify_chain(P[context], Q[context[:, :k]], drafts, g)
         for j in range(k):
             take = j < n
             seq[rows[take], count[take] + j] = drafts[take, j]
@@ -141,5 +141,5 @@ def test_generated_sequences_follow_the_target_law():
         xs = [code // V**(L - 1 - i) % V for i in range(L)]
         exact[code] = P[0, xs[0]] * P[xs[0], xs[1]] * P[xs[1], xs[2]]
     got = empirical_law(sequence_codes(seq[:, 1:L + 1], V), V**L)
-    expect_law(tv(got, exact), tv_bound(V**L, B), "3-token sequences made by repeated verify_chain_batched steps "
+    expect_law(tv(got, exact), tv_bound(V**L, B), "3-token sequences made by repeated verify_chain steps "
                "must follow the bigram target's law", got, exact)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from nanospec import verify
-from nanospec.verify import sample_without_replacement, verify_tree_without_replacement_batched, \
+from nanospec.verify import sample_without_replacement, verify_tree_without_replacement, \
     without_replacement_proposals
 from teach import expect, expect_close, expect_law
 from test_verify import empirical_law, tv, tv_bound
@@ -73,7 +73,7 @@ DRAWS = {
 
 def node_law(p, proposals, xs):
     """The law of the token one node emits when children xs, drawn from `proposals` (one q row each), are tried
-    in order from target p (nanospec/verify.py's tree walk, `_walk_tree`, computed exactly instead of drawn):
+    in order from target p (nanospec/verify.py's tree walk, `walk_tree`, computed exactly instead of drawn):
     child j is accepted with accept_prob(P, q_j, x_j); after a rejection P <- residual(P, q_j); when every child
     is rejected the node emits a sample of P. p (V,), proposals (m, V), xs (m,) -> (V,)."""
     law, reach, P = torch.zeros_like(p), 1.0, p
@@ -129,7 +129,7 @@ def test_a_drawn_tree_keeps_the_law_when_sampled():
     tokens = torch.zeros(B, 5, dtype=torch.long)  # root token 0
     tokens[:, 1:3] = sample_without_replacement(QB[tokens[:, 0]], 2, g)
     tokens[:, 3:5] = sample_without_replacement(QB[tokens[:, 1]], 2, g)
-    path, nxt = verify_tree_without_replacement_batched(PB[tokens], QB[tokens], tokens, parents, g)
+    path, nxt = verify_tree_without_replacement(PB[tokens], QB[tokens], tokens, parents, g)
     rows = torch.arange(B)
     first = torch.where(path[:, 0] >= 0, tokens[rows, path[:, 0].clamp(min=0)], nxt)
     second_in_tree = torch.where(path[:, 1] >= 0, tokens[rows, path[:, 1].clamp(min=0)], nxt)

@@ -4,7 +4,7 @@ accepted drafts, and the law of the token emitted there, for a whole chain judge
 paper's example, one draft = the token rule, greedy = the argmax match, p = q, rows independent), then the gates:
 exact enumeration of every draft and every outcome on random context-dependent laws, where the output must follow
 the target's law to 1e-12 and accept in expectation at least as many drafts as the token rule (11/9 against 10/9
-on the paper's example), and a speculative loop verified by `verify_block_batched` that keeps a bigram target's
+on the paper's example), and a speculative loop verified by `verify_block` that keeps a bigram target's
 law. The enumeration is tests/test_block_verification.py's, whose negative controls show it catches a weight off
 by one position, the token rule's residual and an uncapped weight. The law tests are gates
 (nanospec/course/registry.py): if one fails the exercise scores zero.
@@ -14,7 +14,7 @@ import itertools
 import pytest
 import torch
 
-from nanospec.verify import block_acceptance, verify_block_batched
+from nanospec.verify import block_acceptance, verify_block
 from teach import expect, expect_close
 from test_block_verification import PAPER_P, PAPER_Q, block_law, gap, laws, target_law
 from test_verify import V3, P_BIGRAM, START, bigram_law, empirical_law, run_chain, sequence_codes, tv, tv_bound
@@ -110,10 +110,10 @@ def test_the_law_is_the_targets_and_never_fewer_accepted():
 
 
 def test_a_block_verified_loop_keeps_the_law_when_sampled():
-    """60,000 runs of a speculative loop (bigram target and draft, 4 tokens, k = 3) judged by verify_block_batched:
+    """60,000 runs of a speculative loop (bigram target and draft, 4 tokens, k = 3) judged by verify_block:
     total variation to the target's law under tv_bound (failure probability 1e-6)."""
     def block(p_target, q_draft, drafts, g):
-        return verify_block_batched(p_target, q_draft[:, :-1], drafts, g)
+        return verify_block(p_target, q_draft[:, :-1], drafts, g)
 
     law = empirical_law(sequence_codes(run_chain(block, L=4, k=3, n=60_000), V3), V3 ** 4)
     distance, bound = tv(law, bigram_law(P_BIGRAM, START, 4)), tv_bound(V3 ** 4, 60_000)

@@ -14,7 +14,7 @@ import torch
 
 from nanospec.parts import Models
 from nanospec.decoding import METHODS
-from nanospec.decoding.run import start, tensor
+from nanospec.decoding.run import new_run, tensor
 from nanospec.decoding.tree_guesses import fill_tree, medusa_tree, parse_tree
 from nanospec.decoding.verify_step import tree_step
 from nanospec.tree import format_tree, leaf_paths, path_to, tree_from_paths, tree_positions
@@ -192,7 +192,7 @@ def test_stops_at_eot_budget_and_context_like_ar(models, method):
 
 def tree_decode(target, prompt, n, make_tree, sampling=(0.0, None, None), seed=0, check_cache=False):
     """A bare tree method: each step verifies the tree make_tree(root, rng) with tree_step."""
-    run = start(Models(target=target), prompt, n, sampling, seed)
+    run = new_run(Models(target=target), prompt, n, sampling, seed)
     rng = random.Random(seed)
     cache = target.new_cache()
     logits = target(tensor(prompt, "cpu"), cache=cache).logits[0, -1]  # (V,)
@@ -243,7 +243,7 @@ def test_tree_step_accepts_long_paths_and_keeps_the_cache_exact(models):
     ids, stats = METHODS["medusa"](m, prompt, 30, tree="0;1;0,0;1,0;0,0,0")
     assert ids == expect and max(stats["accepted_per_step"]) >= 3
     # the same run stepped by hand, checking the cache after every step
-    run = start(m, prompt, 30, seed=0)
+    run = new_run(m, prompt, 30, seed=0)
     target, cache = m.target, m.target.new_cache()
     out = target(tensor(prompt, "cpu"), cache=cache)
     last, hidden = int(out.logits[0, -1].argmax()), out.hidden[:, -1:]

@@ -276,11 +276,11 @@ def test_sampling_test_sees_a_biased_rule(monkeypatch):
     for n = 300 is 0.41; this rule comes out near 0.96."""
     import nanospec.decoding.verify_step as verify_step_module
 
-    def accept_all(p_target, draft_tokens, generator):  # the rule chain_step runs: (k+1, V), (k,) -> two ints
+    def accept_all(p_target, q_draft, draft_tokens, generator):  # the rule chain_step runs: (k+1, V), (k, V), (k,)
         k = len(draft_tokens)
-        return k, int(torch.multinomial(p_target[k], 1, generator=generator))
+        return torch.tensor(k), torch.multinomial(p_target[k], 1, generator=generator)[0]
 
-    monkeypatch.setattr(verify_step_module, "verify_chain_point_mass", accept_all)
+    monkeypatch.setattr(verify_step_module, "verify_chain", accept_all)
     models, n, sampling = sampling_models(), 300, (1.0, None, None)
     law, _ = sampled_law(models, PROMPT, 3, n, sampling, tree="chain", draft_sampling="topk")
     assert tv(law, exact_law(models.target, PROMPT, 3, sampling)) > tv_bound(V ** 3, n)

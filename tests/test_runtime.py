@@ -9,7 +9,7 @@
     tiny random models: equal to 1e-10;
   - the mask a forward gets (the docstring's example), one recorded entry per number of new tokens whatever the
     cache holds, outputs a method may keep (a later call never rewrites them);
-  - the bookkeeping: new_cache pools one emptied cache per argument set, `fast` keeps one wrapper per model and
+  - the bookkeeping: each new_cache is fresh, on tensors pooled per argument set, `fast` keeps one wrapper per model and
     weights, `prepare` wraps the four cached parts only, a dropped model drops its wrapper, a full cache and a
     bad runtime are one-line errors, and a capture that fails leaves one warning line and a model that runs
     eager from then on, its cache intact;
@@ -274,18 +274,23 @@ def test_outputs_are_fresh():
 # Bookkeeping: caches, wrappers, errors
 
 
-def test_new_cache_pools_one_emptied_cache_per_argument_set():
-    """A graph replays on the tensors it was captured with, so a Fast hands out the same cache every generation,
-    emptied (its stale keys are masked); other arguments, another cache."""
+def test_each_new_cache_is_fresh_on_pooled_tensors():
+    """As eager, each new_cache is empty and shares tensors with no live cache; a graph replays on the tensors it
+    was captured with, though, so once a cache is gone (its generation ended) the next one gets its tensors again,
+    emptied (the stale keys are masked); other arguments, other tensors."""
     runner = Fast(tiny_gpt(0))
     cache = runner.new_cache()
     with torch.inference_mode():
         runner(ids([1, 2, 3]), cache=cache)
     assert cache.lengths == [3, 3]
+    second = runner.new_cache()  # asked for while the first is held: tensors of its own
+    assert second is not cache and second.k is not cache.k and second.lengths == [0, 0] and cache.lengths == [3, 3]
+    pooled = cache.k
+    del cache, second
     again = runner.new_cache()
-    assert again is cache and again.lengths == [0, 0]
+    assert again.k is pooled and again.lengths == [0, 0]
     other = runner.new_cache(max_len=20)
-    assert other is not cache and other.max_len == 20 and runner.new_cache(max_len=20) is other
+    assert other.k is not pooled and other.max_len == 20
 
 
 def test_fast_keeps_one_wrapper_per_model_and_weights():
@@ -473,13 +478,14 @@ def test_a_second_generation_reuses_the_first_ones_entries():
         wrapped, _ = prepare(models, "static")
         first = METHODS[method](wrapped, [1, 2, 3], 30, **options)[0]
         runner = getattr(wrapped, part)
-        entries, caches = dict(runner.graphs.entries), dict(runner.caches)
-        assert entries and caches
+        entries = dict(runner.graphs.entries)
+        pooled = {key: [id(entry[0].k) for entry in pool] for key, pool in runner.caches.items()}
+        assert entries and pooled
         wrapped, _ = prepare(models, "static")
         assert getattr(wrapped, part) is runner
         assert METHODS[method](wrapped, [1, 2, 3], 30, **options)[0] == first
         assert all(runner.graphs.entries[key] is entry for key, entry in entries.items())
-        assert runner.caches == caches  # the same cache objects, emptied by new_cache
+        assert {key: [id(entry[0].k) for entry in pool] for key, pool in runner.caches.items()} == pooled  # the same tensors
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -310,18 +310,19 @@ def test_sampling_follows_the_targets_law(method, options, sampling, n):
     assert distance < bound, f"TV {distance:.4f} >= bound {bound:.4f} (K = {K} outcomes, n = {n} draws)"
 
 
-def resample_after_mismatch(p_target, draft_tokens, generator=None):
-    """A classic BROKEN point-mass rule: sample y ~ p; on a mismatch emit a FRESH sample of p, which may be
-    the rejected guess again, so a guess x comes out with probability p(x) + (1 - p(x)) p(x)."""
+def resample_after_mismatch(p_target, q_draft, draft_tokens, generator=None):
+    """A classic BROKEN point-mass rule (q_draft = one_hot(draft_tokens), unused): sample y ~ p; on a mismatch
+    emit a FRESH sample of p, which may be the rejected guess again, so a guess x comes out with probability
+    p(x) + (1 - p(x)) p(x)."""
     for i, x in enumerate(draft_tokens.tolist()):
         if sample(p_target[i], generator).item() != x:
-            return i, sample(p_target[i], generator).item()
-    return len(draft_tokens), sample(p_target[-1], generator).item()
+            return torch.tensor(i), sample(p_target[i], generator)
+    return torch.tensor(len(draft_tokens)), sample(p_target[-1], generator)
 
 
 def test_broken_rule_fails_the_sampling_test(monkeypatch):
     """Negative control: the sampling test has the power to see the bias this classic bug causes."""
-    monkeypatch.setattr("nanospec.decoding.verify_step.verify_chain_point_mass", resample_after_mismatch)
+    monkeypatch.setattr("nanospec.decoding.verify_step.verify_chain", resample_after_mismatch)
     models, n, sampling = Models(target=tiny_gpt(3, **SAMPLING_MODEL)), 1500, (1.0, None, None)
     law = exact_law(models.target, SAMPLING_PROMPT, L, sampling)
     distance = tv(method_law(models, "prompt-lookup", n, sampling, max_ngram=2), law)

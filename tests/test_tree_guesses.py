@@ -20,7 +20,7 @@ from nanospec.decoding import tree_guesses
 from nanospec.decoding.options import Sampling
 from nanospec.decoding.tree_guesses import draw_tree, fill_tree
 from nanospec.tree import children, tree_from_paths
-from nanospec.verify import (gumbel_top_k, verify_tree_traversal, verify_tree_without_replacement, warp,
+from nanospec.verify import (gumbel_top_k, host_path, verify_tree_traversal, verify_tree_without_replacement, warp,
                              without_replacement_proposals)
 from test_host_reads import counting_host_reads
 from test_verify import empirical_law, node_law, ordered_draws, tv, tv_bound
@@ -202,7 +202,8 @@ def test_leaving_the_undrawn_child_out_keeps_p_exactly():
 # In law: truncated trees from both builders, verified, against a bigram target
 
 P = warp(LOGITS_P, 1.0)  # (V, V) the target's law after each token: all 5 tokens possible, q allows 2
-RULES = {"without-replacement": verify_tree_without_replacement, "traversal": verify_tree_traversal}
+RULES = {"without-replacement": lambda *args: host_path(*verify_tree_without_replacement(*args)),  # tree_step's read
+         "traversal": verify_tree_traversal}
 
 
 def build(builder, g):

@@ -23,31 +23,36 @@ from hypothesis import strategies as st
 from nanospec.tree import depths, path_to
 from nanospec.verify import (
     accept_prob,
+    host_path,
+    point_mass,
     residual,
     sample,
     sample_without_replacement,
     typical_accept,
-    typical_accept_batched,
     verify_chain,
     verify_chain_greedy,
-    verify_chain_batched,
-    verify_chain_point_mass,
-    verify_chain_point_mass_batched,
     verify_tree_descend,
     verify_tree_greedy,
-    verify_tree_point_mass,
-    verify_tree_point_mass_batched,
-    verify_tree_sampled,
-    verify_tree_sampled_batched,
     verify_tree_without_replacement,
-    verify_tree_without_replacement_batched,
     warp,
     without_replacement_proposals,
 )
+from nanospec.verify_reference import verify_tree_point_mass, verify_tree_sampled
 from test_model import random_tree
 
 F64 = torch.float64
 DELTA = 1e-6  # allowed probability that a correct sampler fails one statistical test
+
+
+def verify_chain_point_mass(p_target, drafts, g=None):
+    """What chain_step runs for guesses not drawn: the chain rule with q = point_mass(x) = one_hot(x)."""
+    return verify_chain(p_target, point_mass(drafts, p_target), drafts, g)
+
+
+def on_host(result):
+    """One chain's (n, next) as ints, or one tree's (path, next) as (a list, an int): what the steps read."""
+    first, nxt = result
+    return (int(first), int(nxt)) if first.dim() == 0 else host_path(first, nxt)
 N_DRAWS = 100_000  # draws (or independent sequences) per statistical test
 EXACT = settings(max_examples=200, deadline=None)
 
@@ -277,7 +282,7 @@ def test_emitted_count_law_sampled():
     g = torch.Generator().manual_seed(0)
     n = N_DRAWS
     drafts = sample(q.expand(n, k, V), g)  # (n, k)
-    n_acc, _ = verify_chain_batched(p.expand(n, k + 1, V), q.expand(n, k, V), drafts, g)
+    n_acc, _ = verify_chain(p.expand(n, k + 1, V), q.expand(n, k, V), drafts, g)
     a = torch.minimum(p, q).sum().item()
     assert tv(empirical_law(n_acc, k + 1), truncated_geometric(a, k)) < tv_bound(k + 1, n)
     # Hoeffding for the mean of a count in [1, k+1]: |mean - E[N]| < k sqrt(ln(2/delta) / (2n)) w.p. 1 - delta
@@ -338,11 +343,11 @@ def chain_tv(verify, L=4, **kw):
 
 
 def real_chain(p_target, q_draft, drafts, g):
-    return verify_chain_batched(p_target, q_draft[:, :-1], drafts, g)
+    return verify_chain(p_target, q_draft[:, :-1], drafts, g)
 
 
 def real_chain_point_mass(p_target, q_draft, drafts, g):
-    return verify_chain_point_mass_batched(p_target, drafts, g)
+    return verify_chain_point_mass(p_target, drafts, g)
 
 
 SINGLE_STEP_CASES = {
@@ -360,7 +365,7 @@ def test_chain_single_step_sampled(case):
     V, n = p.numel(), N_DRAWS
     g = torch.Generator().manual_seed(1)
     drafts = sample(q.expand(n, 1, V), g)  # (n, 1)
-    n_acc, nxt = verify_chain_batched(p.expand(n, 2, V), q.expand(n, 1, V), drafts, g)
+    n_acc, nxt = verify_chain(p.expand(n, 2, V), q.expand(n, 1, V), drafts, g)
     first = torch.where(n_acc == 1, drafts[:, 0], nxt)  # the first emitted token
     assert tv(empirical_law(first, V), p) < tv_bound(V, n)
     acceptance = n_acc.double().mean().item()
@@ -432,11 +437,11 @@ def tree_tv(verify, build, parents, L=3, **kw):
 
 
 def real_tree_sampled(p_target, q_draft, tokens, parents, g):
-    return verify_tree_sampled_batched(p_target, q_draft, tokens, parents, g)
+    return verify_tree_sampled(p_target, q_draft, tokens, parents, g)
 
 
 def real_tree_point_mass(p_target, q_draft, tokens, parents, g):
-    return verify_tree_point_mass_batched(p_target, tokens, parents, g)
+    return verify_tree_point_mass(p_target, tokens, parents, g)
 
 
 def test_tree_sampled_joint_law_sampled():
@@ -518,11 +523,11 @@ def broken_fresh_sample_after_mismatch(p_target, q_draft, drafts, g):
 def broken_topk_tree_with_draft_q(p_target, q_draft, tokens, parents, g):
     """A deterministic top-k tree verified with min(1, p/q), q = the draft's softmax: the children were not
     samples of q, so the sampled-children rule does not apply."""
-    return verify_tree_sampled_batched(p_target, q_draft, tokens, parents, g)
+    return verify_tree_sampled(p_target, q_draft, tokens, parents, g)
 
 
 def lossy_typical(p_target, q_draft, tokens, parents, g):
-    return typical_accept_batched(p_target, tokens, parents, generator=g)
+    return typical_accept(p_target, tokens, parents, generator=g)
 
 
 @pytest.mark.parametrize(
@@ -574,9 +579,9 @@ def test_chain_greedy_literal(draft, argmaxes, expected):
         g = torch.Generator().manual_seed(seed)
         q_one_hot = one_hot(x, V10).reshape(len(draft), V10)  # a greedy draft
         q_soft = torch.softmax(torch.randn(len(draft), V10, generator=g, dtype=F64), -1)  # a sampling draft
-        assert verify_chain(p, q_one_hot, x, g) == expected
-        assert verify_chain(p, q_soft, x, g) == expected
-        assert verify_chain_point_mass(p, x, g) == expected
+        assert on_host(verify_chain(p, q_one_hot, x, g)) == expected
+        assert on_host(verify_chain(p, q_soft, x, g)) == expected
+        assert on_host(verify_chain_point_mass(p, x, g)) == expected
 
 
 TREE_TOKENS = [0, 5, 8, 9, 7, 5]
@@ -597,10 +602,10 @@ def test_tree_greedy_literal(argmaxes, expected):
     for seed in SEEDS:
         g = torch.Generator().manual_seed(seed)
         q = torch.softmax(torch.randn(len(TREE_TOKENS), V10, generator=g, dtype=F64), -1)
-        assert verify_tree_point_mass(p, TREE_TOKENS, TREE_PARENTS, g) == expected
-        assert verify_tree_sampled(p, q, TREE_TOKENS, TREE_PARENTS, g) == expected
-        assert verify_tree_without_replacement(p, q, TREE_TOKENS, TREE_PARENTS, g) == expected
-        assert typical_accept(p, TREE_TOKENS, TREE_PARENTS, generator=g) == expected
+        assert on_host(verify_tree_point_mass(p, TREE_TOKENS, TREE_PARENTS, g)) == expected
+        assert on_host(verify_tree_sampled(p, q, TREE_TOKENS, TREE_PARENTS, g)) == expected
+        assert on_host(verify_tree_without_replacement(p, q, TREE_TOKENS, TREE_PARENTS, g)) == expected
+        assert on_host(typical_accept(p, TREE_TOKENS, TREE_PARENTS, generator=g)) == expected
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -613,15 +618,15 @@ def test_typical_accept_literal():
     p = torch.stack([p_root, p_other, p_other, p_other])  # (4, 3) next-token distribution after each node
     g = torch.Generator().manual_seed(0)
     # 0.2 > 0.09: token 2 is always accepted, where p would give it 20%
-    assert typical_accept(p[:2], [0, 2], [-1, 0], generator=g)[0] == [1]
+    assert on_host(typical_accept(p[:2], [0, 2], [-1, 0], generator=g))[0] == [1]
     # two accepted children at the same depth: the higher log p wins (token 0, p = 0.5, over token 2)
-    assert typical_accept(p[:3], [0, 2, 0], [-1, 0, 0], generator=g)[0] == [2]
+    assert on_host(typical_accept(p[:3], [0, 2, 0], [-1, 0, 0], generator=g))[0] == [2]
     # a longer accepted path beats a more probable short one: root -> 2 -> 2 over root -> 0
-    assert typical_accept(p, [0, 0, 2, 2], [-1, 0, 0, 2], generator=g)[0] == [2, 3]
+    assert on_host(typical_accept(p, [0, 0, 2, 2], [-1, 0, 0, 2], generator=g))[0] == [2, 3]
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The per-step functions are the batched ones with a batch of 1; randomness only from the generator
+# One chain or tree is the B = 1 case of the same rule (leading dimensions); randomness only from the generator
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -640,43 +645,41 @@ def test_per_step_matches_batched(seed):
         b = batched(torch.Generator().manual_seed(seed))
         return a, b
 
-    a, (n, t) = both(lambda g: verify_chain(p, q, x, g), lambda g: verify_chain_batched(p[None], q[None], x[None], g))
-    assert a == (int(n), int(t))
-    a, (n, t) = both(
-        lambda g: verify_chain_point_mass(p, x, g), lambda g: verify_chain_point_mass_batched(p[None], x[None], g)
-    )
-    assert a == (int(n), int(t))
+    a, (n, t) = both(lambda g: verify_chain(p, q, x, g), lambda g: verify_chain(p[None], q[None], x[None], g))
+    assert on_host(a) == (int(n), int(t))
+    a, (n, t) = both(lambda g: verify_chain_point_mass(p, x, g), lambda g: verify_chain_point_mass(p[None], x[None], g))
+    assert on_host(a) == (int(n), int(t))
     for single, batched in [
         (
             lambda g: verify_tree_point_mass(pt, tokens, TREE_PARENTS, g),
-            lambda g: verify_tree_point_mass_batched(pt[None], tokens[None], TREE_PARENTS, g),
+            lambda g: verify_tree_point_mass(pt[None], tokens[None], TREE_PARENTS, g),
         ),
         (
             lambda g: verify_tree_sampled(pt, qt, tokens, TREE_PARENTS, g),
-            lambda g: verify_tree_sampled_batched(pt[None], qt[None], tokens[None], TREE_PARENTS, g),
+            lambda g: verify_tree_sampled(pt[None], qt[None], tokens[None], TREE_PARENTS, g),
         ),
         (
             lambda g: verify_tree_without_replacement(pt, qt, tokens, TREE_PARENTS, g),
-            lambda g: verify_tree_without_replacement_batched(pt[None], qt[None], tokens[None], TREE_PARENTS, g),
+            lambda g: verify_tree_without_replacement(pt[None], qt[None], tokens[None], TREE_PARENTS, g),
         ),
         (
             lambda g: typical_accept(pt, tokens, TREE_PARENTS, generator=g),
-            lambda g: typical_accept_batched(pt[None], tokens[None], TREE_PARENTS, generator=g),
+            lambda g: typical_accept(pt[None], tokens[None], TREE_PARENTS, generator=g),
         ),
     ]:
-        (path, nxt), (bpath, bnxt) = both(single, batched)
-        assert path == [int(v) for v in bpath[0] if v >= 0] and nxt == int(bnxt)
+        one, (bpath, bnxt) = both(single, batched)
+        assert on_host(one) == ([int(v) for v in bpath[0] if v >= 0], int(bnxt))
 
 
 def test_uses_only_the_given_generator():
     p, q = SINGLE_STEP_CASES["generic"]
     state = torch.get_rng_state()
     g = torch.Generator().manual_seed(0)
-    results = [verify_chain(p.expand(4, 4), q.expand(3, 4), torch.tensor([0, 1, 2]), g) for _ in range(50)]
+    results = [on_host(verify_chain(p.expand(4, 4), q.expand(3, 4), torch.tensor([0, 1, 2]), g)) for _ in range(50)]
     assert torch.equal(torch.get_rng_state(), state)  # the global RNG is untouched
     assert len(set(results)) > 1  # the generator advances between calls instead of being re-seeded
     g = torch.Generator().manual_seed(0)
-    again = [verify_chain(p.expand(4, 4), q.expand(3, 4), torch.tensor([0, 1, 2]), g) for _ in range(50)]
+    again = [on_host(verify_chain(p.expand(4, 4), q.expand(3, 4), torch.tensor([0, 1, 2]), g)) for _ in range(50)]
     assert results == again
 
 
@@ -772,7 +775,7 @@ def test_greedy_fast_path_equals_both_chain_rules_on_one_hot_distributions(seed)
     p = warp(logits, 0.0)
     q = torch.nn.functional.one_hot(drafts, V).double()
     fast = verify_chain_greedy(logits, drafts)
-    assert fast == verify_chain_point_mass(p, drafts, g) == verify_chain(p, q, drafts, g)
+    assert fast == on_host(verify_chain_point_mass(p, drafts, g)) == on_host(verify_chain(p, q, drafts, g))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -889,7 +892,7 @@ def build_distinct_tree(root, g, q_table=Q_BIGRAM):
 
 
 def real_tree_without_replacement(p_target, q_draft, tokens, parents, g):
-    return verify_tree_without_replacement_batched(p_target, q_draft, tokens, parents, g)
+    return verify_tree_without_replacement(p_target, q_draft, tokens, parents, g)
 
 
 @pytest.mark.parametrize("case", SINGLE_STEP_CASES)
@@ -901,7 +904,7 @@ def test_tree_without_replacement_single_node_sampled(case):
     V, n, m = p.numel(), N_DRAWS, min(3, int((q > 0).sum()))
     g = torch.Generator().manual_seed(2)
     tokens = torch.cat([torch.zeros(n, 1, dtype=torch.long), sample_without_replacement(q.expand(n, V), m, g)], 1)
-    path, nxt = verify_tree_without_replacement_batched(p.expand(n, m + 1, V), q.expand(n, m + 1, V), tokens,
+    path, nxt = verify_tree_without_replacement(p.expand(n, m + 1, V), q.expand(n, m + 1, V), tokens,
                                                         [-1] + [0] * m, g)
     first = torch.where(path[:, 0] >= 0, tokens.gather(1, path.clamp(min=0))[:, 0], nxt)  # the emitted token
     assert tv(empirical_law(first, V), p) < tv_bound(V, n)
@@ -924,13 +927,13 @@ def test_tree_without_replacement_joint_law_sampled():
 def broken_with_replacement_drafts(p_target, q_draft, tokens, parents, g):
     """(run on i.i.d. children) Drafts drawn WITH replacement, checked as if drawn without: a repeated token is
     always rejected and a fresh one is checked against a q it was not drawn from."""
-    return verify_tree_without_replacement_batched(p_target, q_draft, tokens, parents, g)
+    return verify_tree_without_replacement(p_target, q_draft, tokens, parents, g)
 
 
 def broken_rejected_sibling_drawn_again(p_target, q_draft, tokens, parents, g):
     """(run on distinct children) Each child checked against the parent's whole q, as if a rejected sibling's
     token could have been drawn again: SpecInfer's i.i.d. rule on children that are not i.i.d."""
-    return verify_tree_sampled_batched(p_target, q_draft, tokens, parents, g)
+    return verify_tree_sampled(p_target, q_draft, tokens, parents, g)
 
 
 def broken_rejected_mass_kept(p_target, q_draft, tokens, parents, g):
@@ -941,7 +944,7 @@ def broken_rejected_mass_kept(p_target, q_draft, tokens, parents, g):
     real = verify.residual
     verify.residual = lambda p, q: p  # only inside this call
     try:
-        return verify_tree_without_replacement_batched(p_target, q_draft, tokens, parents, g)
+        return verify_tree_without_replacement(p_target, q_draft, tokens, parents, g)
     finally:
         verify.residual = real
 
@@ -949,14 +952,14 @@ def broken_rejected_mass_kept(p_target, q_draft, tokens, parents, g):
 def broken_resample_after_rejections(p_target, q_draft, tokens, parents, g):
     """(run on distinct children) When every child of a node is rejected, a fresh sample of the node's p instead
     of the residual: the rejected siblings' tokens come out again."""
-    path, _ = verify_tree_without_replacement_batched(p_target, q_draft, tokens, parents, g)
+    path, _ = verify_tree_without_replacement(p_target, q_draft, tokens, parents, g)
     last = torch.where(path >= 0, path, 0).max(-1).values  # (n,) the last accepted node (indices grow with depth)
     return path, sample(p_target[torch.arange(len(last)), last], g)
 
 
 def broken_unwarped_q(p_target, q_draft, tokens, parents, g):
     """(run on children drawn from warp(log q, temperature 0.5)) Checked against the UNwarped q."""
-    return verify_tree_without_replacement_batched(p_target, q_draft, tokens, parents, g)
+    return verify_tree_without_replacement(p_target, q_draft, tokens, parents, g)
 
 
 Q_WARPED = warp(torch.log(Q_BIGRAM), temperature=0.5)  # what a drafter warped like the target draws from
@@ -978,7 +981,7 @@ def test_drawn_tree_with_warped_q_is_exact():
     """The control above with the q the children really came from: within the bound (the rule, not the
     warping, was at fault)."""
     def verify(p_target, q_draft, tokens, parents, g):
-        return verify_tree_without_replacement_batched(p_target, Q_WARPED[tokens], tokens, parents, g)
+        return verify_tree_without_replacement(p_target, Q_WARPED[tokens], tokens, parents, g)
 
     distance, bound = tree_tv(verify, lambda root, g: build_distinct_tree(root, g, Q_WARPED), PARENTS_SAMPLED)
     assert distance < bound
@@ -995,7 +998,7 @@ def test_descend_equals_verify_tree_point_mass_under_greedy(seed):
     tokens, parents = random_tree(rng.randrange(1, 15), 4, rng)  # vocab 4: many duplicate siblings
     argmax = torch.randint(0, 4, (len(tokens),), generator=torch.Generator().manual_seed(seed))
     p_target = torch.nn.functional.one_hot(argmax, 4).double()  # (N, V) greedy: one-hot
-    expect = verify_tree_point_mass(p_target, torch.tensor(tokens), parents)
+    expect = on_host(verify_tree_point_mass(p_target, torch.tensor(tokens), parents))
     assert verify_tree_descend(p_target, tokens, parents) == expect
 
 
@@ -1007,7 +1010,7 @@ def test_greedy_fast_path_equals_both_tree_rules(seed):
     tokens, parents = random_tree(rng.randrange(1, 15), 4, rng)
     logits = torch.randint(0, 3, (len(tokens), 4), generator=torch.Generator().manual_seed(seed)).double()
     p_target = warp(logits, 0.0)
-    expect = verify_tree_point_mass(p_target, torch.tensor(tokens), parents)
+    expect = on_host(verify_tree_point_mass(p_target, torch.tensor(tokens), parents))
     assert verify_tree_greedy(logits, tokens, parents) == expect == verify_tree_descend(p_target, tokens, parents)
 
 
@@ -1033,7 +1036,7 @@ def test_descend_follows_the_point_mass_law():
     g = torch.Generator().manual_seed(1)
     walks = [verify_tree_descend(p_target, tokens, parents, g) for _ in range(n)]
     got = empirical_law(torch.tensor([(path[-1] if path else 0) * V + y for path, y in walks]), N * V)
-    paths, nxt = verify_tree_point_mass_batched(p_target.expand(n, N, V), torch.tensor(tokens).expand(n, N), parents, g)
+    paths, nxt = verify_tree_point_mass(p_target.expand(n, N, V), torch.tensor(tokens).expand(n, N), parents, g)
     last = torch.where(paths >= 0, paths, 0).max(-1).values  # (n,) deepest accepted node (indices grow with depth)
     reference = empirical_law(last * V + nxt, N * V)
     assert abs(exact.sum().item() - 1) < 1e-12

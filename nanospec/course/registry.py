@@ -26,7 +26,7 @@ Bump VERSION and add a line to EXERCISES.md's changelog whenever an exercise, it
 """
 from dataclasses import dataclass
 
-VERSION = "1.3"
+VERSION = "1.4"
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ EXERCISES = (
                     "test_the_output_law_is_p_when_sampled"),
              reference=("tests/reference_ex03.py",)),
     Exercise(4, "The chain rule and its bonus token",
-             (("nanospec/verify.py", "verify_chain_batched"),),
+             (("nanospec/verify.py", "verify_chain"),),
              "tests/test_ex04_chain_rule.py", 10, 10, (2, 3),
              gates=("test_no_guesses_is_a_plain_sample_of_p", "test_a_rejection_draws_from_the_residual",
                     "test_all_accepted_then_the_bonus_follows_p_not_q", "test_accepted_count_is_truncated_geometric",

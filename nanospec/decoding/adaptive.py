@@ -42,13 +42,13 @@ ADAPTIVE_OPTIONS = {
 }
 
 
-def draft_length(o, draft_len, most=None):
-    """The DraftLength of a run from its options (o.adaptive, o.confidence): --confidence is only for
+def draft_length(opts, draft_len, most=None):
+    """The DraftLength of a run from its options (opts.adaptive, opts.confidence): --confidence is only for
     --adaptive confidence (a one-line ValueError otherwise)."""
-    confidence = getattr(o, "confidence", None)
-    if confidence is not None and o.adaptive != "confidence":
+    confidence = getattr(opts, "confidence", None)
+    if confidence is not None and opts.adaptive != "confidence":
         raise ValueError("--confidence is the threshold of --adaptive confidence: add --adaptive confidence or drop it")
-    return DraftLength(o.adaptive, draft_len, CONFIDENCE if confidence is None else confidence, most)
+    return DraftLength(opts.adaptive, draft_len, CONFIDENCE if confidence is None else confidence, most)
 
 
 class DraftLength:
@@ -60,7 +60,10 @@ class DraftLength:
             raise ValueError(f"adaptive must be one of {', '.join(RULES)}, got {rule!r}")
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"confidence must be a probability in [0, 1], got {threshold}")
-        self.rule, self.k, self.threshold, self.most = rule, draft_len, threshold, most  # most: cap on k
+        self.rule = rule
+        self.k = draft_len  # guesses next step
+        self.threshold = threshold
+        self.most = most  # a cap on k, or None
 
     def stop(self, logits, guess):
         """After guessing `guess` from the drafter's logits (V,): make no more guesses this step?"""

@@ -11,7 +11,7 @@ It is kept as the oracle that the cached path (and through it every fast method)
 import torch
 
 from nanospec.decoding.options import Sampling, read_options
-from nanospec.decoding.run import start, tensor
+from nanospec.decoding.run import new_run, tensor
 
 NEEDS = ()  # model parts beyond the target
 USES = ()  # parts used when present
@@ -21,7 +21,7 @@ OPTIONS = {}  # method-specific options: name -> Option(type, default, help, ...
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
     read_options(OPTIONS, options)
-    run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+    run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     target = models.target
     cache = target.new_cache()
     x = tensor(run.prompt, cache.device)  # (1, T) the prompt, then one token at a time

@@ -17,23 +17,21 @@ overwrites them before anyone can see them. Two rows, one verify forward of [las
 Rows draft as many guesses as the longest row needs (k rows' drafts padded): a row keeps at most its own k_b, and
 when all of its k_b were accepted its next token is a fresh draw from the target's law after them (the rule's
 outcome past k_b is dropped: its own randomness, so the row keeps the target's law). A row that ends (end-of-text,
-its budget, the context) leaves the batch: its cache rows are dropped. The rules are verify.py's batched ones,
-verify_chain_batched (a draft's q) and verify_chain_point_mass_batched (copies), with one generator for the batch:
+its budget, the context) leaves the batch: its cache rows are dropped. The rule is verify.py's chain rule,
+verify_chain over B rows (a draft's q, or point masses for copies), with one generator for the batch:
 each row uses its own slice of every draw, so rows are independent and a seeded batch is reproducible.
 
 What others learned: "Batch Speculative Decoding Done Right" (arXiv 2510.22876) on rows whose positions, masks and
 caches fell out of step; vLLM keeps a committed length per row and lets rejected slots be overwritten.
 """
-import time
-
 import torch
 
 from nanospec.decoding.options import Sampling
 from nanospec.decoding.prompt_lookup import lookup
-from nanospec.decoding.run import start
+from nanospec.decoding.run import new_run
 from nanospec.decoding.speculative import check_draft
 from nanospec.ragged import RaggedCache, forward, padded, prefill
-from nanospec.verify import sample, verify_chain_batched, verify_chain_point_mass_batched, warp
+from nanospec.verify import point_mass, sample, verify_chain, warp
 
 BATCHED = ("ar", "speculative", "prompt-lookup")
 
@@ -42,10 +40,9 @@ def judge(p_target, drafts, q_draft, k_rows, generator):
     """The chain rule on B rows of K guesses, row b's real guesses its first k_rows[b]: (n (B,), next (B,)). A row
     whose k_b guesses all passed takes a fresh draw from p after them (what the rule did with its padding is its own
     randomness, dropped). p_target (B, K+1, V), drafts (B, K), q_draft (B, K, V) or None (point masses)."""
-    if q_draft is None:
-        n, nxt = verify_chain_point_mass_batched(p_target, drafts, generator)
-    else:
-        n, nxt = verify_chain_batched(p_target, q_draft, drafts, generator)
+    if q_draft is None:  # copies are point masses, q = one_hot(x): min(1, p(x)/q(x)) = p(x)
+        q_draft = point_mass(drafts, p_target)  # (B, K, V)
+    n, nxt = verify_chain(p_target, q_draft, drafts, generator)  # (B,), (B,)
     k_rows = torch.tensor(k_rows, device=n.device)
     cut = n >= k_rows  # (B,) every real guess accepted
     bonus = sample(p_target[torch.arange(len(n), device=n.device), k_rows], generator)  # (B,) the law after them
@@ -60,7 +57,9 @@ def draft_guesses(draft, dcache, runs, K, sampling, generator):
     unread = [run.seq[n:] for run, n in zip(runs, dcache.lengths.tolist())]
     logits = forward(draft, dcache, padded(unread).to(dcache.lengths.device))  # (B, T, V)
     T = torch.tensor([len(u) for u in unread], device=logits.device)
-    logits, drafts, q_rows = logits[torch.arange(len(runs)), T - 1], [], []  # (B, V) after each row's last
+    logits = logits[torch.arange(len(runs)), T - 1]  # (B, V) after each row's last
+    drafts = []  # (B,) each
+    q_rows = []  # (B, V) each
     dcache.lengths += T
     for i in range(K):
         q_rows.append(warp(logits, *sampling))  # (B, V)
@@ -69,6 +68,16 @@ def draft_guesses(draft, dcache, runs, K, sampling, generator):
             logits = forward(draft, dcache, drafts[-1][:, None])[:, -1]  # (B, V)
             dcache.lengths += 1
     return torch.stack(drafts, 1), torch.stack(q_rows, 1)
+
+
+def copied_guesses(runs, k_rows, max_ngram):
+    """prompt-lookup's guesses for B rows, row b copying at most k_rows[b] tokens from its own text:
+    (drafts (B, K), padded; k_rows, each row's real guesses)."""
+    copies = [lookup(run.seq, max_ngram, k) if k else [] for run, k in zip(runs, k_rows)]
+    k_rows = [len(c) for c in copies]
+    if max(k_rows) == 0:
+        return torch.zeros(len(runs), 0, dtype=torch.long, device=runs[0].generator.device), k_rows  # (B, 0)
+    return padded(copies).to(runs[0].generator.device), k_rows  # (B, K)
 
 
 @torch.inference_mode()
@@ -81,24 +90,30 @@ def generate(models, prompts, max_new_tokens, *, method="ar", temperature=0.0, t
         raise ValueError(f"batched decoding runs {', '.join(BATCHED)}, not {method!r}")
     if not prompts:
         raise ValueError("no prompts: give at least one")
-    t0, sampling = time.perf_counter(), Sampling(temperature, top_k, top_p).check()
-    runs = [start(models, p, max_new_tokens, sampling, seed) for p in prompts]  # each row checked and recorded
-    target, draft, B = models.target, models.draft, len(runs)
-    generator, device = runs[0].generator, runs[0].generator.device  # one generator: each row its own slice
+    sampling = Sampling(temperature, top_k, top_p).check()
+    runs = [new_run(models, p, max_new_tokens, sampling, seed) for p in prompts]  # each row checked and recorded
+    target = models.target
+    draft = models.draft
+    B = len(runs)
+    generator = runs[0].generator  # one generator: each row its own slice
+    device = generator.device
     k = draft_len if method != "ar" else 0
     cache = RaggedCache(target, B, target.config.block_size + k + 1)  # room for padded guesses at the context end
-    last = sample(warp(prefill(target, cache, [r.prompt for r in runs]), *sampling), generator)  # (B,) each row's first token
+    logits = prefill(target, cache, [r.prompt for r in runs])  # (B, V) after each prompt
+    last = sample(warp(logits, *sampling), generator)  # (B,) each row's first token
     caches = [cache]
     if method == "speculative":
         check_draft(target, draft)
         caches.append(RaggedCache(draft, B, target.config.block_size + k + 2))
         prefill(draft, caches[1], [r.prompt for r in runs])  # the draft reads each prompt once, before the first step
-    active, forwards = list(range(B)), 1
+    active = list(range(B))  # the rows still decoding
+    forwards = 1
     done = [run.emit([t]) for run, t in zip(runs, last.tolist())]
     while not all(done):
         if any(done):  # finished rows leave the batch and stop costing work
             keep = torch.tensor([i for i, d in enumerate(done) if not d], device=device)
-            active, last = [active[i] for i in keep.tolist()], last[keep]
+            active = [active[i] for i in keep.tolist()]
+            last = last[keep]
             for c in caches:
                 c.keep_rows(keep)
         live = [runs[b] for b in active]
@@ -106,9 +121,8 @@ def generate(models, prompts, max_new_tokens, *, method="ar", temperature=0.0, t
         if method == "speculative":
             drafts, q_draft = draft_guesses(draft, caches[1], live, max(k_rows), sampling, generator)
         else:  # ar: no guesses; prompt-lookup: each row copies from its own text
-            copies = [lookup(r.seq, max_ngram, kb) if method == "prompt-lookup" else [] for r, kb in zip(live, k_rows)]
-            k_rows, q_draft = [len(c) for c in copies], None
-            drafts = padded(copies).to(device) if max(k_rows) else last.new_zeros(len(live), 0)  # (B, K)
+            drafts, k_rows = copied_guesses(live, k_rows, max_ngram)  # ar's k_rows are all 0
+            q_draft = None
         logits = forward(target, cache, torch.cat([last[:, None], drafts], 1))  # (B, K+1, V): one verify forward
         n, last = judge(warp(logits, *sampling), drafts, q_draft, k_rows, generator)  # (B,), (B,)
         forwards += 1
@@ -117,8 +131,8 @@ def generate(models, prompts, max_new_tokens, *, method="ar", temperature=0.0, t
             seq = torch.tensor([len(r.seq) for r in live], device=device)
             caches[1].lengths = torch.minimum(caches[1].lengths, seq + n)
         rows = torch.cat([drafts, n[:, None], last[:, None]], 1).tolist()  # one read: guesses, counts, next tokens
-        done = [run.emit(row[:row[-2]] + [row[-1]]) for run, row in zip(live, rows)]
+        done = [run.emit(row[:row[-2]] + [row[-1]], kb) for run, row, kb in zip(live, rows, k_rows)]
     stats = [run.stats() for run in runs]
     return [run.out for run in runs], {"rows": stats, "new_tokens": sum(s["new_tokens"] for s in stats),
-                                       "batch_forwards": forwards, "wall_time": time.perf_counter() - t0,
+                                       "batch_forwards": forwards,
                                        "tokens_per_forward": sum(s["tokens_per_forward"] for s in stats) / B}

@@ -21,7 +21,8 @@ def draft_chain(step, x, k, sampling, generator=None, stop=None):
     Returns (drafts: a list of j ints, q_draft (j, V)), j = k unless stopped."""
     if k == 0:
         return [], None
-    drafts, q_rows = [], []
+    drafts = []  # () each, on the device
+    q_rows = []  # (V,) each
     for _ in range(k):
         logits = step(x)  # (V,)
         q_rows.append(warp(logits, *sampling))  # (V,)

@@ -21,8 +21,8 @@ grow_sampled_tree fixes the tree's shape first.
 """
 import torch
 
-from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options
-from nanospec.decoding.run import prefill, start, tensor
+from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options, verify_option
+from nanospec.decoding.run import first_token, new_run, tensor
 from nanospec.decoding.tree_guesses import draw_tree
 from nanospec.decoding.verify_step import tree_step
 from nanospec.model import Output
@@ -36,8 +36,7 @@ OPTIONS = {  # the defaults, and ACCEPT_GUESS below: docs/measurements.md (eagle
     "width": Option(int, 4, "nodes expanded per level, children per node (EAGLE-2's top_k)", low=1, high=32),
     "total_tokens": Option(int, 8, "tree size verified per target forward, root included", low=2, high=256),
     **DRAFT_SAMPLING_OPTION,
-    "verify": Option(str, "token", "how the target judges a drawn tree: token = root down (recursive rejection); "
-                                   "traversal = leaves up (the same law, more accepted)", choices=("token", "traversal")),
+    **verify_option("token", "traversal"),  # traversal: a drawn tree from its leaves up
 }
 ACCEPT_GUESS = 0.75  # shapes the drawn tree: the chance a draw is accepted, about sum(min(p, q)) of a trained head
 
@@ -61,18 +60,20 @@ def expand(eagle, target, dcache, L, d, frontier, cand_tok, cand_parent, fed, fe
     # END SOLUTION ex9
 
 
-def grow_tree(eagle, target, dcache, root, draft, depth, width, total_tokens):
-    """EAGLE-2's tree from the head's Output `draft` at the root's slot (hidden, logits (1, T, C / V), the last
+def grow_tree(eagle, target, dcache, root, head_out, depth, width, total_tokens):
+    """EAGLE-2's tree from the head's Output `head_out` at the root's slot (hidden, logits (1, T, C / V), the last
     position counts). Returns (tokens, parents) with the root at node 0; the head's cache is left as it was."""
     # BEGIN SOLUTION ex9
     if depth < 1 or total_tokens < 2:
         return [root], [-1]
     L = dcache.length  # the head's slots end at the root, which sits at position L
-    score, tok = torch.log_softmax(draft.logits[0, -1], -1).topk(width)  # (K,) depth-1 scores and tokens
+    score, tok = torch.log_softmax(head_out.logits[0, -1], -1).topk(width)  # (K,) depth-1 scores and tokens
     # every candidate: its token, its parent candidate (-1 = the root), its score = sum of log q on its path
-    cand_tok, cand_parent, cand_score = tok.tolist(), [-1] * width, score.tolist()
+    cand_tok = tok.tolist()
+    cand_parent = [-1] * width
+    cand_score = score.tolist()
     frontier = list(range(width))  # candidates to expand next
-    feats = draft.hidden[:, -1:].expand(1, width, -1)  # (1, K, C) what each frontier node reads: parent's f̂
+    feats = head_out.hidden[:, -1:].expand(1, width, -1)  # (1, K, C) what each frontier node reads: parent's f̂
     fed = {}  # candidate -> its slot among the nodes fed to the head (after the L prefix slots)
     for d in range(1, depth):
         out = expand(eagle, target, dcache, L, d, frontier, cand_tok, cand_parent, fed, feats)
@@ -94,13 +95,16 @@ def grow_tree(eagle, target, dcache, root, draft, depth, width, total_tokens):
     # END SOLUTION ex9
 
 
-def grow_sampled_tree(eagle, target, dcache, root, draft, depth, width, total_tokens, sampling, generator):
+def grow_sampled_tree(eagle, target, dcache, root, head_out, depth, width, total_tokens, sampling, generator):
     """The tree of DRAWN guesses (--draft-sampling sample): a fixed shape of total_tokens - 1 nodes by draw rank
     (tree.draw_rank_paths), filled by tree_guesses.draw_tree: one head pass per level gives each node's
     warped q. Returns (tokens, parents, q_draft (N, V)), the head's cache as it was."""
     if depth < 1 or total_tokens < 2:
         return [root], [-1], None
-    L, fed, f_hat, device = dcache.length, {}, {0: draft.hidden[0, -1]}, dcache.device  # f_hat: node -> its f̂
+    L = dcache.length  # the head's slots end at the root
+    device = dcache.device
+    fed = {}  # candidate -> its slot among the nodes fed to the head, as in grow_tree
+    f_hat = {0: head_out.hidden[0, -1]}  # node -> the head's predicted feature there
 
     def next_q(d, level, tokens, parents):  # expand's pass, by node: node u is candidate u - 1 (the root -1)
         feats = torch.stack([f_hat[parents[u]] for u in level])[None]  # (1, K, C) each one's parent's f̂
@@ -110,37 +114,41 @@ def grow_sampled_tree(eagle, target, dcache, root, draft, depth, width, total_to
         f_hat.update((u, out.hidden[0, i]) for i, u in enumerate(level))
         return warp(out.logits[0], *sampling)  # (K, V)
     shape = draw_rank_paths(total_tokens - 1, depth, width, ACCEPT_GUESS)
-    tree = draw_tree(root, shape, warp(draft.logits[0, -1], *sampling), next_q, generator)
+    tree = draw_tree(root, shape, warp(head_out.logits[0, -1], *sampling), next_q, generator)
     dcache.rollback(L)
     return tree
 
 
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
-    o, target, eagle = read_options(OPTIONS, options), models.target, models.eagle
+    opts = read_options(OPTIONS, options)
+    target = models.target
+    eagle = models.eagle
     if eagle.config.n_embd != target.config.n_embd or eagle.config.vocab_size != target.config.vocab_size:
         raise ValueError("the eagle head was trained for another target: run `python train_tiny.py --stage eagle`")
-    width, size = min(o.width, target.config.vocab_size), o.total_tokens  # a node has at most V distinct children
-    run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
-    drawn, steps, nodes = run.sampling.draws(o.draft_sampling), 0, 0
+    width = min(opts.width, target.config.vocab_size)  # a node has at most V distinct children
+    size = opts.total_tokens
+    run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+    drawn = run.sampling.guesses_drawn(opts.draft_sampling)
     cache = target.new_cache(max_len=target.config.block_size + size)  # room for a whole tree at the context end
-    dcache = eagle.new_cache(max_len=target.config.block_size + max(o.depth * width, size))  # and for a grown one
+    dcache = eagle.new_cache(max_len=target.config.block_size + max(opts.depth * width, size))  # and for a grown one
 
     # prefill: the target reads the prompt and picks the first root; the head reads x_1..x_P with f_0..f_{P-1}
-    last, out = prefill(run, target, cache)
-    draft = refresh(eagle, target, dcache, run.prompt[1:] + [last], out.hidden[0])
+    last, out = first_token(run, target, cache)
+    head_out = refresh(eagle, target, dcache, run.prompt[1:] + [last], out.hidden[0])
     done = run.emit([last])
     while not done:
-        d = run.draft_room(o.depth)  # near the end of the budget or context, a shallower tree
+        d = run.draft_room(opts.depth)  # near the end of the budget or context, a shallower tree
         if drawn:  # q_draft (N, V): the laws the drawn children came from
-            tokens, parents, q_draft = grow_sampled_tree(eagle, target, dcache, last, draft, d, width, size,
+            tokens, parents, q_draft = grow_sampled_tree(eagle, target, dcache, last, head_out, d, width, size,
                                                          run.sampling, run.generator)
         else:  # EAGLE-2's top-k tree: its guesses are point masses
-            (tokens, parents), q_draft = grow_tree(eagle, target, dcache, last, draft, d, width, size), None
-        emitted, path, out = tree_step(run, target, cache, tokens, parents, q_draft, o.verify)
-        steps, nodes = steps + 1, nodes + len(tokens) - 1
-        done = run.emit(emitted)
+            tokens, parents = grow_tree(eagle, target, dcache, last, head_out, d, width, size)
+            q_draft = None
+        emitted, path, out = tree_step(run, target, cache, tokens, parents, q_draft, opts.verify)
+        done = run.emit(emitted, drafted=len(tokens) - 1)
         last = emitted[-1]
         if not done:  # the accepted nodes again, now with the target's features at the node before each
-            draft = refresh(eagle, target, dcache, emitted, out.hidden[0, [0] + path])  # emitted: path + last
-    return run.out, run.stats(tree_nodes=nodes / max(1, steps))
+            head_out = refresh(eagle, target, dcache, emitted, out.hidden[0, [0] + path])  # emitted: path + last
+    stats = run.stats()
+    return run.out, {**stats, "tree_nodes": stats["drafted"] / max(1, run.target_forwards - 1)}  # per tree

@@ -24,8 +24,8 @@ import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
 from nanospec.decoding.draft_chain import draft_chain
-from nanospec.decoding.options import CHAIN_VERIFY_OPTION, Option, Sampling, read_options
-from nanospec.decoding.run import prefill, start, tensor
+from nanospec.decoding.options import CHAIN_RULES, Option, Sampling, read_options, verify_option
+from nanospec.decoding.run import first_token, new_run, tensor
 from nanospec.decoding.verify_step import chain_step
 from nanospec.drafters.early_exit import exit_logits
 
@@ -34,7 +34,7 @@ USES = ("early_exit",)  # the trained exit adapters when present, else the plain
 OPTIONS = {
     "exit_layer": Option(int, None, "blocks the draft runs before exiting, 1..n_layer-1 (None = default_exit_layer)"),
     "draft_len": Option(int, 4, "tokens the draft guesses per target forward (k)", low=1, high=64),
-    **ADAPTIVE_OPTIONS, **CHAIN_VERIFY_OPTION,
+    **ADAPTIVE_OPTIONS, **verify_option(*CHAIN_RULES),
 }
 
 
@@ -46,26 +46,26 @@ def default_exit_layer(n_layer):
 
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
-    o = read_options(OPTIONS, options)
-    target, adapter = models.target, models.early_exit
+    opts = read_options(OPTIONS, options)
+    target = models.target
+    adapter = models.early_exit
     L = target.config.n_layer
-    E = default_exit_layer(L) if o.exit_layer is None else o.exit_layer
+    E = default_exit_layer(L) if opts.exit_layer is None else opts.exit_layer
     if not 1 <= E < L:
-        raise ValueError(f"exit_layer must be in 1..{L - 1} (the target has {L} layers), got {o.exit_layer}")
-    length = draft_length(o, o.draft_len)
-    run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+        raise ValueError(f"exit_layer must be in 1..{L - 1} (the target has {L} layers), got {opts.exit_layer}")
+    draft_policy = draft_length(opts, opts.draft_len)
+    run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     cache = target.new_cache()
-    stop = length.stop if length.rule == "confidence" else None  # confidence: stop after an unsure guess
-    drafted = accepted = judged = 0
+    stop = draft_policy.stop if draft_policy.rule == "confidence" else None  # confidence: stop after an unsure guess
 
     def lower(x):  # blocks 1..E read token ids x (1, 1); their output (1, 1, C) is kept for the verify forward
         hidden.append(target(x, cache=cache, layers=(0, E)).hidden)
         return exit_logits(target, adapter, E, hidden[-1])[0, -1]  # (V,) the exit's guess of the next token
 
-    last, _ = prefill(run, target, cache)  # the whole target reads the prompt
+    last, _ = first_token(run, target, cache)  # the whole target reads the prompt
     done = run.emit([last])
     while not done:
-        k = run.draft_room(length.k)  # fewer guesses near the context end or budget
+        k = run.draft_room(draft_policy.k)  # fewer guesses near the context end or budget
         # Draft: blocks 1..E read the newest token, the exit guesses, each guess read back by blocks 1..E (the
         # verify forward needs its block-E output too): k+1 passes, the lower layers' cache runs ahead by k+1.
         hidden = []  # (1, 1, C) block E's output for the newest token and each guess
@@ -74,14 +74,10 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         hidden.append(target(x, cache=cache, layers=(0, E)).hidden)  # (1, 1, C)
         # Verify: blocks E+1..L read the k+1 block-E outputs in one forward; the chain rule on its logits, then
         # every layer's cache rolls back to the newest token + the accepted guesses.
-        emitted, n, _ = chain_step(run, target, cache, last, drafts, q_draft, o.verify, layers=(E, L),
+        emitted, n, _ = chain_step(run, target, cache, last, drafts, q_draft, opts.verify, layers=(E, L),
                                    hidden_in=torch.cat(hidden, 1))  # (1, k+1, C)
-        # judged: guesses the rule looked at (the accepted ones and the first rejected one), as in speculative
-        drafted, accepted, judged = drafted + len(drafts), accepted + n, judged + min(n + 1, len(drafts))
-        length.update(len(drafts), n)
-        done = run.emit(emitted)
+        draft_policy.update(len(drafts), n)
+        done = run.emit(emitted, drafted=len(drafts))
         last = emitted[-1]
 
-    return run.out, run.stats(drafted=drafted, accepted=accepted, judged=judged,
-                              acceptance_rate=accepted / max(1, judged),
-                              exit_layer=E, adapter=adapter is not None)
+    return run.out, run.stats(exit_layer=E, adapter=adapter is not None)

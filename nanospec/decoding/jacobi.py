@@ -17,7 +17,7 @@ The accepted guesses plus the target's own token are the committed prefix, and t
 next iterate: every argmax past the commit point (Jacobi's update, for the positions still open).
 
 The rule. Committing "the guesses equal to the argmax" is the chain point-mass rule in its greedy form, so
-sampling uses that rule on the iterate (nanospec/verify.py, verify_chain_point_mass): guess x is accepted
+sampling uses that rule on the iterate (nanospec/verify.py, verify_chain with q = point_mass(x)): guess x is accepted
 with probability p(x); on rejection the emitted token is a sample of p with x removed. The iterate is fixed
 by what earlier steps produced, before this step draws anything, which is all the rule needs to reproduce
 p exactly. Under sampling the next iterate still takes each position's argmax: the most
@@ -32,7 +32,7 @@ n-gram guesses instead, which is what makes them pay more often.
 import torch
 
 from nanospec.decoding.options import Option, Sampling, read_options
-from nanospec.decoding.run import prefill, start
+from nanospec.decoding.run import first_token, new_run
 from nanospec.decoding.verify_step import chain_step
 
 NEEDS = ()  # model parts beyond the target
@@ -48,25 +48,23 @@ def pad(iterate, last, k):
 
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
-    o = read_options(OPTIONS, options)
-    run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+    opts = read_options(OPTIONS, options)
+    run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     target = models.target
     cache = target.new_cache()
-    accepted = 0
 
-    last, _ = prefill(run, target, cache)
+    last, _ = first_token(run, target, cache)
     done = run.emit([last])
     iterate = []  # no guesses yet: the first block pads
     while not done:
         last = run.seq[-1]
-        k = run.draft_room(o.block)  # a shorter block near the context end or the token budget
+        k = run.draft_room(opts.block)  # a shorter block near the context end or the token budget
         iterate = pad(iterate, last, k)  # (k,)
         # One target forward over [last, y1..yk] checks the iterate; the cache keeps last + accepted guesses.
         emitted, n, out = chain_step(run, target, cache, last, iterate)
-        accepted += n
         # Row j of the logits predicts the token after y_j. Rows past the commit point (n + 1 tokens) are the
         # refined guesses for the tokens after the emitted ones.
         iterate = out.logits[0, n + 1:].argmax(-1).tolist()  # k - n tokens: the next iterate
-        done = run.emit(emitted)
+        done = run.emit(emitted, drafted=k)
 
-    return run.out, run.stats(accepted=accepted, block=o.block)
+    return run.out, run.stats(block=opts.block)

@@ -34,7 +34,7 @@ import random
 import torch
 
 from nanospec.decoding.options import Option, Sampling, read_options
-from nanospec.decoding.run import prefill, start
+from nanospec.decoding.run import first_token, new_run
 from nanospec.decoding.verify_step import tree_step
 
 NEEDS = ()  # model parts beyond the target
@@ -82,7 +82,9 @@ def build_tree(root, grams, levels):
     parents [-1, 0, 1, 1, 0, 0, 4] (trie 7 -> 5 -> {9, 3}; chain 7 -> 4; level 1: 6 under 7, 8 under 4).
     """
     # BEGIN SOLUTION ex10
-    tokens, parents, trie = [root], [-1], {}
+    tokens = [root]
+    parents = [-1]
+    trie = {}  # (node, token) -> the child holding it
 
     def add(tok, parent):
         tokens.append(tok)
@@ -98,7 +100,8 @@ def build_tree(root, grams, levels):
     chain = [0]  # the chain: root, then level 0, column i+1 under column i
     for tok in levels[0] if levels else []:
         chain.append(add(tok, chain[-1]))
-    where, below = [chain[1:]], chain
+    where = [chain[1:]]
+    below = chain
     for level in levels[1:]:  # level l, column i hangs under level l-1 (level 1: the chain), column i
         below = [add(tok, below[i]) for i, tok in enumerate(level)]
         where.append(below)
@@ -108,13 +111,17 @@ def build_tree(root, grams, levels):
 
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
-    o = read_options(OPTIONS, options)
-    W, N, G, target = o.window, o.ngram, o.guesses, models.target
-    size, context = tree_size(W, N, G), target.config.block_size
+    opts = read_options(OPTIONS, options)
+    W = opts.window  # the paper's names: W columns, N-grams, G guesses
+    N = opts.ngram
+    G = opts.guesses
+    target = models.target
+    size = tree_size(W, N, G)
+    context = target.config.block_size
     if size > context:
         raise ValueError(f"lookahead's forward of {size} tokens (1 + (W-1) + W(N-2) + G(N-1) with --window {W} "
                          f"--ngram {N} --guesses {G}) exceeds the model's context of {context}: lower them")
-    run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+    run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     cache = target.new_cache(max_len=context + size)  # room for a whole forward at the context end
     pool = {}  # key token -> list of (N-1)-tuples that followed it, newest last
     learn(pool, run.prompt, len(run.prompt), N, G)
@@ -122,18 +129,17 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     # N-2 steps only fill the levels with real Jacobi outputs: no pooling yet.
     rng = random.Random(0)
     levels = [[rng.choice(run.prompt) for _ in range(W - (l == 0))] for l in range(N - 1)]
-    accepted = accepted_window = step = 0  # step: Jacobi steps of the window so far
+    accepted_window = step = 0  # step: Jacobi steps of the window so far
 
-    last, _ = prefill(run, target, cache)
+    last, _ = first_token(run, target, cache)
     done = run.emit([last])
     while not done:
-        root, depth = run.seq[-1], run.draft_room(N - 1)  # shorter guesses near the context end or budget
+        root = run.seq[-1]
+        depth = run.draft_room(N - 1)  # shorter guesses near the context end or budget
         grams = [g[:depth] for g in reversed(pool.get(root, []))]  # newest first: tried first
         use_window = W + N - 3 <= run.room()  # its deepest node's position must exist: none near the context end
         tokens, parents, where, chain = build_tree(root, grams, levels if use_window else [])
         emitted, path, out = tree_step(run, target, cache, tokens, parents)  # the cache keeps root + path
-        accepted += len(path)
-        accepted_window += len(path) if path and path[0] >= len(tokens) - sum(map(len, where)) else 0
         if use_window:  # one Jacobi step of the window, and its fresh n-grams into the pool
             new = out.logits[0, where[-1]].argmax(-1).tolist()  # (W,) the top level's argmax: guesses for t+N-1+i
             if step >= N - 2:
@@ -141,8 +147,9 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
                     remember(pool, tokens[chain[i]], tuple(lv[i] for lv in levels[1:]) + (new[i],), G)
             levels = [levels[1][1:]] + levels[2:] + [new]
             step += 1
-        done = run.emit(emitted)
+        done = run.emit(emitted, drafted=len(tokens) - 1)
+        if path and path[0] >= len(tokens) - sum(map(len, where)):  # the accepted path runs through the window
+            accepted_window += run.guesses_per_step[-1]  # its guesses the run kept
         learn(pool, run.seq, len(emitted), N, G)  # the text itself: the newest n-grams, tried first
 
-    return run.out, run.stats(accepted=accepted, accepted_window=accepted_window,
-                              pool_size=sum(map(len, pool.values())))
+    return run.out, run.stats(accepted_window=accepted_window, pool_size=sum(map(len, pool.values())))

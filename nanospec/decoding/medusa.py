@@ -15,10 +15,11 @@ Verification: greedy = accept while a node equals the target's argmax (the outpu
 Sampling, lossless either way: with draft_sampling "sample" (default) the candidates of depth d are DRAWN without
 replacement from head d's warped q and the tree is checked by recursive rejection sampling against those q
 (verify.verify_tree_without_replacement; each node's children drawn on their own from its depth's q,
-tree_guesses.fill_tree); with "topk" they are the heads' top-k, checked by the tree point-mass rule. With verify="typical",
-Medusa's typical acceptance judges the top-k guesses and is LOSSY: it accepts any plausible guess, so the
-output no longer follows the target's law. (A head's q is a marginal over the tokens before its own: see mtp.py.)
-With verify="traversal" a drawn tree is judged from its leaves up (verify.verify_tree_traversal): lossless too.
+tree_guesses.fill_tree); with "topk" they are the heads' top-k, checked by the tree point-mass rule. With
+verify="typical", Medusa's typical acceptance judges the top-k guesses and is LOSSY: it accepts any plausible
+guess, so the output no longer follows the target's law. (A head's q is a marginal over the tokens before its
+own: see mtp.py.) With verify="traversal" a drawn tree is judged from its leaves up (verify.verify_tree_traversal):
+lossless too.
 The heads run inside the verify forward, at every node (heads=True), so the next tree's guesses are ready at
 whichever node is accepted last. The default tree was measured on the trained model (scripts/medusa_tree.py;
 tree_guesses.py, docs/measurements.md).
@@ -28,8 +29,8 @@ arXiv 1811.03115; Gloeckle et al. 2024, Multi-token Prediction, arXiv 2404.19737
 """
 import torch
 
-from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options
-from nanospec.decoding.run import prefill, start
+from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, TREE_RULES, Option, Sampling, read_options, verify_option
+from nanospec.decoding.run import first_token, new_run
 from nanospec.decoding.tree_guesses import TREES, fill_tree, parse_tree  # noqa: F401 (TREES: the presets)
 from nanospec.decoding.verify_step import tree_step
 from nanospec.tokenizer import render
@@ -40,11 +41,7 @@ USES = ("heads",)  # heads.pt, the heads retrained alone, replaces the jointly t
 OPTIONS = {
     "tree": Option(str, "default", "medusa's candidate tree: a preset (default, large, chain, wide) or paths like "
                                    "'0;0,0;1' where '0,1' = head 1's top-1 then head 2's top-2"),
-    "verify": Option(str, "point-mass", "medusa's acceptance rule: point-mass (lossless: the tree rule that fits "
-                                        "--draft-sampling, root down; greedy match at temperature 0), traversal "
-                                        "(lossless, drawn trees judged from their leaves up: more accepted) or typical "
-                                        "(Medusa's typical acceptance of the top-k guesses, whatever --draft-sampling "
-                                        "says: LOSSY when sampling)", choices=("point-mass", "traversal", "typical")),
+    **verify_option(*TREE_RULES),
     "show_tree": Option(bool, False, "print medusa's candidate tree for the first two steps, accepted path marked *"),
     **DRAFT_SAMPLING_OPTION,
 }
@@ -52,7 +49,8 @@ OPTIONS = {
 
 def print_tree(step, tokens, parents, paths, path, emitted, tokenizer, drawn=False):
     """What the heads proposed and what the target kept, for a student to read."""
-    nodes, depth = tree_from_paths(paths)[1], depths(parents)  # node -> its path of ranks, as ordered in tokens
+    nodes = tree_from_paths(paths)[1]  # node -> its path of ranks, as ordered in tokens
+    depth = depths(parents)
 
     def rank(n):  # drawn children are draws 1, 2, ... in order (fill_tree leaves out those q cannot give)
         return [c for c in range(1, n + 1) if parents[c] == parents[n]].index(n) if drawn else nodes[n][-1]
@@ -72,32 +70,30 @@ def print_tree(step, tokens, parents, paths, path, emitted, tokenizer, drawn=Fal
 
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
-    o = read_options(OPTIONS, options)
+    opts = read_options(OPTIONS, options)
     target = models.target
-    paths = parse_tree(o.tree, target.config.n_future, target.config.vocab_size)
+    paths = parse_tree(opts.tree, target.config.n_future, target.config.vocab_size)
     depth = max(map(len, paths))
-    run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
-    drawn = run.sampling.draws(o.draft_sampling) and o.verify != "typical"  # typical judges top-k guesses
-    rule = {"point-mass": "token"}.get(o.verify, o.verify)  # medusa's name for the root-down rule
+    run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+    drawn = run.sampling.guesses_drawn(opts.draft_sampling) and opts.verify != "typical"  # typical judges top-k guesses
     cache = target.new_cache(max_len=target.config.block_size + len(paths) + 1)  # room for a tree at the end
 
     # prefill: the main head gives the first token (the first root), the heads the first candidates
-    last, out = prefill(run, target, cache)
+    last, out = first_token(run, target, cache)
     head_logits = target.head_logits(out.hidden[:, -1:])[0, :, 0]  # (n_future, V) at the position that chose last
     done = run.emit([last])
-    steps, guesses, accepted = 0, 0, 0
     while not done:
         d = run.draft_room(depth)  # near the end of the budget or context, a shallower tree
         slots = cache.max_len - cache.length - 1  # cache slots left for guesses in this forward
         step_paths = [p for p in paths if len(p) <= d][:slots]
         tokens, parents, q_draft = fill_tree(last, head_logits[:d], step_paths, run.sampling, drawn, run.generator)
-        emitted, path, out = tree_step(run, target, cache, tokens, parents, q_draft, rule, heads=True)
-        steps, guesses, accepted = steps + 1, guesses + len(tokens) - 1, accepted + len(path)
-        if o.show_tree and steps <= 2:
-            print_tree(steps, tokens, parents, step_paths, path, emitted, models.tokenizer, drawn)
-        done = run.emit(emitted)
+        emitted, path, out = tree_step(run, target, cache, tokens, parents, q_draft, opts.verify, heads=True)
+        if opts.show_tree and run.target_forwards <= 2:  # the first two trees (the first forward read the prompt)
+            print_tree(run.target_forwards, tokens, parents, step_paths, path, emitted, models.tokenizer, drawn)
+        done = run.emit(emitted, drafted=len(tokens) - 1)
         last = emitted[-1]
         node = path[-1] if path else 0  # the last accepted node: its main head chose `last`
         head_logits = out.head_logits[0, :, node]  # (n_future, V) its heads guess the next tree
-    return run.out, run.stats(tree_nodes=guesses / max(1, steps), accepted=accepted,
-                              accepted_per_tree=accepted / max(1, steps))
+    stats = run.stats()
+    trees = max(1, run.target_forwards - 1)  # the first forward read the prompt
+    return run.out, {**stats, "tree_nodes": stats["drafted"] / trees, "accepted_per_tree": stats["accepted"] / trees}

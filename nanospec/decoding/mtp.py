@@ -34,8 +34,9 @@ Faster Large Language Models via Multi-token Prediction, arXiv 2404.19737.
 import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
-from nanospec.decoding.options import CHAIN_VERIFY_OPTION, DRAFT_SAMPLING_OPTION, Option, Sampling, read_options
-from nanospec.decoding.run import prefill, start
+from nanospec.decoding.options import (CHAIN_RULES, DRAFT_SAMPLING_OPTION, Option, Sampling, read_options,
+                                       verify_option)
+from nanospec.decoding.run import first_token, new_run
 from nanospec.decoding.verify_step import chain_step
 from nanospec.verify import sample, warp
 
@@ -44,51 +45,52 @@ USES = ("heads",)  # heads.pt, the heads retrained alone, replaces the jointly t
 OPTIONS = {
     "draft_len": Option(int, None, "tokens to guess per forward: MTP heads to use, 1..n_future (None = all heads)"),
     **ADAPTIVE_OPTIONS,  # confidence: a head's softmax probability of its guess
-    **DRAFT_SAMPLING_OPTION, **CHAIN_VERIFY_OPTION,
+    **DRAFT_SAMPLING_OPTION, **verify_option(*CHAIN_RULES),
 }
 
 
-def head_guesses(logits, length, sampling=None, generator=None):
+def head_guesses(logits, draft_policy, sampling, drawn=False, generator=None):
     """logits (k, V) of heads 1..k at one position -> (guesses, a list of k ints, q_draft). The guesses are each
-    head's top-1 (q_draft None), or with `sampling` set, draws from each head's warped law q_draft (k, V). Cut
-    after the first unconfident head when `length` (adaptive.DraftLength) uses the confidence rule."""
-    if sampling is None:
-        return length.cut(logits, logits.argmax(-1).tolist()), None
+    head's top-1 (q_draft None), or when `drawn`, draws from each head's warped law q_draft (k, V). Cut after
+    the first unconfident head when `draft_policy` (adaptive.DraftLength) uses the confidence rule."""
+    if not drawn:
+        return draft_policy.cut(logits, logits.argmax(-1).tolist()), None
     q_draft = warp(logits, *sampling)  # (k, V) warped like the target's p
-    guesses = length.cut(logits, sample(q_draft, generator).tolist())  # k ints
+    guesses = draft_policy.cut(logits, sample(q_draft, generator).tolist())  # k ints
     return guesses, q_draft[:len(guesses)]
 
 
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
-    o = read_options(OPTIONS, options)
+    opts = read_options(OPTIONS, options)
     model = models.target
     n_future = model.config.n_future
-    k = n_future if o.draft_len is None else o.draft_len
+    k = n_future if opts.draft_len is None else opts.draft_len
     if not 1 <= k <= n_future:
-        raise ValueError(f"draft_len must be in 1..{n_future} (the model's MTP heads), got {o.draft_len}")
-    length = draft_length(o, k, most=n_future)  # k per step: fixed or adaptive
-    run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
-    draw = (run.sampling, run.generator) if run.sampling.draws(o.draft_sampling) else ()  # else the top-1
+        raise ValueError(f"draft_len must be in 1..{n_future} (the model's MTP heads), got {opts.draft_len}")
+    draft_policy = draft_length(opts, k, most=n_future)  # k per step: fixed or adaptive
+    run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+    drawn = run.sampling.guesses_drawn(opts.draft_sampling)  # else each head's top-1
     cache = model.new_cache()
 
     # prefill: the main head gives the first token, the heads at the last prompt position the first guesses
-    last, out = prefill(run, model, cache)
-    drafts, q_draft = head_guesses(model.head_logits(out.hidden[:, -1:], length.k)[0, :, 0], length, *draw)
+    last, out = first_token(run, model, cache)
+    head_logits = model.head_logits(out.hidden[:, -1:], draft_policy.k)[0, :, 0]  # (k, V)
+    drafts, q_draft = head_guesses(head_logits, draft_policy, run.sampling, drawn, run.generator)
     done = run.emit([last])
-    drafted, accepted = [0] * n_future, [0] * n_future  # per head: guesses verified, guesses accepted
+    drafted = [0] * n_future  # per head: guesses verified
+    accepted = [0] * n_future  # per head: guesses accepted
     while not done:
         drafts = drafts[:run.draft_room(len(drafts))]  # near the end of the budget or context, guess fewer
         q_draft = q_draft[:len(drafts)] if q_draft is not None and len(drafts) else None
-        emitted, n, out = chain_step(run, model, cache, last, drafts, q_draft, o.verify, heads=True)
+        emitted, n, out = chain_step(run, model, cache, last, drafts, q_draft, opts.verify, heads=True)
         for i in range(len(drafts)):
             drafted[i] += 1
             accepted[i] += i < n
-        length.update(len(drafts), n)
-        done = run.emit(emitted)
+        draft_policy.update(len(drafts), n)
+        done = run.emit(emitted, drafted=len(drafts))
         last = emitted[-1]
         # position n is the last accepted token's, whose main head chose `last`: its heads guess the tokens after
-        drafts, q_draft = head_guesses(out.head_logits[0, :length.k, n], length, *draw)  # from (k, V)
-    return run.out, run.stats(drafted=sum(drafted), accepted=sum(accepted),
-                              acceptance_rate=sum(accepted) / max(1, sum(drafted)),
-                              head_acceptance=[a / d for a, d in zip(accepted, drafted) if d])  # heads used
+        head_logits = out.head_logits[0, :draft_policy.k, n]  # (k, V)
+        drafts, q_draft = head_guesses(head_logits, draft_policy, run.sampling, drawn, run.generator)
+    return run.out, run.stats(head_acceptance=[a / d for a, d in zip(accepted, drafted) if d])  # heads used

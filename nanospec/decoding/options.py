@@ -34,7 +34,7 @@ class Sampling(NamedTuple):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         return self
 
-    def draws(self, draft_sampling):
+    def guesses_drawn(self, draft_sampling):
         """Does the drafter DRAW its guesses from its warped q_draft this run? With --draft-sampling sample and
         temperature > 0; otherwise it takes its top-k (greedy: q is one-hot and both modes are the same)."""
         return draft_sampling == "sample" and not self.greedy
@@ -61,14 +61,26 @@ DRAFT_SAMPLING_OPTION = {
 }
 
 
-# How the target judges a chain of guesses when sampling (decoding/verify_step.py); greedy, every rule is the argmax.
-CHAIN_RULES = ("token", "block")
-CHAIN_VERIFY_OPTION = {
-    "verify": Option(str, "token", "how the target judges the guesses when sampling: token = one at a time, from the "
-                                   "first (Leviathan's rule); block = the chain jointly (block verification, "
-                                   "arXiv 2403.10444: the same law, at least as many accepted in expectation)",
-                     choices=CHAIN_RULES),
+# The verification rules, by the name every method's --verify option takes (the one table of them; run by
+# decoding/verify_step.py). Greedy, each is "accept while the guess is the argmax".
+VERIFY_RULES = {
+    "token": "one guess at a time, from the root down (Leviathan's rule; on a tree, recursive rejection)",
+    "block": "a chain jointly (block verification, arXiv 2403.10444: the same law, at least as many accepted)",
+    "traversal": "a drawn tree from its leaves up (traversal verification, arXiv 2505.12398: the same law, more "
+                 "accepted)",
+    "typical": "Medusa's typical acceptance of the top-k guesses, whatever --draft-sampling says (LOSSY when "
+               "sampling)",
 }
+CHAIN_RULES = ("token", "block")  # the rules for a chain of guesses
+TREE_RULES = ("token", "traversal", "typical")  # the rules for a tree of guesses
+
+
+def verify_option(*rules):
+    """The --verify option of a method whose guesses the `rules` (names in VERIFY_RULES) can judge; the default,
+    "token", comes first."""
+    meanings = "; ".join(f"{rule} = {VERIFY_RULES[rule]}" for rule in rules)
+    return {"verify": Option(str, "token", f"how the target judges the guesses when sampling: {meanings}",
+                             choices=rules)}
 
 
 def read_options(options, given):

@@ -14,7 +14,7 @@ a step's drafter pass reads only the tokens emitted since the last step plus the
 By default the top candidates of each mask fill a small Medusa-style tree (nanospec/tree.py) instead of one
 chain, verified with tree attention (nanospec/decoding/verify_step.py); still one drafter pass per step. A mask's
 second or third choice is often right when its first is not (docs/measurements.md, parallelspec). The two modes
-are two step functions, `chain_step_guesses` and `tree_step_guesses`; the loop around them is shared.
+differ in their guesses, `mask_chain` (for chain_step) and `mask_tree` (for tree_step); the loop is shared.
 Greedy output is `ar`'s token for token. Sampling follows the target's law exactly in both modes of
 draft_sampling: "sample" (default) DRAWS mask j's guess from its warped law q_j (a tree: draws without
 replacement per depth, tree_guesses.fill_tree) and verifies by rejection sampling against q (verify_chain, or
@@ -27,8 +27,8 @@ Paper: Xiao et al. 2024, ParallelSpec: Parallel Drafter for Efficient Speculativ
 import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
-from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options
-from nanospec.decoding.run import prefill, start, tensor
+from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options, verify_option
+from nanospec.decoding.run import first_token, new_run, tensor
 from nanospec.decoding.tree_guesses import fill_tree, parse_tree
 from nanospec.decoding.verify_step import chain_step, tree_step
 from nanospec.verify import sample, warp
@@ -36,7 +36,6 @@ from nanospec.verify import sample, warp
 # Paths of ranks: (1, 0) = mask 1's second choice, then mask 2's first. Top-3 for the next token, then a chain.
 SMALL_TREE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)]
 
-VERIFY_RULES = ("token", "block", "traversal")  # block judges a chain jointly, traversal a drawn tree from its leaves
 NEEDS = ("parallelspec",)
 USES = ()  # parts used when present
 OPTIONS = {
@@ -47,9 +46,7 @@ OPTIONS = {
                               "(None = small, or chain with --adaptive)"),
     **ADAPTIVE_OPTIONS,  # chain only; confidence: a mask's probability of its guess
     **DRAFT_SAMPLING_OPTION,
-    "verify": Option(str, "token", "how the target judges the guesses when sampling: token = one at a time, from "
-                                   "the root down; block = a chain jointly (--tree chain); traversal = a drawn tree "
-                                   "from its leaves up (the same law, more accepted)", choices=VERIFY_RULES),
+    **verify_option("token", "block", "traversal"),  # block: with --tree chain; traversal: a drawn tree
 }
 
 
@@ -62,27 +59,23 @@ def tree_paths(tree, k, vocab_size):
     return parse_tree(tree, k, vocab_size)
 
 
-def chain_step_guesses(run, target, cache, last, guesses, length, drawn, rule):
-    """Chain mode: each mask's top-1, or a draw from its warped q (drawn), cut at the first unconfident one
-    (--adaptive confidence), verified by chain_step. guesses (d, V): the drafter's logits.
-    Returns (emitted, guesses verified, guesses accepted)."""
-    q_draft = warp(guesses, *run.sampling) if drawn else None  # (d, V)
-    picks = sample(q_draft, run.generator) if drawn else guesses.argmax(-1)  # (d,)
-    drafts = length.cut(guesses, picks.tolist())  # all d, unless unsure (confidence)
-    q_draft = q_draft[:len(drafts)] if drawn else None
-    emitted, n, _ = chain_step(run, target, cache, last, drafts, q_draft, rule)
-    length.update(len(drafts), n)
-    return emitted, len(drafts), n
+def mask_chain(run, mask_logits, draft_policy, drawn):
+    """Chain mode's guesses: each mask's top-1, or a draw from its warped q (drawn), cut at the first unconfident
+    one (--adaptive confidence). mask_logits (d, V): the drafter's. Returns (drafts: j ints, q_draft (j, V) or
+    None)."""
+    q_draft = warp(mask_logits, *run.sampling) if drawn else None  # (d, V)
+    picks = sample(q_draft, run.generator) if drawn else mask_logits.argmax(-1)  # (d,)
+    drafts = draft_policy.cut(mask_logits, picks.tolist())  # all d, unless unsure (confidence)
+    return drafts, q_draft[:len(drafts)] if drawn else None
 
 
-def tree_step_guesses(run, target, cache, last, guesses, paths, drawn, rule):
-    """Tree mode: each mask's top candidates (or draws), Medusa-style (mask j's candidates sit at depth j),
-    verified by tree_step. guesses (d, V): the drafter's logits. Returns (emitted, guesses verified, accepted)."""
+def mask_tree(run, cache, last, mask_logits, paths, drawn):
+    """Tree mode's guesses: each mask's top candidates (or draws), Medusa-style (mask j's candidates sit at depth
+    j), under the root `last`. mask_logits (d, V): the drafter's. Returns (tokens, parents, q_draft (N, V) or
+    None), as tree_guesses.fill_tree."""
     slots = cache.max_len - cache.length - 1  # cache slots left for guesses in this forward
-    step_paths = [p for p in paths if len(p) <= guesses.size(0)][:slots]
-    tokens, parents, q_draft = fill_tree(last, guesses, step_paths, run.sampling, drawn, run.generator)
-    emitted, path, _ = tree_step(run, target, cache, tokens, parents, q_draft, rule)
-    return emitted, len(tokens) - 1, len(path)
+    step_paths = [p for p in paths if len(p) <= mask_logits.size(0)][:slots]
+    return fill_tree(last, mask_logits, step_paths, run.sampling, drawn, run.generator)
 
 
 def check_drafter(target, drafter):
@@ -96,44 +89,50 @@ def check_drafter(target, drafter):
 
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
-    o = read_options(OPTIONS, options)
-    target, drafter = models.target, models.parallelspec
+    opts = read_options(OPTIONS, options)
+    target = models.target
+    drafter = models.parallelspec
     check_drafter(target, drafter)
     n_masks = drafter.config.n_masks
-    k = n_masks if o.draft_len is None else o.draft_len
+    k = n_masks if opts.draft_len is None else opts.draft_len
     if not 1 <= k <= n_masks:
-        raise ValueError(f"draft_len must be in 1..{n_masks} (the drafter's mask tokens), got {o.draft_len}")
-    paths = tree_paths(o.tree or ("chain" if o.adaptive != "off" else "small"), k, target.config.vocab_size)
-    if o.verify == "block" and paths is not None:
+        raise ValueError(f"draft_len must be in 1..{n_masks} (the drafter's mask tokens), got {opts.draft_len}")
+    paths = tree_paths(opts.tree or ("chain" if opts.adaptive != "off" else "small"), k, target.config.vocab_size)
+    if opts.verify == "block" and paths is not None:
         raise ValueError("--verify block judges a chain of guesses: add --tree chain (for a tree: --verify traversal)")
-    if o.verify == "traversal" and paths is None:
+    if opts.verify == "traversal" and paths is None:
         raise ValueError("--verify traversal judges a tree of guesses: drop --tree chain (for a chain: --verify block)")
-    if paths is not None and o.adaptive != "off":
+    if paths is not None and opts.adaptive != "off":
         raise ValueError("--adaptive sets the length of a chain: use it with --tree chain")
-    length = draft_length(o, k, most=n_masks)  # guesses per step: k, or adaptive
-    run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
-    drawn = run.sampling.draws(o.draft_sampling)
+    draft_policy = draft_length(opts, k, most=n_masks)  # guesses per step: k, or adaptive
+    run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+    drawn = run.sampling.guesses_drawn(opts.draft_sampling)
     cache = target.new_cache(max_len=target.config.block_size + 1 + (n_masks if paths is None else len(paths)))
     draft_cache = drafter.new_cache()
 
     # prefill: the target gives the first token (the first root); the drafter's first pass reads the prompt too
-    last, _ = prefill(run, target, cache)
+    last, _ = first_token(run, target, cache)
     new_tokens = run.prompt + [last]  # what the drafter has not read yet, ending with the root
     done = run.emit([last])
-    drafted, accepted = 0, 0
     while not done:
-        d = run.draft_room(length.k)  # near the end of the budget or context, guess fewer
+        d = run.draft_room(draft_policy.k)  # near the end of the budget or context, guess fewer
         if d == 0:  # one token left to emit: nothing to guess (and this is the last step)
             run.emit(chain_step(run, target, cache, last, [])[0])
             break
         # one drafter pass over the new tokens (1, T) and d masks after the root, the last of them
-        ids, root = tensor(new_tokens, draft_cache.device), tensor([len(new_tokens) - 1], draft_cache.device)[0]
-        guesses = drafter(target, ids, root, d, cache=draft_cache)[0, 0]  # (d, V) logits
-        if paths is None:
-            emitted, m, n = chain_step_guesses(run, target, cache, last, guesses, length, drawn, o.verify)
-        else:
-            emitted, m, n = tree_step_guesses(run, target, cache, last, guesses, paths, drawn, o.verify)
-        drafted, accepted = drafted + m, accepted + n
-        done = run.emit(emitted)
-        last, new_tokens = emitted[-1], emitted  # the accepted guesses and the new root: the drafter's next read
-    return run.out, run.stats(drafted=drafted, accepted=accepted, acceptance_rate=accepted / max(1, drafted))
+        ids = tensor(new_tokens, draft_cache.device)  # (1, T)
+        root = tensor([len(new_tokens) - 1], draft_cache.device)[0]  # (1,) the root's index in ids
+        mask_logits = drafter(target, ids, root, d, cache=draft_cache)[0, 0]  # (d, V)
+        if paths is None:  # a chain of guesses
+            drafts, q_draft = mask_chain(run, mask_logits, draft_policy, drawn)
+            emitted, n, _ = chain_step(run, target, cache, last, drafts, q_draft, opts.verify)
+            draft_policy.update(len(drafts), n)
+            drafted = len(drafts)
+        else:  # a tree of guesses
+            tokens, parents, q_draft = mask_tree(run, cache, last, mask_logits, paths, drawn)
+            emitted, path, _ = tree_step(run, target, cache, tokens, parents, q_draft, opts.verify)
+            drafted = len(tokens) - 1
+        done = run.emit(emitted, drafted)
+        new_tokens = emitted  # the accepted guesses and the new root: the drafter's next read
+        last = emitted[-1]
+    return run.out, run.stats()

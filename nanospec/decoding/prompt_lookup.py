@@ -26,7 +26,7 @@ import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
 from nanospec.decoding.options import Option, Sampling, read_options
-from nanospec.decoding.run import prefill, start
+from nanospec.decoding.run import first_token, new_run
 from nanospec.decoding.verify_step import chain_step
 
 NEEDS = ()  # model parts beyond the target
@@ -61,24 +61,22 @@ def lookup(seq, max_ngram, draft_len):
 
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
-    o = read_options(OPTIONS, options)
-    if o.adaptive == "confidence":
+    opts = read_options(OPTIONS, options)
+    if opts.adaptive == "confidence":
         raise ValueError("prompt-lookup's guesses are copies with no probabilities: use --adaptive history")
-    length = draft_length(o, o.draft_len)  # k per step: draft_len, or adapted to the acceptance history
-    run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+    draft_policy = draft_length(opts, opts.draft_len)  # k per step: draft_len, or adapted to the acceptance history
+    run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     target = models.target
     cache = target.new_cache()
-    drafted = accepted = 0
 
-    last, _ = prefill(run, target, cache)
+    last, _ = first_token(run, target, cache)
     done = run.emit([last])
     while not done:
         seq = run.seq
-        drafts = lookup(seq, o.max_ngram, run.draft_room(length.k))  # fewer near the context end or budget
+        drafts = lookup(seq, opts.max_ngram, run.draft_room(draft_policy.k))  # fewer near the context end or budget
         # One target forward over [last, d1..dk]; the cache keeps last + the accepted drafts.
         emitted, n, _ = chain_step(run, target, cache, seq[-1], drafts)
-        drafted, accepted = drafted + len(drafts), accepted + n
-        length.update(len(drafts), n)
-        done = run.emit(emitted)
+        draft_policy.update(len(drafts), n)
+        done = run.emit(emitted, drafted=len(drafts))
 
-    return run.out, run.stats(drafted=drafted, accepted=accepted, acceptance_rate=accepted / max(1, drafted))
+    return run.out, run.stats()

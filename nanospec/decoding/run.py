@@ -1,14 +1,15 @@
 """
-What every decoding method does around its idea, the run record (`Run`, set up by `start`): the prompt and the
+What every decoding method does around its idea, the run record (`Run`, made by `new_run`): the prompt and the
 sampling settings checked, one random generator on the model's device, target forwards counted, stopping at
 end-of-text, the token budget or the context limit, and the stats dict that `decode.py --json`, the benchmark
 and the tests read. The settings and the methods' options themselves are options.py.
 
-A method calls `run.emit(tokens)` once per target forward with the tokens that forward produced (the accepted
-guesses plus the target's own next token); `emit` keeps what fits and says when to stop. How long the forwards
-and the drafting took is not the method's business: the benchmark times the models themselves (nanospec/bench.py).
+A method calls `run.emit(tokens, drafted)` once per target forward with the tokens that forward produced (the
+accepted guesses plus the target's own next token) and the number of guesses it checked; `emit` keeps what fits,
+says when to stop, and counts: the run is the one acceptance counter every method's stats come from. How long
+the forwards and the drafting took is not the method's business: decode.py and the benchmark time them from
+outside (nanospec/probes.py wraps the models).
 """
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -30,9 +31,9 @@ class Run:
     out: list = field(default_factory=list)  # generated ids so far
     accepted_per_step: list = field(default_factory=list)  # tokens produced by each target forward
     guesses_per_step: list = field(default_factory=list)  # of those, accepted guesses (the rest: the target's own)
+    drafted_per_step: list = field(default_factory=list)  # guesses each target forward checked
     target_forwards: int = 0
     stop: str = None  # why generation ended: "eot", "max_new_tokens" or "context"
-    t0: float = field(default_factory=time.perf_counter)
 
     @property
     def seq(self):
@@ -50,38 +51,48 @@ class Run:
         """One token (an int) from the target's warped law: logits (V,)."""
         return int(sample(warp(logits, *self.sampling), self.generator))
 
-    def emit(self, tokens):
-        """Record one target forward that produced `tokens`; keep those that fit. Returns True when done."""
+    def emit(self, tokens, drafted=0):
+        """Record one target forward that checked `drafted` guesses and produced `tokens` (the accepted guesses,
+        then the target's own token); keep those that fit. Returns True when done."""
         self.target_forwards += 1
-        kept = 0
-        for t in tokens:
+        kept = self.keep(tokens)
+        self.accepted_per_step.append(kept)
+        self.guesses_per_step.append(min(kept, len(tokens) - 1))  # the last of `tokens` is the target's own
+        self.drafted_per_step.append(drafted)
+        return self.stop is not None
+
+    def keep(self, tokens):
+        """Append `tokens` to the output until an end-of-text, the token budget or the context stops it (`stop`
+        says which). Returns how many were kept: [5, eot, 9] -> 1."""
+        for kept, t in enumerate(tokens):
             if self.eot is not None and t == self.eot:
                 self.stop = "eot"
-                break
+                return kept
             self.out.append(int(t))
-            kept += 1
             if len(self.out) >= self.max_new_tokens:
                 self.stop = "max_new_tokens"
             elif self.room() <= 0:
                 self.stop = "context"
             if self.stop:
-                break
-        self.accepted_per_step.append(kept)
-        self.guesses_per_step.append(min(kept, len(tokens) - 1))  # the last of `tokens` is the target's own
-        return self.stop is not None
+                return kept + 1
+        return len(tokens)
 
     def stats(self, **extra):
         """What the run did: tokens, target forwards, tokens per forward (and per forward, accepted_per_step), the
-        wall time, why it stopped, and the method's own figures (`extra`)."""
+        guesses drafted and accepted, why it stopped, and the method's own figures (`extra`). acceptance_rate
+        estimates a guess's chance to pass: accepted / judged, where a guess is judged if every guess before it
+        was accepted (the ones after a rejection say nothing). No clock: decode.py and the bench time a run."""
         n = len(self.out)
+        accepted = sum(self.guesses_per_step)
+        judged = sum(min(a + 1, d) for a, d in zip(self.guesses_per_step, self.drafted_per_step))
         return {"new_tokens": n, "target_forwards": self.target_forwards,
                 "tokens_per_forward": n / max(1, self.target_forwards),
                 "accepted_per_step": self.accepted_per_step, "guesses_per_step": self.guesses_per_step,
-                "wall_time": time.perf_counter() - self.t0,
-                "stop": self.stop, **extra}
+                "drafted": sum(self.drafted_per_step), "accepted": accepted, "judged": judged,
+                "acceptance_rate": accepted / max(1, judged), "stop": self.stop, **extra}
 
 
-def start(models, prompt_ids, max_new_tokens, sampling=Sampling(), seed=None):
+def new_run(models, prompt_ids, max_new_tokens, sampling=Sampling(), seed=None):
     """Check the request and set up the run; one clear ValueError per bad input."""
     sampling = Sampling(*sampling).check()
     block_size = models.target.config.block_size
@@ -109,7 +120,7 @@ def tensor(ids, device):
     return torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
 
 
-def prefill(run, target, cache):
+def first_token(run, target, cache):
     """The target reads the prompt and picks the first token itself, like `ar`. Returns (that token, the
     forward's Output: logits (1, P, V), hidden (1, P, C)). The token is not emitted yet, nor in the cache."""
     out = target(tensor(run.prompt, cache.device), cache=cache)

@@ -23,21 +23,21 @@ accepted step. One forward either way, no extra pass. (The draft reads the promp
 
 Cost per step: k draft forwards + 1 target forward for 1..k+1 tokens. If each guess is accepted with
 probability a, independently, a step yields (1 - a^(k+1)) / (1 - a) tokens on average. The stats'
-`acceptance_rate` estimates that a: accepted / judged, where a guess is judged if every guess before it was
-accepted (guesses after a rejection are never looked at, so they say nothing about a).
+`acceptance_rate` (run.py's, as every method's) estimates that a: accepted / judged, where a guess is judged if
+every guess before it was accepted (guesses after a rejection are never looked at, so they say nothing about a).
 """
 import torch
 
 from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
 from nanospec.decoding.draft_chain import draft_chain
-from nanospec.decoding.options import CHAIN_VERIFY_OPTION, Option, Sampling, read_options
-from nanospec.decoding.run import prefill, start, tensor
+from nanospec.decoding.options import CHAIN_RULES, Option, Sampling, read_options, verify_option
+from nanospec.decoding.run import first_token, new_run, tensor
 from nanospec.decoding.verify_step import chain_step
 
 NEEDS = ("draft",)  # model parts beyond the target
 USES = ()  # parts used when present
 OPTIONS = {"draft_len": Option(int, 4, "tokens the draft guesses per target forward (k)", low=1, high=64),
-           **ADAPTIVE_OPTIONS, **CHAIN_VERIFY_OPTION}
+           **ADAPTIVE_OPTIONS, **verify_option(*CHAIN_RULES)}
 
 
 def check_draft(target, draft):
@@ -52,35 +52,33 @@ def check_draft(target, draft):
 
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
-    o = read_options(OPTIONS, options)
-    target, draft = models.target, models.draft
+    opts = read_options(OPTIONS, options)
+    target = models.target
+    draft = models.draft
     check_draft(target, draft)
-    length = draft_length(o, o.draft_len)  # k per step: draft_len, or adaptive
-    run = start(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
-    target_cache, draft_cache = target.new_cache(), draft.new_cache()
-    stop = length.stop if length.rule == "confidence" else None  # confidence: stop after an unsure guess
-    drafted = accepted = judged = draft_forwards = 0
+    draft_policy = draft_length(opts, opts.draft_len)  # k per step: draft_len, or adaptive
+    run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+    target_cache = target.new_cache()
+    draft_cache = draft.new_cache()
+    stop = draft_policy.stop if draft_policy.rule == "confidence" else None  # confidence: stop after an unsure guess
 
-    last, _ = prefill(run, target, target_cache)
+    last, _ = first_token(run, target, target_cache)
     draft(tensor(run.prompt, draft_cache.device), cache=draft_cache)  # the draft reads the prompt too, once
     done = run.emit([last])
     while not done:
         seq = run.seq
-        k = run.draft_room(length.k)  # fewer guesses near the context end or the token budget
+        k = run.draft_room(draft_policy.k)  # fewer guesses near the context end or the token budget
         x = tensor(seq[draft_cache.length:], draft_cache.device)  # (1, T) what the draft has not read: T = 1 or 2
         drafts, q_draft = draft_chain(lambda x: draft(x, cache=draft_cache).logits[0, -1], x, k, run.sampling,
                                       run.generator, stop)  # k ints, (k, V)
         k = len(drafts)
-        draft_forwards += k
 
         # One target forward over [last, d1..dk]; the target cache rolls back to last + accepted drafts.
-        emitted, n, _ = chain_step(run, target, target_cache, seq[-1], drafts, q_draft, o.verify)
-        drafted, accepted, judged = drafted + k, accepted + n, judged + min(n + 1, k)
-        length.update(k, n)
+        emitted, n, _ = chain_step(run, target, target_cache, seq[-1], drafts, q_draft, opts.verify)
+        draft_policy.update(k, n)
         # The draft cache read seq and d1..d(k-1). Keep seq + the accepted drafts, as far as it read them:
         # after n == k it lacks d_k, which the next step feeds it with the target's new token.
         draft_cache.rollback(min(draft_cache.length, len(seq) + n))
-        done = run.emit(emitted)
+        done = run.emit(emitted, drafted=k)
 
-    return run.out, run.stats(drafted=drafted, accepted=accepted, judged=judged,
-                              acceptance_rate=accepted / max(1, judged), draft_forwards=draft_forwards)
+    return run.out, run.stats(draft_forwards=sum(run.drafted_per_step))  # one draft forward per guess

@@ -26,7 +26,9 @@ TREES = {
     "chain": [(0,) * d for d in range(1, 9)],  # the top-1 chain: what `mtp` verifies, as a tree
     "wide": [(r,) for r in range(10)],  # head 1's top-10 only: ten guesses for one token
 }
-MAX_PATHS, MAX_RANK = 256, 63  # a tree is verified in one forward: more nodes cost more than they can accept
+# A tree is verified in one forward: more nodes cost more than they can accept.
+MAX_PATHS = 256
+MAX_RANK = 63
 
 
 def parse_tree(tree, max_depth, vocab_size):
@@ -79,7 +81,8 @@ def fill_tree(root, logits, paths, sampling, drawn=False, generator=None):
              -> tokens [7, 5, 3, 9], parents [-1, 0, 0, 1], q_draft None. Returns (tokens, parents, q_draft)."""
     if not paths:
         return [int(root)], [-1], None
-    D, width = max(map(len, paths)), max(max(p) for p in paths) + 1
+    D = max(map(len, paths))  # the deepest guess
+    width = max(max(p) for p in paths) + 1  # candidates per depth
     if not drawn:
         return (*medusa_tree(root, logits[:D].topk(width, dim=-1).indices, paths), None)  # (D, width) best first
     have = set(paths)
@@ -93,18 +96,20 @@ def fill_tree(root, logits, paths, sampling, drawn=False, generator=None):
 
 def draw_tree(root, paths, q_root, next_q, generator=None):
     """A tree of DRAWN guesses with a shape fixed in advance, for a drafter whose law at a node depends on the
-    tokens above it (EAGLE's head; fill_tree's laws depend on the depth only): paths = the shape in draw ranks (tree.draw_rank_paths); q_root (V,) the drafter's
-    warped law below the root; next_q(d, level, tokens, parents) -> (K, V) its warped laws at the nodes `level`
-    (the drawn nodes of depth d that have children in the shape), given tokens (None where not drawn) and the
-    shape's parents: one drafter pass per level, one host read per level. Each node's children are draws without
-    replacement from its q, in rank order, independent of every other node's (traversal verification needs it); where q allows fewer tokens than the shape has children (top-k,
-    top-p), the rest are left out, with everything under them. The shape is fixed before any draw and no drawn
+    tokens above it (EAGLE's head; fill_tree's laws depend on the depth only): paths = the shape in draw ranks
+    (tree.draw_rank_paths); q_root (V,) the drafter's warped law below the root; next_q(d, level, tokens,
+    parents) -> (K, V) its warped laws at the nodes `level` (the drawn nodes of depth d that have children in the
+    shape), given tokens (None where not drawn) and the shape's parents: one drafter pass per level, one host read
+    per level. Each node's children are draws without replacement from its q, in rank order, independent of every
+    other node's (traversal verification needs it); where q allows fewer tokens than the shape has children
+    (top-k, top-p), the rest are left out, with everything under them. The shape is fixed before any draw and no drawn
     node is pruned for its value, as verify_tree_without_replacement needs.
     Example: root 7, shape [(0,), (1,), (0, 0)]: draws 5, 3 from q_root; then next_q at node 1 (token 5), draw 9
              -> tokens [7, 5, 3, 9], parents [-1, 0, 0, 1], q_draft rows [q_root, q at 5, 0, 0].
     Returns (tokens, parents, q_draft (N, V): the law each node's children were drawn from)."""
     parents, nodes = tree_from_paths(paths)
-    N, kids = len(nodes), children(parents)  # kids[u] in rank order = draw order
+    N = len(nodes)
+    kids = children(parents)  # kids[u] in rank order = draw order
     tokens = [int(root)] + [None] * (N - 1)  # None: not drawn
     q_draft = q_root.new_zeros(N, q_root.numel())  # (N, V)
     q_draft[0] = q_root

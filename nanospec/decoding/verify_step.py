@@ -10,23 +10,22 @@ of nanospec/verify.py that fits where they came from, and the KV cache cut back 
 In a tree forward each node sees the cached prefix and its own ancestors (tree_mask) at position prefix + depth
 (tree_positions), so it gets exactly the logits a plain forward along its own root-to-node path would give.
 
-Which rule: greedy, "accept while the guess is the argmax" (verify_chain_greedy, verify_tree_greedy: no law
-built). Sampling, guesses DRAWN from a drafter's q_draft are judged against that q (verify_chain, Leviathan's rule;
-verify_tree_without_replacement for a tree's siblings drawn without replacement), and deterministic guesses
-(n-gram copies, top-k, Jacobi iterates) as point masses (verify_chain_point_mass, verify_tree_descend). Those are
-the "token" rules, which judge one guess at a time from the root down. The "block" rule judges a chain jointly
-(verify_block), the "traversal" rule a drawn tree from its leaves up (verify_tree_traversal): the same law, more
-guesses accepted. medusa's "typical" rule (verify.typical_accept) is LOSSY by design.
+Which rule (the names are options.VERIFY_RULES): greedy, "accept while the guess is the argmax"
+(verify_chain_greedy, verify_tree_greedy: no law built). Sampling, guesses DRAWN from a drafter's q_draft are
+judged against that q (verify_chain, Leviathan's rule; verify_tree_without_replacement for a tree's siblings drawn
+without replacement), and deterministic guesses (n-gram copies, top-k, Jacobi iterates) as point masses, q =
+one_hot (verify_chain with verify.point_mass, verify_tree_descend). Those are the "token" rules, which judge one
+guess at a time from the root down. The "block" rule judges a chain jointly (verify_block), the "traversal" rule a
+drawn tree from its leaves up (verify_tree_traversal): the same law, more guesses accepted. medusa's "typical"
+rule (verify.typical_accept) is LOSSY by design.
 """
 import torch
 
-from nanospec.decoding.options import CHAIN_RULES  # "token": one guess at a time (Leviathan's rule); "block"
+from nanospec.decoding.options import CHAIN_RULES, TREE_RULES
 from nanospec.tree import tree_mask, tree_positions
-from nanospec.verify import (typical_accept, verify_block, verify_chain, verify_chain_greedy, verify_chain_point_mass,
+from nanospec.verify import (host_path, point_mass, typical_accept, verify_block, verify_chain, verify_chain_greedy,
                              verify_tree_descend, verify_tree_greedy, verify_tree_traversal,
                              verify_tree_without_replacement, warp)
-
-TREE_RULES = ("token", "traversal", "typical")  # root down, leaves up (drawn trees), Medusa's LOSSY typical acceptance
 
 
 def chain_step(run, target, cache, last, drafts, q_draft=None, rule="token", **forward):
@@ -34,25 +33,25 @@ def chain_step(run, target, cache, last, drafts, q_draft=None, rule="token", **f
     accepted draft (`last` included, the new token not yet).
 
     last: the newest emitted token, not yet in the cache; drafts: k guesses for the tokens after it (ints);
-    q_draft (k, V): the law each was drawn from, or None for deterministic guesses; rule: "token" or "block"
-    (a deterministic guess is a point mass there: q = one_hot). forward: more arguments of the target's forward
-    (heads=True for the MTP heads' logits; early-exit's layers and hidden_in).
-    Returns (emitted = accepted drafts + the target's next token, n_accepted, the forward's Output)."""
+    q_draft (k, V): the law each was drawn from, or None for deterministic guesses; rule: "token" or "block".
+    forward: more arguments of the target's forward (heads=True for the MTP heads' logits; early-exit's layers
+    and hidden_in). Returns (emitted = accepted drafts + the target's next token, n_accepted, the forward's
+    Output)."""
+    if rule not in CHAIN_RULES:
+        raise ValueError(f"unknown chain rule {rule!r}; choose one of: {', '.join(CHAIN_RULES)}")
     prefix = cache.lengths[-1]  # the tokens before `last` (early-exit's lower layers may be ahead of the others)
     ids = torch.tensor([[last] + list(drafts)], device=cache.device)  # (1, k+1)
     out = target(ids, cache=cache, **forward)
-    logits, guesses = out.logits[0], ids[0, 1:]  # (k+1, V), (k,)
-    if rule not in CHAIN_RULES:
-        raise ValueError(f"unknown chain rule {rule!r}; choose one of: {', '.join(CHAIN_RULES)}")
-    if run.sampling.greedy:
+    logits = out.logits[0]  # (k+1, V)
+    if run.sampling.greedy:  # every rule is "accept while the guess is the argmax"
         n, nxt = verify_chain_greedy(logits, drafts)
-    elif rule == "block":
-        q = q_draft if q_draft is not None else torch.nn.functional.one_hot(guesses, logits.size(-1)).to(logits.dtype)
-        n, nxt = verify_block(warp(logits, *run.sampling), q, guesses, run.generator)
-    elif q_draft is None:
-        n, nxt = verify_chain_point_mass(warp(logits, *run.sampling), guesses, run.generator)
     else:
-        n, nxt = verify_chain(warp(logits, *run.sampling), q_draft, guesses, run.generator)
+        p_target = warp(logits, *run.sampling)  # (k+1, V)
+        guesses = ids[0, 1:]  # (k,)
+        if q_draft is None:  # a guess not drawn is a point mass, q = one_hot(x): min(1, p(x)/q(x)) = p(x)
+            q_draft = point_mass(guesses, p_target)  # (k, V)
+        judge = verify_block if rule == "block" else verify_chain
+        n, nxt = torch.stack(judge(p_target, q_draft, guesses, run.generator)).tolist()  # one host read
     cache.rollback(prefix + 1 + n)  # keep last and the accepted drafts
     return list(drafts[:n]) + [nxt], n, out
 
@@ -70,21 +69,24 @@ def tree_step(run, target, cache, tokens, parents, q_draft=None, rule="token", h
     (out.hidden[:, node] is the trunk state there, for drafting the next tree)."""
     if rule not in TREE_RULES:
         raise ValueError(f"unknown tree rule {rule!r}; choose one of: {', '.join(TREE_RULES)}")
-    prefix, device = cache.length, cache.device
+    if rule == "traversal" and q_draft is None and len(tokens) > 1 and not run.sampling.greedy:
+        raise ValueError("traversal verification judges drawn guesses: use --draft-sampling sample")
+    prefix = cache.length  # the tokens before the root
+    device = cache.device
     ids = torch.tensor([tokens], device=device)  # (1, N)
     out = target(ids, pos=tree_positions(parents, prefix, device), cache=cache,
                  mask=tree_mask(parents, prefix, device), heads=heads)  # logits (1, N, V)
     logits = out.logits[0]  # (N, V)
     if run.sampling.greedy:  # every rule is "follow the argmax"
         path, nxt = verify_tree_greedy(logits, tokens, parents)
-    elif q_draft is not None:  # drawn children: judged against the q they came from, root down or leaves up
-        judge = verify_tree_traversal if rule == "traversal" else verify_tree_without_replacement
-        path, nxt = judge(warp(logits, *run.sampling), q_draft, tokens, parents, run.generator)
-    elif rule == "traversal" and len(tokens) > 1:
-        raise ValueError("traversal verification judges drawn guesses: use --draft-sampling sample")
+    elif q_draft is not None and rule == "traversal":  # drawn children, judged from the leaves up
+        path, nxt = verify_tree_traversal(warp(logits, *run.sampling), q_draft, tokens, parents, run.generator)
+    elif q_draft is not None:  # drawn children, judged root down against the q they came from
+        judged = verify_tree_without_replacement(warp(logits, *run.sampling), q_draft, tokens, parents, run.generator)
+        path, nxt = host_path(*judged)  # one host read
     elif rule == "typical":
-        path, nxt = typical_accept(warp(logits, *run.sampling), tokens, parents, generator=run.generator)
-    else:
+        path, nxt = host_path(*typical_accept(warp(logits, *run.sampling), tokens, parents, generator=run.generator))
+    else:  # guesses not drawn: point masses, q = one_hot, judged as "draw y ~ p, step into the child holding y"
         path, nxt = verify_tree_descend(warp(logits, *run.sampling), tokens, parents, run.generator)
     cache.compact(list(range(prefix)) + [prefix + n for n in [0] + path])  # the root, then the accepted path
     return [tokens[n] for n in path] + [nxt], path, out

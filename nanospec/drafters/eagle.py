@@ -64,8 +64,9 @@ class Eagle(nn.Module):
             cache.advance(tokens.size(1))
         return Output(logits=self.unembed(target, x) if logits else None, hidden=x)
 
-    def layout(self, target, tokens, features, pos=None, cache=None, mask=None, logits=True):
-        """The positions and mask `forward` gives its tokens (model.layout): slot j holds position j+1."""
+    def layout(self, target, tokens, features, pos=None, cache=None, mask=None, **unplaced):
+        """The positions and mask `forward` gives its tokens (model.layout): slot j holds position j+1; `unplaced`,
+        the forward's other keywords (logits), move no token."""
         return layout(cache.length if cache is not None else 0, tokens.size(1), pos, mask, tokens.device, first=1,
                       table=self.config.block_size)
 
