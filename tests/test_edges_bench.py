@@ -7,22 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from nanospec import bench, bench_batch
 from nanospec.device import MAX_SEED
 
-from test_bench import train_toy
-
-ROOT = Path(__file__).resolve().parent.parent
-PROMPTS = str(ROOT / "data" / "prompts.json")
-
-
-@pytest.fixture(scope="module")
-def toy_out(tmp_path_factory):
-    return train_toy(tmp_path_factory.mktemp("toy"))
+from test_bench_inputs import PROMPTS, ROOT, toy_out  # noqa: F401 (toy_out: a fixture)
 
 
 def small(ckpt, out, *flags):
