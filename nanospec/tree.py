@@ -22,6 +22,8 @@ import heapq
 
 import torch
 
+from nanospec.tokenizer import render
+
 
 def depths(parents):
     d = []
@@ -94,7 +96,7 @@ def tree_positions(parents, prefix_len, device="cpu"):
 
 # ---------------------------------------------------------------------------------------------------------
 # Shapes from paths of ranks (Medusa's "medusa_choices", and the shape of a tree of drawn guesses; filling one
-# with guesses is decoding/tree_guesses.py), and two views of any tree: its root-to-leaf paths and a printout.
+# with guesses is decoding/tree_guesses.py), and views of any tree: its root-to-leaf paths and printouts.
 
 
 def tree_from_paths(paths):
@@ -162,3 +164,33 @@ def format_tree(parents, label, marked=()):
         lines.append("    " * depth + ("* " if node in marked else "  ") + label(node))
         stack.extend((c, depth + 1) for c in reversed(kids[node]))
     return "\n".join(lines)
+
+
+def print_verified_tree(title, tokens, parents, path, emitted, tokenizer=None, drawn=False, paths=None,
+                        drafter="the heads", guess="head"):
+    """One verified step of a tree method, for a student to read (decode.py --show-tree): the guesses of
+    `drafter` as a tree, the root and the accepted `path` marked *, then what the step emitted. A guess reads
+    `head 2 top-1`: the `guess` word and its depth (medusa's head d guesses depth d), then its rank among the
+    candidates below its parent (`draw-1`: drawn first). Ranks come from `paths` when the tree is exactly their
+    shape (tree_from_paths: a top-k tree, whose paths may skip a rank), else from each node's place among its
+    siblings (drawn children come in draw order; a drawn tree lacks the paths q could not fill)."""
+    depth = depths(parents)
+    if paths is not None:
+        ranks = [node[-1] if node else 0 for node in tree_from_paths(paths)[1]]
+    else:
+        ranks = [0] * len(parents)
+        for kids in children(parents):
+            for r, c in enumerate(kids):
+                ranks[c] = r
+
+    def text(t):
+        return f"'{render(tokenizer.decode_bytes([t]))}'" if tokenizer is not None else str(t)
+
+    def label(n):
+        if n == 0:
+            return f"{text(tokens[0])}  (root: the target's own token)"
+        return f"{text(tokens[n])}  {guess} {depth[n]} {'draw' if drawn else 'top'}-{ranks[n] + 1}"
+
+    print(f"{title}: {len(tokens) - 1} guesses from {drafter}; * = kept by the target")
+    print(format_tree(parents, label, marked={0, *path}))
+    print(f"-> accepted {len(path)}, emitted {' '.join(map(text, emitted))} (the last is the target's own)\n")

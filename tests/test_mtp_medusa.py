@@ -17,7 +17,7 @@ from nanospec.decoding import METHODS
 from nanospec.decoding.run import new_run, tensor
 from nanospec.decoding.tree_guesses import fill_tree, medusa_tree, parse_tree
 from nanospec.decoding.verify_step import tree_step
-from nanospec.tree import format_tree, leaf_paths, path_to, tree_from_paths, tree_positions
+from nanospec.tree import format_tree, leaf_paths, path_to, print_verified_tree, tree_from_paths, tree_positions
 from nanospec.verify import sample, warp
 from test_model import TOL, random_ids, random_tree, tiny_gpt
 from test_verify import empirical_law, tv, tv_bound
@@ -89,6 +89,25 @@ def test_fill_tree_topk_and_drawn():
 def test_format_tree_literal():
     text = format_tree([-1, 0, 1, 0], lambda n: ["(", "x", ")", "self"][n], marked={0, 1})
     assert text.splitlines() == ["* (", "    * x", "          )", "      self"]
+
+
+def test_print_verified_tree_literal(capsys):
+    """A top-k tree whose paths skip rank 1 says top-3 (its path's rank), not top-2 (its place among siblings);
+    without paths, as for a drawn tree, the place among siblings is the rank."""
+    tokens, parents = [7, 5, 3, 9], [-1, 0, 0, 1]  # medusa_tree(7, [[5, 4, 3], [9]], [(0,), (2,), (0, 0)])
+    print_verified_tree("medusa step 1", tokens, parents, [1], [5, 8], paths=[(0,), (2,), (0, 0)])
+    assert capsys.readouterr().out.splitlines() == [
+        "medusa step 1: 3 guesses from the heads; * = kept by the target",
+        "* 7  (root: the target's own token)",
+        "    * 5  head 1 top-1",
+        "          9  head 2 top-1",
+        "      3  head 1 top-3",
+        "-> accepted 1, emitted 5 8 (the last is the target's own)",
+        ""]
+    print_verified_tree("eagle step 2", tokens, parents, [], [4], drawn=True, drafter="the head", guess="depth")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "eagle step 2: 3 guesses from the head; * = kept by the target"
+    assert lines[2:5] == ["      5  depth 1 draw-1", "          9  depth 2 draw-1", "      3  depth 1 draw-2"]
 
 
 def test_show_tree_prints_the_first_two_trees_with_the_kept_path_marked(capsys):

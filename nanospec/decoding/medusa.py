@@ -33,8 +33,7 @@ from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, TREE_RULES, Option,
 from nanospec.decoding.run import first_token, new_run
 from nanospec.decoding.tree_guesses import TREES, fill_tree, parse_tree  # noqa: F401 (TREES: the presets)
 from nanospec.decoding.verify_step import tree_step
-from nanospec.tokenizer import render
-from nanospec.tree import depths, format_tree, tree_from_paths
+from nanospec.tree import print_verified_tree
 
 NEEDS = ()  # the MTP heads are part of the target
 USES = ("heads",)  # heads.pt, the heads retrained alone, replaces the jointly trained ones when present
@@ -45,27 +44,6 @@ OPTIONS = {
     "show_tree": Option(bool, False, "print medusa's candidate tree for the first two steps, accepted path marked *"),
     **DRAFT_SAMPLING_OPTION,
 }
-
-
-def print_tree(step, tokens, parents, paths, path, emitted, tokenizer, drawn=False):
-    """What the heads proposed and what the target kept, for a student to read."""
-    nodes = tree_from_paths(paths)[1]  # node -> its path of ranks, as ordered in tokens
-    depth = depths(parents)
-
-    def rank(n):  # drawn children are draws 1, 2, ... in order (fill_tree leaves out those q cannot give)
-        return [c for c in range(1, n + 1) if parents[c] == parents[n]].index(n) if drawn else nodes[n][-1]
-
-    def text(t):
-        return f"'{render(tokenizer.decode_bytes([t]))}'" if tokenizer is not None else str(t)
-
-    def label(n):
-        if n == 0:
-            return f"{text(tokens[0])}  (root: the target's own token)"
-        return f"{text(tokens[n])}  head {depth[n]} {'draw' if drawn else 'top'}-{rank(n) + 1}"
-
-    print(f"medusa step {step}: {len(tokens) - 1} guesses from the heads; * = kept by the target")
-    print(format_tree(parents, label, marked={0, *path}))
-    print(f"-> accepted {len(path)}, emitted {' '.join(map(text, emitted))} (the last is the target's own)\n")
 
 
 @torch.inference_mode()
@@ -89,7 +67,8 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         tokens, parents, q_draft = fill_tree(last, head_logits[:d], step_paths, run.sampling, drawn, run.generator)
         emitted, path, out = tree_step(run, target, cache, tokens, parents, q_draft, opts.verify, heads=True)
         if opts.show_tree and run.target_forwards <= 2:  # the first two trees (the first forward read the prompt)
-            print_tree(run.target_forwards, tokens, parents, step_paths, path, emitted, models.tokenizer, drawn)
+            print_verified_tree(f"medusa step {run.target_forwards}", tokens, parents, path, emitted, models.tokenizer,
+                                drawn, paths=None if drawn else step_paths)
         done = run.emit(emitted, drafted=len(tokens) - 1)
         last = emitted[-1]
         node = path[-1] if path else 0  # the last accepted node: its main head chose `last`
