@@ -97,20 +97,18 @@ def grow_tree(eagle, target, dcache, root, head_out, depth, width, total_tokens)
 
 def grow_sampled_tree(eagle, target, dcache, root, head_out, depth, width, total_tokens, sampling, generator):
     """The tree of DRAWN guesses (--draft-sampling sample): a fixed shape of total_tokens - 1 nodes by draw rank
-    (tree.draw_rank_paths), filled by tree_guesses.draw_tree: one head pass per level gives each node's
-    warped q. Returns (tokens, parents, q_draft (N, V)), the head's cache as it was."""
+    (tree.draw_rank_paths), filled by tree_guesses.draw_tree: one head pass per level (grow_tree's `expand`)
+    gives each node's warped q. Returns (tokens, parents, q_draft (N, V)), the head's cache as it was."""
     if depth < 1 or total_tokens < 2:
         return [root], [-1], None
     L = dcache.length  # the head's slots end at the root
-    device = dcache.device
     fed = {}  # candidate -> its slot among the nodes fed to the head, as in grow_tree
     f_hat = {0: head_out.hidden[0, -1]}  # node -> the head's predicted feature there
 
     def next_q(d, level, tokens, parents):  # expand's pass, by node: node u is candidate u - 1 (the root -1)
         feats = torch.stack([f_hat[parents[u]] for u in level])[None]  # (1, K, C) each one's parent's f̂
-        mask = frontier_mask(L, fed, [u - 1 for u in level], [p - 1 for p in parents[1:]], device)
-        out = eagle(target, tensor([tokens[u] for u in level], device), feats,
-                    pos=torch.full((len(level),), L + d, device=device), cache=dcache, mask=mask)
+        frontier = [u - 1 for u in level]
+        out = expand(eagle, target, dcache, L, d, frontier, tokens[1:], [p - 1 for p in parents[1:]], fed, feats)
         f_hat.update((u, out.hidden[0, i]) for i, u in enumerate(level))
         return warp(out.logits[0], *sampling)  # (K, V)
     shape = draw_rank_paths(total_tokens - 1, depth, width, ACCEPT_GUESS)
@@ -129,7 +127,6 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     width = min(opts.width, target.config.vocab_size)  # a node has at most V distinct children
     size = opts.total_tokens
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
-    drawn = run.sampling.guesses_drawn(opts.draft_sampling)
     cache = target.new_cache(max_len=target.config.block_size + size)  # room for a whole tree at the context end
     dcache = eagle.new_cache(max_len=target.config.block_size + max(opts.depth * width, size))  # and for a grown one
 
@@ -139,7 +136,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     done = run.emit([last])
     while not done:
         d = run.draft_room(opts.depth)  # near the end of the budget or context, a shallower tree
-        if drawn:  # q_draft (N, V): the laws the drawn children came from
+        if run.sampling.guesses_drawn(opts.draft_sampling):  # q_draft (N, V): the laws the drawn children came from
             tokens, parents, q_draft = grow_sampled_tree(eagle, target, dcache, last, head_out, d, width, size,
                                                          run.sampling, run.generator)
         else:  # EAGLE-2's top-k tree: its guesses are point masses
@@ -150,5 +147,4 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         last = emitted[-1]
         if not done:  # the accepted nodes again, now with the target's features at the node before each
             head_out = refresh(eagle, target, dcache, emitted, out.hidden[0, [0] + path])  # emitted: path + last
-    stats = run.stats()
-    return run.out, {**stats, "tree_nodes": stats["drafted"] / max(1, run.target_forwards - 1)}  # per tree
+    return run.out, run.stats(tree_nodes=sum(run.drafted_per_step) / max(1, run.target_forwards - 1))  # per tree
