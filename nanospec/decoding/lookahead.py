@@ -41,14 +41,13 @@ NEEDS = ()  # model parts beyond the target
 USES = ()  # parts used when present
 OPTIONS = {
     "window": Option(int, 3, "W: Jacobi window columns, each yielding one new n-gram per forward", low=1, high=64),
-    "ngram": Option(int, 4, "N: n-gram size; the window has N-1 levels and a guess covers N-1 tokens (>= 3)",
-                    low=3, high=16),
+    "ngram": Option(int, 4, "N: n-gram size; the window has N-1 levels and a guess covers N-1 tokens", low=3, high=16),
     "guesses": Option(int, 3, "G: n-grams kept per key in the pool and verified per forward (0: none)", low=0, high=64)}
 
 
 def tree_size(W, N, G):
-    """Tokens in one forward: the root, the window's chain (W-1) and its other levels (W(N-2)), G n-grams of N-1."""
-    return 1 + (W - 1) + W * (N - 2) + G * (N - 1)
+    """Tokens in one forward: the window, N-1 levels of W (the root is the chain's column 0), and G n-grams of N-1."""
+    return (W + G) * (N - 1)
 
 
 def remember(pool, key, gram, guesses):
@@ -117,17 +116,14 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     G = opts.guesses
     target = models.target
     size = tree_size(W, N, G)
-    context = target.config.block_size
-    if size > context:
-        raise ValueError(f"lookahead's forward of {size} tokens (1 + (W-1) + W(N-2) + G(N-1) with --window {W} "
-                         f"--ngram {N} --guesses {G}) exceeds the model's context of {context}: lower them")
+    if size > target.config.block_size:
+        raise ValueError(f"lookahead's forward of {size} tokens ((W + G)(N - 1) with --window {W} --ngram {N} "
+                         f"--guesses {G}) exceeds the model's context of {target.config.block_size}: lower them")
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
-    cache = target.new_cache(max_len=context + size)  # room for a whole forward at the context end
+    cache = target.new_cache(max_len=target.config.block_size + size)  # room for a whole forward at the context end
     pool = {}  # key token -> list of (N-1)-tuples that followed it, newest last
     learn(pool, run.prompt, len(run.prompt), N, G)
-    # The first window: random prompt tokens from a private RNG (the sampling stream stays untouched). The first
-    # N-2 steps only fill the levels with real Jacobi outputs: no pooling yet.
-    rng = random.Random(0)
+    rng = random.Random(0)  # the first window: random prompt tokens; a private RNG leaves the sampling stream alone
     levels = [[rng.choice(run.prompt) for _ in range(W - (l == 0))] for l in range(N - 1)]
     accepted_window = step = 0  # step: Jacobi steps of the window so far
 
@@ -142,7 +138,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         emitted, path, out = tree_step(run, target, cache, tokens, parents)  # the cache keeps root + path
         if use_window:  # one Jacobi step of the window, and its fresh n-grams into the pool
             new = out.logits[0, where[-1]].argmax(-1).tolist()  # (W,) the top level's argmax: guesses for t+N-1+i
-            if step >= N - 2:
+            if step >= N - 2:  # the first N-2 steps only fill the levels with real Jacobi outputs: no pooling yet
                 for i in range(W):
                     remember(pool, tokens[chain[i]], tuple(lv[i] for lv in levels[1:]) + (new[i],), G)
             levels = [levels[1][1:]] + levels[2:] + [new]
@@ -151,5 +147,4 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         if path and path[0] >= len(tokens) - sum(map(len, where)):  # the accepted path runs through the window
             accepted_window += run.guesses_per_step[-1]  # its guesses the run kept
         learn(pool, run.seq, len(emitted), N, G)  # the text itself: the newest n-grams, tried first
-
     return run.out, run.stats(accepted_window=accepted_window, pool_size=sum(map(len, pool.values())))
