@@ -14,9 +14,9 @@
     bad runtime are one-line errors, and a capture that fails leaves one warning line and a model that runs
     eager from then on, its cache intact;
   - every method on the static path: greedy, `ar`'s tokens; seeded sampling, the eager path's tokens (the same
-    code and the same random draws); up to the context's end; and the sampling laws through it of mtp, and of
-    medusa and parallelspec with truncated drawn trees (speculative's and early-exit's: test_draft_chain.py;
-    eagle's: test_eagle.py). The meta-device check of tests/test_device.py runs on both paths.
+    code and the same random draws); up to the context's end; and the sampling laws through it of medusa and
+    parallelspec with truncated drawn trees (speculative's and early-exit's: test_draft_chain.py; eagle's:
+    test_eagle.py; mtp's: test_mtp_medusa.py). The meta-device check of tests/test_device.py runs on both paths.
 On a CPU the static path replays its forwards through graphs.Emulated: the same slots, masks and buffers, and
 like a CUDA graph it repeats what was recorded without running the forward's Python, so a Python value baked
 into a forward fails these tests here as it would on a GPU. The CUDA test at the end runs only on a GPU machine."""
@@ -231,13 +231,13 @@ def test_the_mask_and_slots_of_the_docstring_example():
     runner(ids([1, 2]), cache=cache)  # the prompt
     seen.clear()
     runner(ids([3, 4]), cache=cache)
-    assert seen[0].int().tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]] and seen[1].tolist() == [2, 3]
+    assert seen[0].int().tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]] and seen[1].tolist() == [[2, 3]]
     cache.rollback(2)
     seen.clear()
     parents = [-1, 0, 0]
     runner(ids([3, 4, 5]), pos=tree_positions(parents, 2), cache=cache, mask=tree_mask(parents, 2))
     assert seen[0].int().tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 1, 0]]
-    assert seen[1].tolist() == [2, 3, 4]
+    assert seen[1].tolist() == [[2, 3, 4]]
 
 
 @torch.inference_mode()
@@ -251,7 +251,7 @@ def test_shapes_depend_on_T_only():
         runner(ids([t]), cache=cache)
     assert cache.length == 13 and len(runner.graphs.entries) == 1
     (entry,) = runner.graphs.entries.values()
-    assert [tuple(x.shape) for x in entry.inputs] == [(1,), (1, 48), (1,), (1, 1)]  # pos, mask, slots, ids
+    assert [tuple(x.shape) for x in entry.inputs] == [(1,), (1, 48), (1, 1), (1, 1)]  # pos, mask, slots, ids
 
 
 @torch.inference_mode()
@@ -425,6 +425,20 @@ CASES = [
 SAMPLINGS = {"greedy": (0.0, None, None), "t1": (1.0, None, None), "t0.8-k3-p0.9": (0.8, 3, 0.9)}
 
 
+def covering_set(cases):
+    """(case number, method, options, the sampled setting) for each case, the two sampled settings taking turns
+    within each method so that every method meets both. They differ only in warp, which runs in the method,
+    outside every forward the static path replays: what a case proves at one it proves at the other. (Every case
+    at every setting, three seeds each, took four times as long and proved nothing more.)"""
+    params, turn = [], {}
+    for case, (method, options) in enumerate(cases):
+        sampled = ("t1", "t0.8-k3-p0.9")[turn.setdefault(method, 0) % 2]
+        turn[method] += 1
+        name = f"{method}-{'-'.join(map(str, options.values())) or 'default'}"
+        params.append(pytest.param(case, method, options, sampled, id=f"{name}-greedy-{sampled}"))
+    return params
+
+
 def both_paths(method, models, prompt, n, sampling, **options):
     """[(ids, stats) on the static path, (ids, stats) on the eager one] for the same request."""
     temperature, top_k, top_p = sampling
@@ -432,19 +446,19 @@ def both_paths(method, models, prompt, n, sampling, **options):
                             top_p=top_p, **options) for runtime in ("static", "eager")]
 
 
-@pytest.mark.parametrize("sampling", SAMPLINGS)
-@pytest.mark.parametrize("method, options", CASES, ids=[f"{m}-{'-'.join(map(str, o.values())) or 'default'}"
-                                                         for m, o in CASES])
-def test_static_path_gives_the_eager_paths_tokens(method, options, sampling):
+@pytest.mark.parametrize("case, method, options, sampled", covering_set(CASES))
+def test_static_path_gives_the_eager_paths_tokens(case, method, options, sampled):
+    """Greedy and at one sampled setting, each run on its own models and prompt: the seeds take turns over 0..2
+    from case to case, the sampled run one seed ahead of the greedy one."""
     accepted = 0
-    for seed in range(3):
+    for sampling, seed in (("greedy", case % 3), (sampled, (case + 1) % 3)):
         models, prompt = all_models(seed), random_ids(2 + 3 * seed, seed=seed)
         (got, stats), (expected, plain_stats) = both_paths(method, models, prompt, 40, SAMPLINGS[sampling],
                                                            seed=seed, **options)
-        assert got == expected and len(got) == 40, seed
+        assert got == expected and len(got) == 40, sampling
         assert stats["accepted_per_step"] == plain_stats["accepted_per_step"]  # the same guesses were made
         if sampling == "greedy" and options.get("verify") != "typical":
-            assert got == METHODS["ar"](models, prompt, 40)[0], seed
+            assert got == METHODS["ar"](models, prompt, 40)[0]
         accepted += stats["new_tokens"] - stats["target_forwards"]
     assert accepted > 0 or method == "ar", "no guess kept: the rollbacks past accepted guesses never ran"
 
@@ -492,16 +506,6 @@ def test_a_second_generation_reuses_the_first_ones_entries():
 # Sampling laws through the static path (first tokens against the target's exact law, tv_bound with delta 1e-6)
 
 TRUNCATED = (1.0, 2, None)  # top-k 2: a tree with 3 ranks at depth 1 has a node q never draws
-
-
-def test_mtp_law():
-    """test_mtp_medusa's law test: heads run inside the verify forward; 25 outcomes, n = 1500: bound 0.102."""
-    models = Models(target=tiny_gpt(3, **test_mtp_medusa.SAMPLING_MODEL))
-    sampling, n = (0.8, 4, None), 1500
-    law, accepted = test_mtp_medusa.method_law(prepare(models, "static")[0], [1, 2], 2, n, "mtp", sampling,
-                                               draft_sampling="sample")
-    assert tv(law, test_mtp_medusa.exact_law(models.target, [1, 2], 2, sampling)) < tv_bound(25, n)
-    assert accepted > n / 8, accepted
 
 
 def medusa_law(n):
