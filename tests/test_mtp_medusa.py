@@ -21,6 +21,7 @@ from nanospec.tree import format_tree, leaf_paths, path_to, print_verified_tree,
 from nanospec.verify import sample, warp
 from test_model import TOL, random_ids, random_tree, tiny_gpt
 from test_verify import empirical_law, tv, tv_bound
+from nanospec.runtime import prepare
 from nanospec.stages import lm_losses
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
@@ -317,22 +318,26 @@ SAMPLING_MODEL = dict(vocab_size=5, n_future=2, n_layer=1, n_embd=8, block_size=
 SAMPLING_TREE = "0;1;2;0,0;0,1;1,0"  # 3 guesses for the first token after the root, 3 for the second
 
 
-@pytest.mark.parametrize("method, draft_sampling, L, sampling, n", [
-    ("medusa", "sample", 3, (0.9, None, 0.9), 2500),  # top-p leaves some depths fewer tokens than the tree's ranks
-    ("medusa", "topk", 3, (1.0, None, None), 1500),
-    ("mtp", "sample", 2, (0.8, 4, None), 1500),  # warping (temperature, top-k) must reach q and p alike
-    ("mtp", "topk", 2, (0.8, 4, None), 800),
+@pytest.mark.parametrize("method, draft_sampling, L, sampling, n, runtime", [
+    ("medusa", "sample", 3, (0.9, None, 0.9), 2500, "eager"),  # top-p leaves some depths fewer tokens than ranks
+    ("medusa", "topk", 3, (1.0, None, None), 1500, "eager"),
+    ("mtp", "sample", 2, (0.8, 4, None), 1500, "static"),  # warping (temperature, top-k) must reach q and p alike
+    ("mtp", "topk", 2, (0.8, 4, None), 800, "eager"),
 ])
-def test_sampling_follows_the_target_law(method, draft_sampling, L, sampling, n):
+def test_sampling_follows_the_target_law(method, draft_sampling, L, sampling, n, runtime):
     """First L tokens, V = 5: 5**L outcomes. With n draws, a correct sampler's empirical law is within
     tv_bound(5**L, n) of the exact law with probability 1 - 1e-6: 0.141 for 125 outcomes and n = 2500, 0.182 for
     n = 1500; 0.102 for 25 outcomes and n = 1500, 0.140 for n = 800. (Lossless verification itself is tested far
     more tightly in test_verify.py; this checks that the methods wire it up right: drawing, warping, tree, cache,
-    bonus token.) Both kinds of guesses must be accepted often, or the test would check only the target's tokens."""
+    bonus token.) Both kinds of guesses must be accepted often, or the test would check only the target's tokens.
+    mtp's sampled guesses run on the static path (runtime.prepare's models, forwards replayed), which
+    test_runtime.py holds to the eager path's tokens: one law test for both (medusa's on the static path:
+    test_runtime.py's truncated drawn trees)."""
     models = Models(target=tiny_gpt(3, **SAMPLING_MODEL))
     prompt = [1, 2]
     options = {"tree": SAMPLING_TREE} if method == "medusa" else {}
-    law, accepted = method_law(models, prompt, L, n, method, sampling, draft_sampling=draft_sampling, **options)
+    law, accepted = method_law(prepare(models, runtime)[0], prompt, L, n, method, sampling,
+                               draft_sampling=draft_sampling, **options)
     assert tv(law, exact_law(models.target, prompt, L, sampling)) < tv_bound(5 ** L, n)
     assert accepted > n / 8, accepted
 
