@@ -239,16 +239,17 @@ def test_head_cache_after_each_step_equals_fresh_run_over_accepted_text(models, 
 
 @pytest.mark.parametrize("draft_sampling, sampling, n, width, runtime", [
     ("sample", (0.9, 4, None), 1500, 2, "eager"),  # drawn tree: shape 5 nodes deep 2; warping must reach q and p
-    ("topk", (1.0, None, None), 1000, 2, "eager"),  # EAGLE-2's top-k tree, point-mass rule
     # the static runtime (models wrapped by runtime.prepare): width 3 under top-k 2 leaves every node's third
     # draw undrawn (q has two tokens), so tree_guesses.draw_tree must leave it out of the tree
     ("sample", (1.0, 2, None), 1000, 3, "static"),
-    ("topk", (1.0, None, None), 1000, 2, "static"),  # the reranked tree through the shape-static forwards
+    ("topk", (1.0, None, None), 1000, 2, "static"),  # EAGLE-2's reranked tree, point-mass rule
 ])
 def test_sampling_follows_the_target_law(draft_sampling, sampling, n, width, runtime):
     """The first 2 tokens of 4 (so the first tree is 2 deep and both can come from it), V = 5: 25 outcomes.
     A correct sampler's empirical law is within tv_bound(25, n) of the exact law with probability 1 - 1e-6:
-    0.102 for n = 1500, 0.125 for 1000. The head is trained on this target, so most draws accept a guess."""
+    0.102 for n = 1500, 0.125 for 1000. The head is trained on this target, so most draws accept a guess.
+    The top-k tree runs on the static path only: test_runtime.py holds that path to the eager path's tokens
+    (the same draws), so the same case on the eager path, once here too, drew the same 1000 samples again."""
     target = tiny_gpt(3, vocab_size=5, n_future=0, n_layer=1, n_embd=8, block_size=16)
     models, prompt = Models(target=target, eagle=train_head(target, 30, seed=3)[0]), [1, 2]
     models = prepare(models, runtime)[0]
