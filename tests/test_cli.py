@@ -1,11 +1,18 @@
 """The two commands users run, end to end on a toy model trained in seconds: train_tiny.py (stages, resume,
-atomic checkpoints, clear errors) and decode.py (grouped output, --json, one-line errors)."""
+atomic checkpoints, clear errors) and decode.py (grouped output, --json, one-line errors).
+
+Most of decode.py's runs call its main here (`as_a_command`), as `python decode.py ARGS` would: a fresh
+interpreter costs seconds of importing torch and proves nothing more, since a `sys.exit("error: ...")` is exactly
+what Python prints as that one line with status 1. What only a process shows runs in one: the modules a fresh
+interpreter imports, a missing checkpoint's one line and status, SIGTERM mid-training."""
 import ast
+import io
 import json
 import os
 import pathlib
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -37,6 +44,24 @@ def toy(tmp_path_factory):
 
 def run_cli(*args, stdin=None):
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, input=stdin, timeout=120)
+
+
+def as_a_command(main, script, args, capfd, monkeypatch, stdin=None):
+    """`python SCRIPT ARGS` (stdin: bytes piped in) run as main(ARGS) in this process: what the process would give,
+    as subprocess.run's result. A SystemExit with a message is the line Python prints and status 1; argparse
+    names the program after sys.argv[0], as the interpreter sets it. Anything else raised fails the test."""
+    monkeypatch.setattr(sys, "argv", [script, *args])
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", SimpleNamespace(isatty=lambda: False, buffer=io.BytesIO(stdin)))
+    code = 0
+    try:
+        main(list(args))
+    except SystemExit as e:
+        code = e.code
+    out, err = capfd.readouterr()
+    if isinstance(code, str):
+        err, code = err + code + "\n", 1
+    return subprocess.CompletedProcess([script, *args], code or 0, out, err)
 
 
 def test_train_writes_complete_checkpoints_and_skips_them(toy, capsys):
@@ -72,10 +97,11 @@ def test_corrupt_and_mismatched_checkpoints_are_clear_errors(toy, tmp_path):
         load_checkpoint(str(tmp_path / "missing.pt"))
 
 
-def test_decode_ar_matches_the_nocache_loop_and_prints_json(toy):
+def test_decode_ar_matches_the_nocache_loop_and_prints_json(toy, capfd, monkeypatch):
     base, _ = toy
-    res = run_cli("decode.py", "--ckpt", str(base / "out"), "--method", "ar", "--prompt", "def run_3(x0):",
-                  "--max-new-tokens", "12", "--json", "--device", "cpu")
+    res = as_a_command(decode.main, "decode.py", ["--ckpt", str(base / "out"), "--method", "ar", "--prompt",
+                                                  "def run_3(x0):", "--max-new-tokens", "12", "--json", "--device",
+                                                  "cpu"], capfd, monkeypatch)
     assert res.returncode == 0, res.stderr
     obj = json.loads(res.stdout)
     assert set(obj) == {"method", "prompt", "ids", "text", "runtime", "stats"}
@@ -110,9 +136,10 @@ def test_decode_runtime_static_gives_the_eager_greedy_text(toy, capsys, method):
     assert len(objs["eager"]["ids"]) == 16
 
 
-def test_bad_runtime_is_a_one_line_error(toy):
+def test_bad_runtime_is_a_one_line_error(toy, capfd, monkeypatch):
     base, _ = toy
-    res = run_cli("decode.py", "--ckpt", str(base / "out"), "--prompt", "def f(", "--runtime", "fast")
+    res = as_a_command(decode.main, "decode.py", ["--ckpt", str(base / "out"), "--prompt", "def f(", "--runtime",
+                                                  "fast"], capfd, monkeypatch)
     assert res.returncode != 0 and "Traceback" not in res.stderr
     # argparse's choices error: the usage, then one line that says what was wrong and what is allowed
     last = res.stderr.strip().splitlines()[-1]
@@ -124,19 +151,28 @@ TRAINING_MODULES = ("nanospec.corpus", "nanospec.trainer", "nanospec.stages", "n
                     "nanospec.drafters.losses", "nanospec.muon")
 
 
-def test_decode_ar_imports_no_training_code(toy):
-    """Decoding needs the models and the methods, not the corpus builder, the trainer or the losses: a fresh
-    interpreter runs `decode.py --method ar` and none of those modules may have been imported."""
+@pytest.fixture(scope="module")
+def fresh_imports(toy):
+    """One fresh interpreter: the modules loaded by importing every method, then by `decode.py --method ar`."""
     base, _ = toy
-    script = (f"import sys, decode; decode.main(['--ckpt', {str(base / 'out')!r}, '--method', 'ar', '--prompt', "
-              f"'def f(', '--max-new-tokens', '3', '--device', 'cpu']); "
-              f"print(sorted(m for m in {TRAINING_MODULES!r} if m in sys.modules), file=sys.stderr)")
+    script = ("import json, sys, nanospec.decoding, nanospec.decoding.batched; methods = sorted(sys.modules); "
+              f"import decode; decode.main(['--ckpt', {str(base / 'out')!r}, '--method', 'ar', '--prompt', "
+              "'def f(', '--max-new-tokens', '3', '--device', 'cpu']); "
+              "print(json.dumps({'methods': methods, 'decode': sorted(sys.modules)}), file=sys.stderr)")
     res = run_cli("-c", script)
     assert res.returncode == 0, res.stderr
-    assert res.stderr.strip().splitlines()[-1] == "[]", f"training code imported: {res.stderr.strip()}"
+    return json.loads(res.stderr.strip().splitlines()[-1])
 
 
-def test_the_methods_hold_no_clock_and_no_speed_layer():
+def test_decode_ar_imports_no_training_code(fresh_imports):
+    """Decoding needs the models and the methods, not the corpus builder, the trainer or the losses: a fresh
+    interpreter runs `decode.py --method ar` and none of those modules may have been imported."""
+    assert "nanospec.parts" in fresh_imports["decode"]  # the check sees our modules
+    training = sorted(set(TRAINING_MODULES) & set(fresh_imports["decode"]))
+    assert training == [], f"training code imported: {training}"
+
+
+def test_the_methods_hold_no_clock_and_no_speed_layer(fresh_imports):
     """Timing and speed are layers around the methods (docs/design.md): no file of nanospec/decoding imports
     `time`, the probes, the runtime or the graphs, and importing every method loads none of those modules."""
     banned = {"time", "nanospec.probes", "nanospec.runtime", "nanospec.graphs"}
@@ -146,15 +182,15 @@ def test_the_methods_hold_no_clock_and_no_speed_layer():
             if isinstance(node, ast.ImportFrom):
                 names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
             assert not banned & set(names), f"{path.name} imports {sorted(banned & set(names))}"
-    script = ("import sys, nanospec.decoding, nanospec.decoding.batched; "
-              "print(sorted(m for m in sys.modules if m in ('nanospec.probes', 'nanospec.runtime', 'nanospec.graphs')))")
-    res = run_cli("-c", script)
-    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
+    assert "nanospec.decoding.speculative" in fresh_imports["methods"]  # the check sees the methods
+    speed = sorted({"nanospec.probes", "nanospec.runtime", "nanospec.graphs"} & set(fresh_imports["methods"]))
+    assert speed == [], f"importing the methods loaded {speed}"
 
 
-def test_stdin_prompt(toy):
+def test_stdin_prompt(toy, capfd, monkeypatch):
     base, _ = toy
-    res = run_cli("decode.py", "--ckpt", str(base / "out"), "--max-new-tokens", "3", "--json", stdin="def f(")
+    res = as_a_command(decode.main, "decode.py", ["--ckpt", str(base / "out"), "--max-new-tokens", "3", "--json"],
+                       capfd, monkeypatch, stdin=b"def f(")
     assert res.returncode == 0 and json.loads(res.stdout)["prompt"] == "def f("
 
 
@@ -167,19 +203,22 @@ def test_stdin_prompt(toy):
     (["--method", "medusa", "--tree", "0;1;70"], "at most 256 paths with ranks up to 63"),
     (["--method", "mtp", "--temperature", "1", "--draft-sampling", "beam"], "draft_sampling must be one of"),
 ])
-def test_bad_input_is_a_one_line_error(toy, extra, message):
+def test_bad_input_is_a_one_line_error(toy, capfd, monkeypatch, extra, message):
     base, _ = toy
-    res = run_cli("decode.py", "--ckpt", str(base / "out"), "--prompt", "def f(", *extra)
+    res = as_a_command(decode.main, "decode.py", ["--ckpt", str(base / "out"), "--prompt", "def f(", *extra],
+                       capfd, monkeypatch)
     assert res.returncode != 0 and message in res.stderr
     assert res.stderr.strip().count("\n") == 0 and "Traceback" not in res.stderr
 
 
 def test_missing_checkpoint_says_run_make_train(tmp_path):
+    """A real process, the one of this file's one-line errors: one line on stderr, nothing on stdout, status 1."""
     res = run_cli("decode.py", "--ckpt", str(tmp_path), "--prompt", "x")
-    assert res.returncode != 0 and "make train" in res.stderr and "Traceback" not in res.stderr
+    assert res.returncode == 1 and "make train" in res.stderr and "Traceback" not in res.stderr
+    assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1 and res.stdout == "", res.stderr
 
 
-def test_decode_loads_only_the_parts_its_method_uses(toy, tmp_path):
+def test_decode_loads_only_the_parts_its_method_uses(toy, tmp_path, capfd, monkeypatch):
     """A broken drafter file stops only the method that needs it, with a one-line error naming the file."""
     base, _ = toy
     out = tmp_path / "out"
@@ -187,9 +226,11 @@ def test_decode_loads_only_the_parts_its_method_uses(toy, tmp_path):
     for name in ("tokenizer.tiktoken", "target.pt", "draft.pt"):
         (out / name).write_bytes((base / "out" / name).read_bytes())
     (out / "eagle.pt").write_bytes((base / "out" / "draft.pt").read_bytes()[:500])  # truncated mid-write
-    res = run_cli("decode.py", "--ckpt", str(out), "--method", "ar", "--prompt", "def f(", "--max-new-tokens", "3")
+    res = as_a_command(decode.main, "decode.py", ["--ckpt", str(out), "--method", "ar", "--prompt", "def f(",
+                                                  "--max-new-tokens", "3"], capfd, monkeypatch)
     assert res.returncode == 0, res.stderr
-    res = run_cli("decode.py", "--ckpt", str(out), "--method", "eagle", "--prompt", "def f(", "--max-new-tokens", "3")
+    res = as_a_command(decode.main, "decode.py", ["--ckpt", str(out), "--method", "eagle", "--prompt", "def f(",
+                                                  "--max-new-tokens", "3"], capfd, monkeypatch)
     assert res.returncode != 0 and "eagle.pt is not a readable checkpoint" in res.stderr
     assert res.stderr.strip().count("\n") == 0
     models = load_models(str(out), parts=["draft"])
@@ -198,8 +239,8 @@ def test_decode_loads_only_the_parts_its_method_uses(toy, tmp_path):
         load_models(str(out), parts=["drafty"])
 
 
-def test_method_list():
-    res = run_cli("decode.py", "--method", "list")
+def test_method_list(capfd, monkeypatch):
+    res = as_a_command(decode.main, "decode.py", ["--method", "list"], capfd, monkeypatch)
     assert res.returncode == 0 and res.stdout.startswith("ar")
 
 
@@ -241,14 +282,14 @@ def test_sigterm_mid_training_saves_a_checkpoint_that_resumes(toy, tmp_path):
     assert load_checkpoint(str(out / "target.pt"))["done"]
 
 
-def test_precision_flag_chooses_the_autocast_dtype():
+def test_precision_flag_chooses_the_autocast_dtype(capfd, monkeypatch):
     from nanospec.trainer import autocast_dtype, fast_bf16
     assert autocast_dtype("cpu", "fp32") is None  # the reference, on every machine
     assert autocast_dtype("cpu", "bf16") is torch.bfloat16
     assert autocast_dtype("cpu", "auto") is (torch.bfloat16 if fast_bf16("cpu") else None)
     with pytest.raises(ValueError, match="precision must be one of"):
         autocast_dtype("cpu", "fp8")
-    r = run_cli("train_tiny.py", "--precision", "fp8")
+    r = as_a_command(train_tiny.main, "train_tiny.py", ["--precision", "fp8"], capfd, monkeypatch)
     assert r.returncode != 0 and "invalid choice: 'fp8'" in r.stderr
 
 

@@ -3,10 +3,11 @@ allocation or silent garbage. Each test here failed before its fix (issue 21).
 
 The run folder is built in the test: a byte-level tokenizer (the 256 single bytes, no merges) and a random tiny
 target, so decode.py runs end to end in well under a second."""
+import io
 import json
 import os
-import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -17,8 +18,6 @@ from nanospec.decoding import METHODS
 from nanospec.model import GPT, GPTConfig
 from nanospec.tokenizer import Tokenizer, save_tokenizer
 from test_device import models  # noqa: F401 (a fixture: every part, tiny and random)
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -137,23 +136,37 @@ def test_missing_cuda_device_is_one_line(ckpt, device):
     assert "no CUDA GPU" in exit_info.value.code and "\n" not in exit_info.value.code
 
 
-def run_decode(ckpt, *args, stdin=None):
-    return subprocess.run([sys.executable, "decode.py", "--ckpt", ckpt, "--device", "cpu", "--max-new-tokens", "3",
-                           *args], cwd=ROOT, capture_output=True, input=stdin, timeout=120)
+def run_decode(ckpt, monkeypatch, capfd, *args, stdin=None):
+    """decode.py's main in this process, as `python decode.py ...` with `stdin` (bytes) piped in runs it: its
+    output, and its exit message or None. (The real process with a non-UTF-8 argument: test_edges_decode.py.)"""
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(isatty=lambda: False, buffer=io.BytesIO(stdin)))
+    try:
+        decode.main(["--ckpt", ckpt, "--device", "cpu", "--max-new-tokens", "3", *args])
+        message = None
+    except SystemExit as e:
+        message = e.code
+    out, err = capfd.readouterr()
+    assert err == "", err
+    return out, message
 
 
 @pytest.mark.parametrize("where", ["stdin", "argv"])
-def test_non_utf8_prompt_is_a_clear_error(ckpt, where):
-    """Before: the bad byte became U+FFFD (or a lone surrogate) without a word."""
+def test_non_utf8_prompt_is_a_clear_error(ckpt, monkeypatch, capfd, where):
+    """Before: the bad byte became U+FFFD (or a lone surrogate) without a word. A byte that is not UTF-8 reaches
+    decode.py's argv as Python decodes every argument, a surrogate escape: b"\\xff" is "\\udcff"."""
     prompt = b"def f(\xff):"
-    res = run_decode(ckpt, stdin=prompt) if where == "stdin" else run_decode(ckpt, b"--prompt", prompt)
-    err = res.stderr.decode()
-    assert res.returncode != 0 and "not UTF-8" in err and "0xff" in err and "Traceback" not in err, err
+    if where == "stdin":
+        _, message = run_decode(ckpt, monkeypatch, capfd, stdin=prompt)
+    else:
+        _, message = run_decode(ckpt, monkeypatch, capfd, "--prompt", os.fsdecode(prompt))
+    assert message.startswith("error: ") and "\n" not in message, message
+    assert "not UTF-8" in message and "0xff" in message, message
 
 
-def test_utf8_prompt_from_stdin_still_works(ckpt):
-    res = run_decode(ckpt, "--json", stdin="def f(ü):".encode())
-    assert res.returncode == 0 and json.loads(res.stdout)["prompt"] == "def f(ü):"
+def test_utf8_prompt_from_stdin_still_works(ckpt, monkeypatch, capfd):
+    out, message = run_decode(ckpt, monkeypatch, capfd, "--json", stdin="def f(ü):".encode())
+    assert message is None and json.loads(out)["prompt"] == "def f(ü):"
 
 
 def test_confidence_needs_adaptive_confidence(ckpt, models):  # noqa: F811
