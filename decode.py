@@ -180,9 +180,6 @@ def check_request(args, options):
         if other:
             raise ValueError(f"--{other[0].replace('_', '-')} is not an option of batched decoding (it takes "
                              f"{', '.join('--' + n.replace('_', '-') for n in BATCH_OPTIONS)})")
-        if args.runtime == "static":
-            raise ValueError("batches run nanospec/ragged.py's own forwards (eager) on every runtime: drop "
-                             "--runtime static")
     return kwargs
 
 
@@ -194,7 +191,7 @@ def batch_mode(args):
 STOPS = {"context": " (stopped: the model's context is full)", "eot": " (stopped at end-of-text)"}
 
 
-def decode_batches(args, kwargs, models, prompts, encoded):
+def decode_batches(args, kwargs, models, path, prompts, encoded):
     """Decode the prompts in batches of --batch-size (default DEFAULT_BATCH); print each row's text (or, --json,
     one JSON object per row: JSON lines), then each batch's figures."""
     size = args.batch_size or DEFAULT_BATCH
@@ -208,17 +205,17 @@ def decode_batches(args, kwargs, models, prompts, encoded):
         for i, ((prompt, where), row, row_stats) in enumerate(zip(chunk, ids, stats["rows"]), first + 1):
             if args.json:
                 print(json.dumps({"method": args.method, "row": i, "prompt": prompt, "ids": row,
-                                  "text": models.tokenizer.decode(row), "runtime": "eager", "stats": row_stats}))
+                                  "text": models.tokenizer.decode(row), "runtime": path, "stats": row_stats}))
                 continue
             text = grouped(models.tokenizer, row, row_stats["accepted_per_step"], row_stats["guesses_per_step"],
                            colour_on(args))
             print(f"--- row {i}: {row_stats['new_tokens']} tokens, {row_stats['tokens_per_forward']:.2f} tokens/forward"
                   f"{STOPS.get(row_stats['stop'], '')}\n{prompt}{text}")
-        if not args.json:  # a batch runs ragged.py's plain forwards: eager, whatever --runtime says
+        if not args.json:
             print(f"\n=== {args.method}, batch of {len(chunk)}: {stats['new_tokens']} tokens, "
                   f"{stats['batch_forwards']} batched forwards, {stats['tokens_per_forward']:.2f} tokens/forward per "
                   f"row, {stats['wall_time']:.2f}s ({stats['new_tokens'] / max(stats['wall_time'], 1e-9):.1f} "
-                  f"tokens/s) [runtime eager]\n")
+                  f"tokens/s) [runtime {path}]\n")
 
 
 def parse_args(argv=None):
@@ -268,9 +265,9 @@ def main(argv=None):
         models = load_models(args.ckpt, pick_device(args.device), parts_for([args.method]))  # only what it uses
         check_method(args.method, models)
         encoded = check_lengths(prompts, models.tokenizer, models.target.config.block_size)
-        if batch:  # ragged.py's forwards, on the models as loaded: no runtime layer
-            return decode_batches(args, kwargs, models, prompts, encoded)
         models, path = prepare(models, args.runtime)  # the speed layer, chosen once: the method never knows
+        if batch:
+            return decode_batches(args, kwargs, models, path, prompts, encoded)
         prompt = prompts[0][0]
         t0 = time.perf_counter()  # timed from outside: the methods hold no clock
         ids, stats = METHODS[args.method](models, encoded[0], args.max_new_tokens, temperature=args.temperature,

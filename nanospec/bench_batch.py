@@ -14,8 +14,8 @@ pays for a verify forward over B x (k+1) tokens, which stops being nearly free a
                  both on B rows with ~100 cached tokens each (the fastest of several runs)
 
 The batch of size B is the first B prompts taken in turn from each category (a mix, not B of one kind); when
-there are fewer prompts than B they repeat. Each B gets a short untimed warm-up per method. The forwards run
-eager (the ragged cache is not shape-static). Results go to the report and to bench_results.json's "batch".
+there are fewer prompts than B they repeat. Each B gets a short untimed warm-up per method. The forwards run on
+the models as given (the bench's --runtime). Results go to the report and to bench_results.json's "batch".
 A method that fails at a batch size is a FAILED cell with its reason (n/a speedups where `ar` failed), and the
 others go on; Ctrl-C keeps the batch sizes that finished, in a table marked partial.
 """
@@ -26,7 +26,7 @@ import torch
 from nanospec import report  # the conditions' lines (machine, model) are the main report's own
 from nanospec.decoding.batched import BATCHED, generate
 from nanospec.probes import fastest, timed
-from nanospec.ragged import RaggedCache, forward, prefill
+from nanospec.runtime import prepare
 
 
 def parse_sizes(text):
@@ -54,11 +54,17 @@ def verify_cost(target, B, k, reps=5, prefix=100):
     """(seconds of one target forward over B x 1 new tokens, cost(B x (k+1)) / that), B rows of `prefix` cached:
     the fastest of `reps` runs of each (probes.fastest)."""
     device = target.wte.weight.device
+    prefix = min(prefix, target.config.block_size - k - 1)  # a short context holds fewer
     gen = torch.Generator(device=device).manual_seed(0)
     ids = torch.randint(0, target.config.vocab_size, (B, prefix + k + 1), generator=gen, device=device)
-    cache = RaggedCache(target, B, prefix + k + 1)
-    prefill(target, cache, ids[:, :prefix].tolist())  # lengths stay at prefix: each timed forward rewrites the same slots
-    one, many = fastest([lambda T=T: forward(target, cache, ids[:, prefix:prefix + T]) for T in (1, k + 1)], reps)
+    cache = target.new_cache(batch_size=B, max_len=prefix + k + 1)
+    target(ids[:, :prefix], cache=cache)
+
+    def forward(T):  # each row at its own slots, as a batch's rows are once they fall out of step
+        cache.keep_counts([prefix] * B)  # every timed forward rewrites the same slots
+        target(ids[:, prefix:prefix + T], cache=cache)
+
+    one, many = fastest([lambda T=T: forward(T) for T in (1, k + 1)], reps)
     return one, many / one
 
 
@@ -161,7 +167,8 @@ def crossover(got, methods, sizes, temperatures):
 def run(args, setup, log):
     """Measure and write up the batch table. Returns (Markdown text, bench_results.json's "batch", its title, why
     it is partial or None); the text is None if Ctrl-C came before the first batch size finished."""
-    sizes, temperatures, models = parse_sizes(args.batch_sizes), setup["temperatures"], setup["models"]
+    sizes, temperatures = parse_sizes(args.batch_sizes), setup["temperatures"]
+    models, path = prepare(setup["models"], args.runtime)  # eager, or static (replayed) forwards
     methods = [m for m in BATCHED if m in setup["names"]]  # ar always; the others where their parts loaded
     got, costs, partial = {}, {}, None
     try:
@@ -179,7 +186,8 @@ def run(args, setup, log):
         *([f"- PARTIAL: {partial}"] if partial else []),
         f"- machine: {machine}", f"- model: {args.ckpt}/: target {report.describe(models.target)}; {args.dtype}",
         f"- prompts: {args.prompts}, batches mixed across categories ({len(setup['prompts'])} prompts); "
-        f"{args.max_new_tokens} new tokens per row; {args.repeats} timed run(s), median; seed {args.seed}; eager",
+        f"{args.max_new_tokens} new tokens per row; {args.repeats} timed run(s), median; seed {args.seed}; "
+        f"runtime {path}",
         "- speculative drafts k = 4 with the draft GPT, prompt-lookup copies up to 4 tokens (3-gram match); "
         "verify cost = a target forward over B x 5 new tokens / one over B x 1", "",
         report.table(header, table_rows(got, costs, methods, done, temperatures)), ""]

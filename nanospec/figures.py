@@ -196,8 +196,8 @@ def step_figure(models, path, k=4):
     tok, steps = models.tokenizer, []
     for prompt in STEP_PROMPTS:
         ids, dcache = tok.encode(prompt), models.draft.new_cache()
-        drafts, _ = draft_chain(lambda x: models.draft(x, cache=dcache).logits[0, -1], torch.tensor([ids]), k,
-                                Sampling())
+        [drafts], _ = draft_chain(lambda x: models.draft(x, cache=dcache).logits[:, -1], torch.tensor([ids]), k,
+                                  Sampling())
         logits = models.target(torch.tensor([ids + drafts])).logits[0, len(ids) - 1:]  # (k+1, V)
         n, _ = verify_chain_greedy(logits, drafts)
         steps.append((n if n < k else -1, prompt, drafts, logits.argmax(-1).tolist()))

@@ -23,13 +23,15 @@ head, the ParallelSpec drafter; tests/test_runtime.py holds each wrapped model t
     new tokens' positions; mask (T, cached + T), True where a new token sees a slot, or None for plain causal
     attention with nothing cached), the given pos and mask when there are. The fast layer pads that mask with
     False to the whole cache and writes the new keys at slots cached..cached + T - 1, so that a forward's shapes
-    depend on T alone and it can be replayed;
+    depend on T alone and it can be replayed. A cache whose rows are out of step (a batch) gives (pos (B, T),
+    mask (B, 1, T, S)) over every slot already, and the new keys go at the rows' own slots (KVCache.row_slots);
   - everything that changes from one step to the next reaches the forward as a tensor: a Python value it
     reads is frozen into a replayed graph.
 And the bench's side (nanospec/probes.py times parts from outside, knowing none of their insides): a GPT names
 the modules drafters call outside its forward (`borrowed_by_drafters`) and says which of its forwards draft
 (`drafts`).
 """
+import copy
 import math
 from dataclasses import dataclass
 
@@ -51,17 +53,24 @@ class GPTConfig:
 
 
 class KVCache:
-    """Keys and values of every layer for the tokens seen so far, in preallocated tensors.
+    """Keys and values of every layer for the tokens seen so far, in preallocated tensors (L, B, nh, S, hs).
 
     Slots [0, length) hold real tokens. A forward writes its T new tokens at [length, length+T) in every
     layer, then `advance(T)` makes them part of the cache. Decoding methods then keep what was accepted:
     `rollback(n)` drops everything from slot n on (a chain), `compact(keep)` keeps the listed slots in order
     (a tree path). Nothing outside this class touches its tensors: attention writes through `update`, and
-    everyone else reads the cache through `length`, `lengths`, `max_len` and `device`.
+    everyone else reads the cache through `length`, `lengths`, `rows`, `max_len` and `device`.
 
     Each layer counts its own tokens (`lengths`). They are all equal, except while `early-exit` drafts: it
     runs only the lower layers over its guesses, so those layers run ahead of the upper ones until the
     verify forward catches up. `length` is layer 0's count, i.e. every layer's in a cache used the plain way.
+
+    Each row of a batch (B prompts) may hold its own number of tokens: `rollback_rows` given different lengths
+    puts the rows out of step, and from then on `rows` (B ints) counts each row's, row b's new tokens go at its
+    own slots rows[b] .. rows[b] + T - 1 (`row_slots`), and each sees its own row's slots up to its own
+    (`row_mask`). A slot past a row's count holds a rejected guess or padding, which no one sees before the
+    row's next forward writes it again. A single prompt is the case B = 1, whose rows never fall out of step.
+    Rows [3, 1], T = 2:  row 0 writes slots 3, 4 and sees 0..3, 0..4;  row 1 writes 1, 2 and sees 0..1, 0..2.
     """
 
     def __init__(self, config, batch_size=1, device="cpu", dtype=torch.float32, max_len=None):
@@ -70,11 +79,28 @@ class KVCache:
         shape = (n_layer, batch_size, H, self.max_len, config.n_embd // H)  # (L, B, nh, S, hs)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.lengths = [0] * n_layer  # tokens held by each layer
+        self.forget()
+
+    def forget(self):
+        """Every slot free again (the tensors are kept: stale keys are never seen)."""
+        self.lengths = [0] * self.k.size(0)  # tokens held by each layer (every row's, while rows are in step)
+        self.counts = None  # tokens held by each row (B ints) once rows are out of step, else None
+        self.row_lengths = None  # (B,) the same on the device, for `slots`
 
     @property
     def length(self):
         return self.lengths[0]
+
+    @property
+    def rows(self):
+        """Tokens held by each row, B ints (in step: what every layer holds; early-exit's lower layers may be
+        ahead of that while it drafts)."""
+        return self.counts if self.ragged else [min(self.lengths)] * self.k.size(1)
+
+    @property
+    def ragged(self):
+        """Are the rows out of step (each at its own length)?"""
+        return self.counts is not None
 
     @property
     def device(self):
@@ -82,19 +108,48 @@ class KVCache:
         return self.k.device
 
     def update(self, layer, k_new, v_new):
-        """Write the new tokens' keys/values (B, nh, T, hs) for one layer; return all of them so far."""
+        """Write the new tokens' keys/values (B, nh, T, hs) for one layer; return all of them so far: the first
+        length + T slots (B, nh, length+T, hs), or, rows out of step, every slot (B, nh, S, hs)."""
         T, start = k_new.size(2), self.lengths[layer]
         end = start + T
         if end > self.max_len:
             raise ValueError(f"KV cache full: {end} tokens > {self.max_len}; shorten the prompt or the generation")
+        if self.ragged:
+            return self.write_at(layer, self.row_slots(T), k_new, v_new)
         self.k[layer, :, :, start:end] = k_new
         self.v[layer, :, :, start:end] = v_new
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, nh, start+T, hs)
+
+    def write_at(self, layer, slots, k_new, v_new):
+        """Write the new keys/values (B, nh, T, hs) at `slots` (B or 1, T), row b's at slots[b]; return every
+        slot of the layer (B, nh, S, hs). The fast runtime writes this way too, at slots given as a tensor."""
+        at = slots[:, None, :, None].expand_as(k_new)  # (B, nh, T, hs)
+        self.k[layer].scatter_(2, at, k_new)
+        self.v[layer].scatter_(2, at, v_new)
+        return self.k[layer], self.v[layer]
+
+    def row_slots(self, T):
+        """Rows out of step: (B, T), where each row's T new tokens go, right after its own."""
+        return self.row_lengths[:, None] + torch.arange(T, device=self.device)
+
+    def row_mask(self, slots):
+        """Rows out of step: (B, 1, T, S), True where row b's new token at slots[b, t] may look (its row's slots up
+        to its own; the 1 broadcasts over the heads)."""
+        return (torch.arange(self.max_len, device=self.device) <= slots[..., None])[:, None]
 
     def advance(self, T, layers=None):
         """Make the T tokens just written part of the cache, in `layers` (default: all of them)."""
         for i in range(len(self.lengths)) if layers is None else layers:
             self.lengths[i] += T
+        if self.ragged:  # (early-exit, the one user of `layers`, decodes one prompt: rows in step)
+            self.keep_counts([r + T for r in self.counts])
+
+    def rollback_rows(self, lengths):
+        """Row b keeps its first lengths[b] tokens (B ints): `rollback` while the rows stay in step (one prompt
+        always does), else the rows go out of step, each at its own length."""
+        if self.ragged or len(set(lengths)) > 1:
+            return self.keep_counts(lengths)
+        self.rollback(lengths[0])
 
     def rollback(self, length):
         """Forget every slot from `length` on, in every layer. Cheap: the slots are simply overwritten later."""
@@ -102,6 +157,24 @@ class KVCache:
         assert 0 <= length <= max(self.lengths), (length, self.lengths)
         self.lengths = [min(n, length) for n in self.lengths]
         # END SOLUTION ex5
+
+    def keep_counts(self, rows):
+        """Row b holds rows[b] tokens from now on: the rows are out of step (see the class docstring)."""
+        assert len(rows) == self.k.size(1) and 0 <= min(rows) and max(rows) <= self.max_len, (rows, self.max_len)
+        self.counts = [int(r) for r in rows]
+        self.row_lengths = torch.tensor(self.counts, device=self.device)  # (B,)
+        self.lengths = [max(self.counts)] * len(self.lengths)  # the widest row: how far any row has written
+
+    def keep_rows(self, rows):
+        """Only the rows `rows` (B' indices, increasing) go on, moved to rows 0..B'-1 of the same memory (a graph
+        of the fast runtime keeps writing where it was captured); the others are dropped."""
+        index = torch.tensor(rows, device=self.device)  # (B',)
+        self.k[:, :len(rows)] = self.k[:, index]
+        self.v[:, :len(rows)] = self.v[:, index]
+        self.k = self.k[:, :len(rows)]  # (L, B', nh, S, hs): a view, the same memory
+        self.v = self.v[:, :len(rows)]
+        if self.ragged:
+            self.keep_counts([self.counts[b] for b in rows])
 
     def compact(self, keep):
         """Keep only the slots listed in `keep` (increasing), moved to 0..len(keep)-1.
@@ -118,8 +191,8 @@ class KVCache:
         # END SOLUTION ex5
 
     def clone(self):
-        other = KVCache.__new__(KVCache)
-        other.max_len, other.lengths = self.max_len, list(self.lengths)
+        other = copy.copy(self)
+        other.lengths = list(self.lengths)
         other.k, other.v = self.k.clone(), self.v.clone()
         return other
 
@@ -268,9 +341,13 @@ class GPT(nn.Module):
 
     def layout(self, idx, pos=None, cache=None, mask=None, layers=None, hidden_in=None, **unplaced):
         """(pos (T,), mask (T, cached + T) or None): the positions and mask `forward` gives its new tokens
-        (model.layout), from the same arguments; `unplaced`, the forward's others (heads), move no token."""
+        (model.layout), from the same arguments; `unplaced`, the forward's others (heads), move no token.
+        A cache whose rows are out of step gives (pos (B, T), mask (B, 1, T, S)) from each row's own slots."""
         start = layers[0] if layers is not None else 0
         x = hidden_in if start > 0 else idx  # (B, T) or (B, T, C)
+        if cache is not None and cache.ragged and pos is None:  # rows out of step: each row after its own tokens
+            slots = cache.row_slots(x.size(1))  # (B, T)
+            return slots.clamp(max=self.config.block_size - 1), cache.row_mask(slots)  # (only padding is clamped)
         n_cached = cache.lengths[start] if cache is not None else 0
         return layout(n_cached, x.size(1), pos, mask, x.device, table=self.config.block_size)
 

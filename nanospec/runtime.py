@@ -60,18 +60,17 @@ def runtime_path(runtime, device):
 
 
 class SlotCache:
-    """A KVCache seen by a shape-static forward: `update` writes the new keys and values at `slots` (T,), a
-    tensor, and returns every slot; `advance` is recorded in `moves`, for the caller to apply after the forward
-    (a replayed graph runs no Python). Everything else (lengths, max_len, device) reads the real cache."""
+    """A KVCache seen by a shape-static forward: `update` writes the new keys and values at `slots` (B or 1, T), a
+    tensor, and returns every slot (KVCache.write_at); `advance` is recorded in `moves`, for the caller to apply
+    after the forward (a replayed graph runs no Python). Everything else (lengths, rows, max_len, device) reads
+    the real cache."""
 
     def __init__(self, cache, slots):
         self.cache, self.slots, self.moves = cache, slots, []
 
     def update(self, layer, k_new, v_new):
         """(B, nh, T, hs) new keys/values of one layer, written at the slots -> every slot (B, nh, max_len, hs)."""
-        self.cache.k[layer].index_copy_(2, self.slots, k_new)
-        self.cache.v[layer].index_copy_(2, self.slots, v_new)
-        return self.cache.k[layer], self.cache.v[layer]
+        return self.cache.write_at(layer, self.slots, k_new, v_new)
 
     def advance(self, T, layers=None):
         self.moves.append((T, None if layers is None else tuple(layers)))
@@ -108,22 +107,22 @@ class Fast:
             free = [self.model.new_cache(*args, **kwargs), None]
             pool.append(free)
         cache = copy.copy(free[0])  # the pooled tensors, lengths of its own
-        cache.lengths = [0] * len(cache.lengths)
+        cache.forget()
         free[1] = weakref.ref(cache)
         return cache
 
     def __call__(self, *args, cache=None, pos=None, mask=None, **kwargs):
-        if not isinstance(cache, KVCache) or not self.graphs.enabled:  # no cache (training, the slow oracle), a
-            # cache of another kind (nanospec/ragged.py's, already shape-static), or capture failed
+        if not isinstance(cache, KVCache) or not self.graphs.enabled:  # no cache (training, the slow oracle), or
+            # capture failed
             return self.model(*args, cache=cache, pos=pos, mask=mask, **kwargs)
         pos, mask = self.model.layout(*args, cache=cache, pos=pos, mask=mask, **kwargs)  # (T,), (T, n+T) or None
-        T = pos.numel()
-        n = 0 if mask is None else mask.size(1) - T  # the cached tokens the new ones follow
-        if n + T > cache.max_len:
-            raise ValueError(f"KV cache full: {n + T} tokens > {cache.max_len}; shorten the prompt or the generation")
-        full = torch.zeros(T, cache.max_len, dtype=torch.bool, device=pos.device)  # (T, max_len) False: hidden
-        full[:, :n + T] = torch.ones(T, T, dtype=torch.bool, device=pos.device).tril() if mask is None else mask
-        slots = torch.arange(n, n + T, device=pos.device)  # (T,)
+        if not cache.ragged:
+            full, slots = pad_to_slots(pos, mask, cache.max_len)  # (T, max_len), (1, T)
+        else:  # rows out of step: the layout is already every slot's, (B, T) and (B, 1, T, max_len)
+            full, slots = mask, cache.row_slots(pos.size(-1))
+            if cache.lengths[0] + pos.size(-1) > cache.max_len:
+                raise ValueError(f"KV cache full: {cache.lengths[0] + pos.size(-1)} tokens > {cache.max_len}; "
+                                 "shorten the prompt or the generation")
         given = list(args) + list(kwargs.values())
         tensors = [a for a in given if torch.is_tensor(a)]  # the graph's inputs
         key = graph_key(cache, given, kwargs, (pos, *tensors))
@@ -150,13 +149,26 @@ class Fast:
         return unflatten(kind, outputs)
 
 
+def pad_to_slots(pos, mask, max_len):
+    """A forward's own mask (T, n + T), or None for plain causal attention, padded with False to every slot
+    (T, max_len), and the slots its T new tokens are written at, (1, T): n .. n + T - 1."""
+    T = pos.numel()
+    n = 0 if mask is None else mask.size(1) - T  # the cached tokens the new ones follow
+    if n + T > max_len:
+        raise ValueError(f"KV cache full: {n + T} tokens > {max_len}; shorten the prompt or the generation")
+    full = torch.zeros(T, max_len, dtype=torch.bool, device=pos.device)  # (T, max_len) False: hidden
+    full[:, :n + T] = torch.ones(T, T, dtype=torch.bool, device=pos.device).tril() if mask is None else mask
+    return full, torch.arange(n, n + T, device=pos.device)[None]  # (T, max_len), (1, T)
+
+
 def graph_key(cache, given, kwargs, tensors):
-    """What names one graph of a Fast model: the cache tensors it writes, every argument that is not a tensor (the layer
-    range, heads, k, the target), the keywords given, and the tensors' shapes. The cache moves recorded for a
-    graph are the ones its Python made for this key, so the shapes must be in it: a 1-token step and a 4-token
-    verify move the cache by 1 and 4, and a replay runs no Python to tell them apart."""
-    return (id(cache.k), tuple(None if torch.is_tensor(a) else freeze(a) for a in given), tuple(kwargs),
-            tuple(tuple(t.shape) for t in tensors))
+    """What names one graph of a Fast model: the memory of the cache it writes and its shape (a batch that drops
+    its finished rows keeps writing the same memory, rows 0..B'-1: KVCache.keep_rows), every argument that is not
+    a tensor (the layer range, heads, k, the target), the keywords given, and the tensors' shapes. The cache moves
+    recorded for a graph are the ones its Python made for this key, so the shapes must be in it: a 1-token step
+    and a 4-token verify move the cache by 1 and 4, and a replay runs no Python to tell them apart."""
+    return (cache.k.data_ptr(), tuple(cache.k.shape), tuple(None if torch.is_tensor(a) else freeze(a) for a in given),
+            tuple(kwargs), tuple(tuple(t.shape) for t in tensors))
 
 
 def freeze(value):

@@ -1,9 +1,10 @@
-"""Batched decoding (nanospec/decoding/batched.py on nanospec/ragged.py): B prompts at once, each row its own
-number of accepted guesses.
+"""Batched decoding (nanospec/decoding/batched.py: draft_chain and chain_step over B rows of one KVCache): B prompts
+at once, each row its own number of accepted guesses.
 
   - greedy: every row equals `ar` run on that prompt alone, token for token, for B in {1, 2, 5, 8}, prompts of
     different lengths, rows that finish at different times (end-of-text, the context end), on the eager and the
-    static runtime; a negative control (every row written at one row's length, the classic padding bug) breaks it;
+    static runtime (replayed: graphs captured); a negative control (every row written at one row's length, the
+    classic padding bug) breaks it;
   - sampling: the rows of one batch are independent draws, so a batch of many rows of one prompt gives the law of
     its first L tokens; it must match the target's exact law within tv_bound (test_verify.py, delta 1e-6), for
     two prompts of different lengths in the same batch, for `ar`, `speculative` and `prompt-lookup` (whose rows
@@ -16,10 +17,11 @@ import copy
 import pytest
 import torch
 
-from nanospec import ragged
 from nanospec.decoding import METHODS
 from nanospec.decoding import batched
+from nanospec.decoding import verify_step
 from nanospec.decoding.batched import generate
+from nanospec.model import KVCache
 from nanospec.parts import Models
 from nanospec.runtime import prepare
 from test_model import random_ids, tiny_gpt
@@ -75,19 +77,21 @@ def test_rows_that_finish_early(models, method):
 def test_the_static_runtime_runs_the_same(models):
     fast = prepare(models, "static")[0]
     for method in batched.BATCHED:
-        assert generate(fast, PROMPTS[:5], 16, method=method)[0] == generate(models, PROMPTS[:5], 16, method=method)[0]
+        for _ in range(2):  # the second batch replays the graphs the first captured, on the same cache memory
+            assert generate(fast, PROMPTS[:5], 16, method=method)[0] == generate(models, PROMPTS[:5], 16,
+                                                                                 method=method)[0]
+    assert fast.target.graphs.captured > 0 and fast.draft.graphs.captured > 0
 
 
 def test_rows_out_of_step_are_caught(models, monkeypatch):
     """Negative control: every row written at the longest row's length (positions and slots shared, as a padded
     batch without per-row lengths would do): the greedy equality above must fail."""
-    right = ragged.forward
+    right = KVCache.row_slots
 
-    def shared(model, cache, ids):
-        cache.lengths = cache.lengths.max().expand_as(cache.lengths).clone()
-        return right(model, cache, ids)
+    def shared(cache, T):  # (B, T): every row at the longest row's slots
+        return right(cache, T).max(0, keepdim=True).values.expand(cache.k.size(1), T)
 
-    monkeypatch.setattr(batched, "forward", shared)
+    monkeypatch.setattr(KVCache, "row_slots", shared)
     ids, _ = generate(models, PROMPTS[:4], 12, method="ar")
     assert ids != [alone(models, p, 12) for p in PROMPTS[:4]]
 
@@ -129,11 +133,10 @@ def test_each_row_keeps_the_targets_law(method, options):
 def test_a_bonus_from_past_the_padding_is_caught(monkeypatch):
     """Negative control: a row whose k_b real guesses all passed keeps the rule's next token, drawn after the
     padding guesses (another context), instead of a fresh draw from the target after its own k_b."""
-    def broken(p_target, drafts, q_draft, k_rows, generator):
-        n, nxt = batched.verify_chain(p_target, batched.point_mass(drafts, p_target), drafts, generator)
+    def broken(p_target, n, nxt, k_rows, generator):
         return torch.minimum(n, torch.tensor(k_rows)), nxt
 
-    monkeypatch.setattr(batched, "judge", broken)
+    monkeypatch.setattr(verify_step, "own_guesses", broken)
     laws, _ = row_laws(Models(target=toy_gpt(0)), "prompt-lookup", 3000, draft_len=3, max_ngram=1)
     assert max(tv(law, exact) for law, exact in laws) > tv_bound(5 ** L, 3000)
 

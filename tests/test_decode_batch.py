@@ -36,11 +36,20 @@ def test_repeated_prompts_are_a_batch(ckpt, capsys):
     assert "--- row 1" in out and "--- row 2" in out and "batch of 2" in out
 
 
+def test_a_batch_on_the_static_runtime_says_so_and_decodes_the_same(ckpt, capsys):
+    rows = {}
+    for runtime in ("eager", "static"):
+        decode.main(["--ckpt", ckpt, *ARGS, "--method", "prompt-lookup", "--prompt", "a = 1", "--prompt", "def f(",
+                     "--runtime", runtime, "--json"])
+        rows[runtime] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["ids"] for r in rows["static"]] == [r["ids"] for r in rows["eager"]]
+    assert {r["runtime"] for r in rows["static"]} == {"static"}
+
+
 @pytest.mark.parametrize("args, match", [
     (["--prompt", "x", "--batch-size", "0"], "--batch-size must be in 1..1024, got 0"),
     (["--prompt", "x", "--batch-size", "5000"], "--batch-size must be in 1..1024, got 5000"),
     (["--prompt", "x", "--prompt", "y", "--method", "medusa"], "batched decoding runs ar, speculative, prompt-lookup"),
-    (["--prompt", "x", "--prompt", "y", "--runtime", "static"], "drop --runtime static"),
     (["--prompts-file", "/no/such/file"], "cannot read --prompts-file"),
     (["--prompt", "x", "--prompt", "y", "--method", "prompt-lookup", "--adaptive", "history"],
      "--adaptive is not an option of batched decoding"),

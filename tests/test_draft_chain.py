@@ -34,21 +34,31 @@ V = 4
 
 
 def bigram_step(fed=None):
-    """step(x) for draft_chain: the drafter's logits (V,) after x's last token; every x it reads goes in `fed`
-    (a host read: None reads nothing)."""
-    def step(x):  # x (1, T)
+    """step(x) for draft_chain: the drafter's logits (B, V) after each row's last token of x (B, T); every x it
+    reads goes in `fed` (a host read: None reads nothing)."""
+    def step(x):  # x (B, T)
         if fed is not None:
             fed.append(x.tolist())
-        return LOGITS.index_select(0, x[0, -1:])[0]  # (V,) indexed on the device: no host read
+        return LOGITS.index_select(0, x[:, -1])  # (B, V) indexed on the device: no host read
     return step
 
 
 def test_greedy_is_the_argmax_chain_fed_back():
     fed = []
     drafts, q_draft = draft_chain(bigram_step(fed), torch.tensor([[3, 0]]), 4, Sampling(0.0))
-    assert drafts == [2, 1, 3, 0]
+    assert drafts == [[2, 1, 3, 0]]  # one row
     assert fed == [[[3, 0]], [[2]], [[1]], [[3]]]  # the newest tokens first, then each guess, one at a time
-    assert q_draft.tolist() == [[0, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 1], [1, 0, 0, 0]]  # one-hot: greedy's q
+    assert q_draft.tolist() == [[[0, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 1], [1, 0, 0, 0]]]  # one-hot: greedy's q
+
+
+def test_rows_draft_side_by_side():
+    """B rows at once: each row's chain is the one it drafts alone (greedy, and seeded sampling row by row)."""
+    fed = []
+    drafts, q_draft = draft_chain(bigram_step(fed), torch.tensor([[3, 0], [1, 2]]), 3, Sampling(0.0))
+    assert drafts == [[2, 1, 3], [1, 3, 0]] and q_draft.shape == (2, 3, V)
+    assert fed == [[[3, 0], [1, 2]], [[2], [1]], [[1], [3]]]
+    rows, _ = draft_chain(bigram_step(), torch.tensor([[0]] * 400), 2, Sampling(1.0), torch.Generator().manual_seed(0))
+    assert len({tuple(r) for r in rows}) > 4  # rows draw apart: each its own slice of every draw
 
 
 @pytest.mark.parametrize("fast", [False, True], ids=["eager", "fast"])
@@ -58,7 +68,7 @@ def test_a_draft_gpts_greedy_chain_is_its_own_ar_output(fast):
     prompt = random_ids(4, seed=2)
     model = Fast(draft) if fast else draft
     cache = model.new_cache()
-    drafts, _ = draft_chain(lambda x: model(x, cache=cache).logits[0, -1], torch.tensor([prompt]), 8, Sampling(0.0))
+    [drafts], _ = draft_chain(lambda x: model(x, cache=cache).logits[:, -1], torch.tensor([prompt]), 8, Sampling(0.0))
     assert drafts == METHODS["ar"](Models(target=draft), prompt, 8)[0]
     assert cache.length == len(prompt) + 7  # the prompt and every guess but the last were read
 
@@ -71,16 +81,16 @@ def test_stop_ends_the_chain_after_the_guess_it_judges():
         return guess.item() == 1
 
     drafts, q_draft = draft_chain(bigram_step(), torch.tensor([[0]]), 4, Sampling(0.0), stop=stop)
-    assert drafts == [2, 1] and q_draft.shape == (2, V) and asked == [(2, 2), (1, 1)]
+    assert drafts == [[2, 1]] and q_draft.shape == (1, 2, V) and asked == [(2, 2), (1, 1)]
     fed = []
-    assert draft_chain(bigram_step(fed), torch.tensor([[0]]), 0, Sampling(1.0)) == ([], None) and not fed
+    assert draft_chain(bigram_step(fed), torch.tensor([[0]]), 0, Sampling(1.0)) == ([[]], None) and not fed
 
 
 @pytest.mark.parametrize("sampling", [Sampling(0.0), Sampling(1.0), Sampling(0.8, 3, 0.9)])
 def test_the_chain_reads_the_host_once(sampling):
     with counting_host_reads() as counts:
         drafts, _ = draft_chain(bigram_step(), torch.tensor([[0]]), 5, sampling, torch.Generator().manual_seed(0))
-    assert len(drafts) == 5 and sum(counts.values()) == 1, counts  # the guesses' .tolist(), at the end
+    assert len(drafts[0]) == 5 and sum(counts.values()) == 1, counts  # the guesses' .tolist(), at the end
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -106,9 +116,9 @@ def chain_law(sampling, n=N, root=0):
     q = warp(LOGITS, *sampling)  # (V, V)
     chains = []
     for seed in range(n):
-        drafts, q_draft = draft_chain(bigram_step(), torch.tensor([[root]]), K, sampling,
-                                      torch.Generator().manual_seed(seed))
-        assert torch.equal(q_draft, q[[root] + drafts[:-1]])  # (K, V): the law each guess was drawn from
+        [drafts], q_draft = draft_chain(bigram_step(), torch.tensor([[root]]), K, sampling,
+                                        torch.Generator().manual_seed(seed))
+        assert torch.equal(q_draft[0], q[[root] + drafts[:-1]])  # (K, V): the law each guess was drawn from
         chains.append(drafts)
     return empirical_law(sequence_codes(torch.tensor(chains), V), V ** K)
 

@@ -92,9 +92,9 @@ def test_a_read_per_guess_breaks_the_bound(models, monkeypatch):
     def read_per_guess(step, x, k, sampling, generator=None, stop=None):
         drafts = []
         for _ in range(k):
-            drafts.append(int(step(x).argmax()))  # a host read per guess
+            drafts.append(int(step(x)[0].argmax()))  # a host read per guess (one row)
             x = torch.tensor([[drafts[-1]]], device=x.device)  # (1, 1)
-        return drafts, None
+        return [drafts], None
     assert reads_per_forward(models, "speculative", 0.0)[0] <= LIMITS["speculative"][0]
     monkeypatch.setattr(speculative, "draft_chain", read_per_guess)
     assert reads_per_forward(models, "speculative", 0.0)[0] > LIMITS["speculative"][0]

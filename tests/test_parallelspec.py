@@ -276,9 +276,9 @@ def test_sampling_test_sees_a_biased_rule(monkeypatch):
     for n = 300 is 0.41; this rule comes out near 0.96."""
     import nanospec.decoding.verify_step as verify_step_module
 
-    def accept_all(p_target, q_draft, draft_tokens, generator):  # the rule chain_step runs: (k+1, V), (k, V), (k,)
-        k = len(draft_tokens)
-        return torch.tensor(k), torch.multinomial(p_target[k], 1, generator=generator)[0]
+    def accept_all(p_target, q_draft, draft_tokens, generator):  # the rule chain_step runs: (1, k+1, V), (1, k, V),
+        k = draft_tokens.size(1)  # (1, k): one row
+        return torch.tensor([k]), torch.multinomial(p_target[0, k], 1, generator=generator)
 
     monkeypatch.setattr(verify_step_module, "verify_chain", accept_all)
     models, n, sampling = sampling_models(), 300, (1.0, None, None)

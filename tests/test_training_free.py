@@ -313,11 +313,12 @@ def test_sampling_follows_the_targets_law(method, options, sampling, n):
 def resample_after_mismatch(p_target, q_draft, draft_tokens, generator=None):
     """A classic BROKEN point-mass rule (q_draft = one_hot(draft_tokens), unused): sample y ~ p; on a mismatch
     emit a FRESH sample of p, which may be the rejected guess again, so a guess x comes out with probability
-    p(x) + (1 - p(x)) p(x)."""
-    for i, x in enumerate(draft_tokens.tolist()):
+    p(x) + (1 - p(x)) p(x). One row, as chain_step passes one prompt: p_target (1, k+1, V), draft_tokens (1, k)."""
+    p_target = p_target[0]  # (k+1, V)
+    for i, x in enumerate(draft_tokens[0].tolist()):
         if sample(p_target[i], generator).item() != x:
-            return torch.tensor(i), sample(p_target[i], generator)
-    return torch.tensor(len(draft_tokens)), sample(p_target[-1], generator)
+            return torch.tensor([i]), sample(p_target[i:i + 1], generator)
+    return torch.tensor([draft_tokens.size(1)]), sample(p_target[-1:], generator)
 
 
 def test_broken_rule_fails_the_sampling_test(monkeypatch):

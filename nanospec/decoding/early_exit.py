@@ -60,7 +60,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
 
     def lower(x):  # blocks 1..E read token ids x (1, 1); their output (1, 1, C) is kept for the verify forward
         hidden.append(target(x, cache=cache, layers=(0, E)).hidden)
-        return exit_logits(target, adapter, E, hidden[-1])[0, -1]  # (V,) the exit's guess of the next token
+        return exit_logits(target, adapter, E, hidden[-1])[:, -1]  # (1, V) the exit's guess of the next token
 
     last, _ = first_token(run, target, cache)  # the whole target reads the prompt
     done = run.emit([last])
@@ -70,14 +70,14 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         # verify forward needs its block-E output too): k+1 passes, the lower layers' cache runs ahead by k+1.
         hidden = []  # (1, 1, C) block E's output for the newest token and each guess
         drafts, q_draft = draft_chain(lower, tensor([last], cache.device), k, run.sampling, run.generator, stop)
-        x = tensor((drafts or [last])[-1:], cache.device)  # (1, 1) d_k, never read back (or last, with no guess)
+        x = tensor((drafts[0] or [last])[-1:], cache.device)  # (1, 1) d_k, never read back (or last, with no guess)
         hidden.append(target(x, cache=cache, layers=(0, E)).hidden)  # (1, 1, C)
         # Verify: blocks E+1..L read the k+1 block-E outputs in one forward; the chain rule on its logits, then
         # every layer's cache rolls back to the newest token + the accepted guesses.
-        emitted, n, _ = chain_step(run, target, cache, last, drafts, q_draft, opts.verify, layers=(E, L),
-                                   hidden_in=torch.cat(hidden, 1))  # (1, k+1, C)
-        draft_policy.update(len(drafts), n)
-        done = run.emit(emitted, drafted=len(drafts))
+        [emitted], [n], _ = chain_step(run, target, cache, [last], drafts, q_draft, opts.verify, layers=(E, L),
+                                       hidden_in=torch.cat(hidden, 1))  # (1, k+1, C); one row
+        draft_policy.update(len(drafts[0]), n)
+        done = run.emit(emitted, drafted=len(drafts[0]))
         last = emitted[-1]
 
     return run.out, run.stats(exit_layer=E, adapter=adapter is not None)

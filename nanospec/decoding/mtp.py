@@ -83,7 +83,8 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     while not done:
         drafts = drafts[:run.draft_room(len(drafts))]  # near the end of the budget or context, guess fewer
         q_draft = q_draft[:len(drafts)] if q_draft is not None and len(drafts) else None
-        emitted, n, out = chain_step(run, model, cache, last, drafts, q_draft, opts.verify, heads=True)
+        [emitted], [n], out = chain_step(run, model, cache, [last], [drafts],
+                                         None if q_draft is None else q_draft[None], opts.verify, heads=True)  # one row
         for i in range(len(drafts)):
             drafted[i] += 1
             accepted[i] += i < n

@@ -61,12 +61,12 @@ def tree_paths(tree, k, vocab_size):
 
 def mask_chain(run, mask_logits, draft_policy, drawn):
     """Chain mode's guesses: each mask's top-1, or a draw from its warped q (drawn), cut at the first unconfident
-    one (--adaptive confidence). mask_logits (d, V): the drafter's. Returns (drafts: j ints, q_draft (j, V) or
-    None)."""
+    one (--adaptive confidence). mask_logits (d, V): the drafter's. Returns (drafts: j ints, q_draft (1, j, V),
+    the one row chain_step judges, or None)."""
     q_draft = warp(mask_logits, *run.sampling) if drawn else None  # (d, V)
     picks = sample(q_draft, run.generator) if drawn else mask_logits.argmax(-1)  # (d,)
     drafts = draft_policy.cut(mask_logits, picks.tolist())  # all d, unless unsure (confidence)
-    return drafts, q_draft[:len(drafts)] if drawn else None
+    return drafts, q_draft[None, :len(drafts)] if drawn else None
 
 
 def mask_tree(run, cache, last, mask_logits, paths, drawn):
@@ -117,7 +117,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     while not done:
         d = run.draft_room(draft_policy.k)  # near the end of the budget or context, guess fewer
         if d == 0:  # one token left to emit: nothing to guess (and this is the last step)
-            run.emit(chain_step(run, target, cache, last, [])[0])
+            run.emit(chain_step(run, target, cache, [last], [[]])[0][0])
             break
         # one drafter pass over the new tokens (1, T) and d masks after the root, the last of them
         ids = tensor(new_tokens, draft_cache.device)  # (1, T)
@@ -125,7 +125,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         mask_logits = drafter(target, ids, root, d, cache=draft_cache)[0, 0]  # (d, V)
         if paths is None:  # a chain of guesses
             drafts, q_draft = mask_chain(run, mask_logits, draft_policy, drawn)
-            emitted, n, _ = chain_step(run, target, cache, last, drafts, q_draft, opts.verify)
+            [emitted], [n], _ = chain_step(run, target, cache, [last], [drafts], q_draft, opts.verify)  # one row
             draft_policy.update(len(drafts), n)
             drafted = len(drafts)
         else:  # a tree of guesses

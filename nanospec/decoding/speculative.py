@@ -69,12 +69,12 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         seq = run.seq
         k = run.draft_room(draft_policy.k)  # fewer guesses near the context end or the token budget
         x = tensor(seq[draft_cache.length:], draft_cache.device)  # (1, T) what the draft has not read: T = 1 or 2
-        drafts, q_draft = draft_chain(lambda x: draft(x, cache=draft_cache).logits[0, -1], x, k, run.sampling,
-                                      run.generator, stop)  # k ints, (k, V)
-        k = len(drafts)
+        drafts, q_draft = draft_chain(lambda x: draft(x, cache=draft_cache).logits[:, -1], x, k, run.sampling,
+                                      run.generator, stop)  # one row: [k ints], (1, k, V)
+        k = len(drafts[0])
 
         # One target forward over [last, d1..dk]; the target cache rolls back to last + accepted drafts.
-        emitted, n, _ = chain_step(run, target, target_cache, seq[-1], drafts, q_draft, opts.verify)
+        [emitted], [n], _ = chain_step(run, target, target_cache, [seq[-1]], drafts, q_draft, opts.verify)  # one row
         draft_policy.update(k, n)
         # The draft cache read seq and d1..d(k-1). Keep seq + the accepted drafts, as far as it read them:
         # after n == k it lacks d_k, which the next step feeds it with the target's new token.

@@ -22,38 +22,55 @@ rule (verify.typical_accept) is LOSSY by design.
 import torch
 
 from nanospec.decoding.options import CHAIN_RULES, TREE_RULES
+from nanospec.decoding.run import padded
 from nanospec.tree import tree_mask, tree_positions
-from nanospec.verify import (host_path, point_mass, typical_accept, verify_block, verify_chain, verify_chain_greedy,
-                             verify_tree_descend, verify_tree_greedy, verify_tree_traversal,
+from nanospec.verify import (host_path, point_mass, sample, typical_accept, verify_block, verify_chain,
+                             verify_chain_greedy, verify_tree_descend, verify_tree_greedy, verify_tree_traversal,
                              verify_tree_without_replacement, warp)
 
 
 def chain_step(run, target, cache, last, drafts, q_draft=None, rule="token", **forward):
-    """One target forward over [last, d1..dk] and the chain rule; the cache then holds the sequence up to the last
-    accepted draft (`last` included, the new token not yet).
+    """One target forward over each row's [last, d1..dk] and the chain rule; the cache then holds each row's
+    sequence up to its last accepted draft (`last` included, the new token not yet). One prompt is one row.
 
-    last: the newest emitted token, not yet in the cache; drafts: k guesses for the tokens after it (ints);
-    q_draft (k, V): the law each was drawn from, or None for deterministic guesses; rule: "token" or "block".
+    last: B ints, each row's newest emitted token, not yet in the cache; drafts: B lists of guesses for the tokens
+    after it (a row's own k_b of them, the shorter rows padded up to K = max k_b); q_draft (B, K, V): the law
+    each was drawn from, or None for deterministic guesses; rule: "token" or "block" (one row).
     forward: more arguments of the target's forward (heads=True for the MTP heads' logits; early-exit's layers
-    and hidden_in). Returns (emitted = accepted drafts + the target's next token, n_accepted, the forward's
+    and hidden_in). run: its sampling and generator judge (a batch's rows share them). Returns (emitted: B lists,
+    each the row's accepted drafts + the target's next token; n: B ints, the drafts accepted; the forward's
     Output)."""
     if rule not in CHAIN_RULES:
         raise ValueError(f"unknown chain rule {rule!r}; choose one of: {', '.join(CHAIN_RULES)}")
-    prefix = cache.lengths[-1]  # the tokens before `last` (early-exit's lower layers may be ahead of the others)
-    ids = torch.tensor([[last] + list(drafts)], device=cache.device)  # (1, k+1)
+    before = cache.rows  # each row's tokens before its `last`
+    k_rows = [len(d) for d in drafts]
+    ids = padded([[t] + list(d) for t, d in zip(last, drafts)], cache.device)  # (B, K+1)
     out = target(ids, cache=cache, **forward)
-    logits = out.logits[0]  # (k+1, V)
     if run.sampling.greedy:  # every rule is "accept while the guess is the argmax"
-        n, nxt = verify_chain_greedy(logits, drafts)
+        n, nxt = zip(*[verify_chain_greedy(out.logits[b, :k + 1], drafts[b]) for b, k in enumerate(k_rows)])
     else:
-        p_target = warp(logits, *run.sampling)  # (k+1, V)
-        guesses = ids[0, 1:]  # (k,)
+        p_target = warp(out.logits, *run.sampling)  # (B, K+1, V)
+        guesses = ids[:, 1:]  # (B, K)
         if q_draft is None:  # a guess not drawn is a point mass, q = one_hot(x): min(1, p(x)/q(x)) = p(x)
-            q_draft = point_mass(guesses, p_target)  # (k, V)
+            q_draft = point_mass(guesses, p_target)  # (B, K, V)
         judge = verify_block if rule == "block" else verify_chain
-        n, nxt = torch.stack(judge(p_target, q_draft, guesses, run.generator)).tolist()  # one host read
-    cache.rollback(prefix + 1 + n)  # keep last and the accepted drafts
-    return list(drafts[:n]) + [nxt], n, out
+        n, nxt = judge(p_target, q_draft, guesses, run.generator)  # (B,), (B,)
+        if min(k_rows) < guesses.size(1):  # padded rows: each keeps at most its own guesses
+            assert rule == "token", "block verification judges one chain, unpadded"
+            n, nxt = own_guesses(p_target, n, nxt, k_rows, run.generator)
+        n, nxt = torch.stack([n, nxt]).tolist()  # one host read
+    cache.rollback_rows([b + 1 + m for b, m in zip(before, n)])  # keep last and the accepted drafts, row by row
+    return [list(d[:m]) + [t] for d, m, t in zip(drafts, n, nxt)], list(n), out
+
+
+def own_guesses(p_target, n, nxt, k_rows, generator):
+    """A row padded past its own k_b guesses keeps at most k_b; when all k_b passed, its next token is a fresh
+    draw from p_target after them (what the rule did with the padding is its own randomness, dropped, so the row
+    keeps the target's law). p_target (B, K+1, V); n, nxt (B,). Returns the rows' (n, nxt)."""
+    k_rows = torch.tensor(k_rows, device=n.device)  # (B,)
+    after = sample(p_target[torch.arange(len(n), device=n.device), k_rows], generator)  # (B,) the law after them
+    full = n >= k_rows  # (B,) every real guess accepted
+    return torch.where(full, k_rows, n), torch.where(full, after, nxt)
 
 
 def tree_step(run, target, cache, tokens, parents, q_draft=None, rule="token", heads=False):
