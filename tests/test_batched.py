@@ -61,6 +61,16 @@ def test_every_row_equals_ar_alone(models, method, B):
 
 
 @pytest.mark.parametrize("method", batched.BATCHED)
+def test_a_batch_of_one_is_the_method_itself_when_sampling_too(models, method):
+    """One row runs the single-prompt method's steps with its draws in the same order: the same tokens from the
+    same seed, at t=1 as greedy."""
+    for seed in range(3):
+        one, _ = generate(models, [PROMPTS[3]], 20, method=method, temperature=1.0, seed=seed, draft_len=3)
+        options = {} if method == "ar" else {"draft_len": 3}
+        assert one[0] == METHODS[method](models, PROMPTS[3], 20, temperature=1.0, seed=seed, **options)[0]
+
+
+@pytest.mark.parametrize("method", batched.BATCHED)
 def test_rows_that_finish_early(models, method):
     """End-of-text: each row stops at its own eot (a token its greedy text reaches at a different step); the
     context: a 44-token prompt in a 48-token context stops after 4 tokens while the others go on."""
