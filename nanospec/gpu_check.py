@@ -5,8 +5,10 @@
        seeds (which path a run takes, and so which tensors it makes, varies with the seed);
     2. every method's greedy output equal to `ar`'s, token for token (every method is lossless with its default
        options; fp32 by default, as the README's figures);
-    3. the bench's `--quick` run to completion: no method failed or skipped;
-    4. (--runtime static, the default) the static path against eager: every method runs every setting again on
+    3. batched decoding (`ar`, `speculative`, `prompt-lookup` on the prompts as one batch, rows "batch: name"): every
+       setting runs, and greedy each row equals `ar` run on that prompt alone;
+    4. the bench's `--quick` run to completion: no method failed or skipped;
+    5. (--runtime static, the default) the static path against eager: every method runs every setting again on
        the models runtime.prepare(models, "static") wraps (a row "name (static)": forwards replayed from CUDA
        graphs on CUDA, from their emulation, graphs.Emulated, on a CPU), no capture may fail (a failed one
        makes that model run eager from then on), and its greedy output equals its own eager output token for
@@ -34,6 +36,7 @@ import torch
 from nanospec import bench
 from nanospec.checkpoint import CheckpointError
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
+from nanospec.decoding.batched import BATCHED, generate as generate_batch
 from nanospec.parts import PARTS
 from nanospec.runtime import Fast, prepare
 
@@ -113,7 +116,33 @@ def run_methods(models, args):
                            first_failure(name, paths[path], encoded, sampling, args, eager if static else reference,
                                          None if static else eager)
                            for s, sampling in SETTINGS}
+    for name in [n for n in BATCHED if n in MODULES]:  # after ar: its outputs are the reference
+        eager = {}
+        for label, path in rows_of(f"batch: {name}", args.runtime).items():
+            grid[label] = {s: wrong_path if path == "static" and wrong_path else
+                           first_batch_failure(name, paths[path], encoded, sampling, args,
+                                               *((eager, None) if path == "static" else (reference, eager)))
+                           for s, sampling in SETTINGS}
     return grid
+
+
+def first_batch_failure(name, models, encoded, sampling, args, reference, record=None):
+    """first_failure for batched decoding: every prompt as one batch, once per seed; greedy, row i must equal
+    reference[(i, seed)] (ar alone on prompt i; on the static path, the eager batch's row, which the eager run
+    kept in `record`)."""
+    for seed in range(args.seeds):
+        try:
+            rows, _ = generate_batch(models, encoded, args.max_new_tokens, method=name, seed=seed, **sampling)
+        except Exception as e:
+            return f"seed {seed}: {bench.one_line(e)}"
+        if given_up(models, name):
+            return f"seed {seed}: the {', '.join(given_up(models, name))}'s graph capture failed: it ran eager"
+        for i, out in enumerate(rows if sampling["temperature"] == 0 else []):
+            if record is not None:
+                record[(i, seed)] = out
+            if out != reference[(i, seed)]:
+                return f"seed {seed}: greedy row {i} differs from {'ar alone' if record is not None else 'eager'}"
+    return None
 
 
 def given_up(models, name):

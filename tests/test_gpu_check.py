@@ -38,7 +38,8 @@ def test_without_a_gpu_every_method_passes_on_the_cpu_with_replay_emulated(toy_o
     assert out.startswith("gpu-check: no CUDA GPU here") and "CUDA-graph replay emulated" in out.splitlines()[0]
     assert "bench --quick: ok, every method ran" in out and "FAIL" not in out
     assert all(f"| {name} (static) " in out for name in gpu_check.MODULES)
-    rows = 2 * len(gpu_check.MODULES)  # every method, and again on the static path
+    assert all(f"| batch: {name} (static) " in out for name in gpu_check.BATCHED)
+    rows = 2 * (len(gpu_check.MODULES) + len(gpu_check.BATCHED))  # every method and batch, and again static
     assert out.strip().splitlines()[-1] == f"gpu-check: all {rows * 3 + 1} checks passed"
 
 
@@ -93,11 +94,12 @@ def test_the_static_path_runs_every_setting_and_is_held_to_eager(toy_out, monkey
         return real(models, ids, n, **kw)
     monkeypatch.setitem(gpu_check.METHODS, "speculative", spy)
     grid = grid_of(toy_out, monkeypatch, ["ar", "speculative"])
-    assert set(grid) == {"ar", "ar (static)", "speculative", "speculative (static)"}
+    assert set(grid) == {"ar", "ar (static)", "speculative", "speculative (static)", "batch: ar", "batch: ar (static)",
+                         "batch: speculative", "batch: speculative (static)"}
     assert all(why is None for row in grid.values() for why in row.values()), grid
     assert seen.count("static") == seen.count("eager") == 3 * 3  # 3 settings x 3 prompts x 1 seed, both paths
     plain = grid_of(toy_out, monkeypatch, ["ar", "speculative"], "--runtime", "eager")
-    assert set(plain) == {"ar", "speculative"} and seen.count("eager") == 18  # eager only: 9 more
+    assert set(plain) == {"ar", "speculative", "batch: ar", "batch: speculative"} and seen.count("eager") == 18
 
 
 def test_a_static_path_that_differs_or_gives_up_its_graphs_is_named(toy_out, monkeypatch):
@@ -136,3 +138,25 @@ def test_a_device_that_does_not_take_its_path_is_named(toy_out, monkeypatch):
     grid = grid_of(toy_out, monkeypatch, ["ar"])
     assert grid["ar (static)"] == {s: "runtime.prepare took the eager path, not static" for s, _ in gpu_check.SETTINGS}
     assert all(why is None for why in grid["ar"].values())
+
+
+def test_a_batch_that_differs_from_ar_alone_or_from_eager_is_named(toy_out, monkeypatch):
+    """Batched decoding's rows: greedy, each row against `ar` alone on its prompt (eager) and against the eager
+    batch (static). A row off by one from token 2 on, on one path at a time, is named there and only there."""
+    real = gpu_check.generate_batch
+
+    def off_by_one_when(static):
+        def batch(models, prompts, n, **kw):
+            rows, stats = real(models, prompts, n, **kw)
+            if isinstance(models.target, Fast) == static and kw["method"] == "speculative":
+                rows[1] = rows[1][:2] + [(t + 1) % models.target.config.vocab_size for t in rows[1][2:]]
+            return rows, stats
+        return batch
+    monkeypatch.setattr(gpu_check, "generate_batch", off_by_one_when(static=False))
+    grid = grid_of(toy_out, monkeypatch, ["ar", "speculative"])
+    assert grid["batch: speculative"]["greedy"] == "seed 0: greedy row 1 differs from ar alone"
+    assert grid["batch: ar"]["greedy"] is None and grid["batch: speculative"]["t=1"] is None
+    monkeypatch.setattr(gpu_check, "generate_batch", off_by_one_when(static=True))
+    grid = grid_of(toy_out, monkeypatch, ["ar", "speculative"])
+    assert grid["batch: speculative (static)"]["greedy"] == "seed 0: greedy row 1 differs from eager"
+    assert grid["batch: speculative"]["greedy"] is None and grid["batch: ar (static)"]["greedy"] is None
