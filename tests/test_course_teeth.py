@@ -57,15 +57,22 @@ def reference_function(path, qualname):
     return module, obj
 
 
+@functools.lru_cache(maxsize=None)
+def trampoline_code():
+    """The code of `def f(*args, **kwargs): return HOOK(*args, **kwargs)`: HOOK is read from the globals of the
+    function that runs it, the reference's module."""
+    namespace = {}
+    exec(f"def trampoline(*args, **kwargs):\n    return {HOOK}(*args, **kwargs)\n", namespace)
+    return namespace["trampoline"].__code__
+
+
 @contextmanager
 def installed(path, qualname, answer):
     """Every call of the reference function runs `answer` instead, for the duration of the block."""
     module, fn = reference_function(path, qualname)
     saved = fn.__code__
-    namespace = {}
-    exec(f"def trampoline(*args, **kwargs):\n    return {HOOK}(*args, **kwargs)\n", namespace)
     module.__dict__[HOOK] = answer
-    fn.__code__ = namespace["trampoline"].__code__
+    fn.__code__ = trampoline_code()
     try:
         yield
     finally:
@@ -91,14 +98,26 @@ def answer_source(path, function, source):
     return text.replace(source.old, source.new)
 
 
+@functools.lru_cache(maxsize=None)
+def parsed_answer(source):
+    return ast.parse(textwrap.dedent(source))
+
+
+@functools.lru_cache(maxsize=None)
+def answer_code(source):
+    """source -> (its code, the name of the function it defines): compiled once, run in any module's globals."""
+    tree = parsed_answer(source)
+    return compile(tree, "<answer>", "exec"), tree.body[-1].name
+
+
 def compile_answer(path, source, extra_globals=None):
     """A function written as if it stood in `path` (the reference's module): source -> function object."""
     module = importlib.import_module(path[:-3].replace("/", "."))
     namespace = dict(module.__dict__)
     namespace.update(extra_globals or {})
-    tree = ast.parse(textwrap.dedent(source))
-    exec(compile(tree, f"<answer for {path}>", "exec"), namespace)
-    return namespace[tree.body[-1].name]
+    code, name = answer_code(source)
+    exec(code, namespace)
+    return namespace[name]
 
 
 class Timeout(Exception):
@@ -704,15 +723,31 @@ def handout_functions(folder):
     return found
 
 
+def binds(source, n):
+    """Whether the function defined by `source` (decorators dropped) can be called with n positional arguments:
+    what inspect.signature(function).bind(*range(n)) says of it once compiled, read from its syntax alone."""
+    try:
+        args = parsed_answer(source).body[-1].args
+    except SyntaxError:
+        return False
+    positional = args.posonlyargs + args.args
+    required = len(positional) - len(args.defaults)
+    kw_required = sum(d is None for d in args.kw_defaults)
+    return required <= n and (n <= len(positional) or args.vararg is not None) and kw_required == 0
+
+
 def passing_impostors(folder, ex, limit_s=3):
     """[(file, function, region)] of the handout's functions that pass ALL of exercise ex's tests in place of
-    one of its blanked functions (the others kept as the reference has them)."""
-    found = []
+    one of its blanked functions (the others kept as the reference has them). A function that cannot even be
+    called the same way cannot pass: it is passed over before it is compiled."""
+    found, functions = [], handout_functions(folder)
     for path, function in ex.regions:
         module, target = reference_function(path, function)
         required = [p for p in inspect.signature(target).parameters.values()
                     if p.default is p.empty and p.kind == p.POSITIONAL_OR_KEYWORD]
-        for rel, qualname, source, home in handout_functions(folder):
+        for rel, qualname, source, home in functions:
+            if not binds(source, len(required)):
+                continue
             key = (path, rel, qualname, source)
             if key not in _compiled:
                 try:
