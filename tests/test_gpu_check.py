@@ -5,6 +5,7 @@ checks on the CPU, replay emulated; without checkpoints one line says how to mak
 static path (runtime.prepare's models), its greedy output held to its eager one; a static path that differs, a
 capture that fails (its model then runs eager: blamed on the methods that run that model only) or a device
 that does not take the path it should, is named (negative controls)."""
+import json
 import os
 import subprocess
 import sys
@@ -19,8 +20,6 @@ from nanospec.runtime import Fast
 from test_bench import train_toy
 
 ROOT = Path(__file__).resolve().parent.parent
-CPU = ["--device", "cpu", "--dtype", "float64", "--seeds", "1", "--max-new-tokens", "8",
-       "--prompts", str(ROOT / "data" / "prompts.json")]
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +27,20 @@ def toy_out(tmp_path_factory):
     return str(train_toy(tmp_path_factory.mktemp("toy")))
 
 
-def test_without_a_gpu_every_method_passes_on_the_cpu_with_replay_emulated(toy_out, capsys, monkeypatch):
+@pytest.fixture(scope="module")
+def CPU(tmp_path_factory):
+    """The flags of a quick check on the CPU. The bench --quick it ends with reads data/prompts.json's first prompt
+    of each category only (it would read two): every method and category still runs."""
+    data = json.loads((ROOT / "data" / "prompts.json").read_text(encoding="utf-8"))
+    firsts = {}
+    for p in data["prompts"]:
+        firsts.setdefault(p["category"], p)
+    path = tmp_path_factory.mktemp("prompts") / "prompts.json"
+    path.write_text(json.dumps({**data, "prompts": list(firsts.values())}), encoding="utf-8")
+    return ["--device", "cpu", "--dtype", "float64", "--seeds", "1", "--max-new-tokens", "8", "--prompts", str(path)]
+
+
+def test_without_a_gpu_every_method_passes_on_the_cpu_with_replay_emulated(toy_out, CPU, capsys, monkeypatch):
     """`make gpu-check` on a machine without CUDA: one line says so, then the same checks on the CPU, where the
     static rows replay their forwards through graphs.Emulated (a Python value frozen into a forward fails
     there as on a GPU)."""
@@ -43,7 +55,8 @@ def test_without_a_gpu_every_method_passes_on_the_cpu_with_replay_emulated(toy_o
     assert out.strip().splitlines()[-1] == f"gpu-check: all {rows * 3 + 1} checks passed"
 
 
-def test_a_crash_when_sampling_and_a_greedy_mismatch_are_named(toy_out, capsys, monkeypatch):
+def test_a_crash_when_sampling_and_a_greedy_mismatch_are_named(toy_out, CPU, capsys, monkeypatch):
+    """On the eager path alone (--runtime eager): the failures of the static path are named by the tests below."""
     real = gpu_check.METHODS["jacobi"]
 
     def crashes_when_sampling(models, ids, n, temperature=0.0, **kw):
@@ -56,7 +69,7 @@ def test_a_crash_when_sampling_and_a_greedy_mismatch_are_named(toy_out, capsys, 
         return [(t + 1) % models.target.config.vocab_size for t in out], stats
     monkeypatch.setitem(gpu_check.METHODS, "jacobi", crashes_when_sampling)
     monkeypatch.setitem(gpu_check.METHODS, "mtp", off_by_one)
-    assert gpu_check.main(CPU + ["--ckpt", toy_out]) == 1
+    assert gpu_check.main(CPU + ["--ckpt", toy_out, "--runtime", "eager"]) == 1
     out = capsys.readouterr().out
     assert "FAIL jacobi at t=1: prompt 0, seed 0: RuntimeError: Expected all tensors to be on the same device" in out
     assert "FAIL mtp at greedy: prompt 0, seed 0: greedy output differs from ar's at token 0" in out
@@ -77,7 +90,7 @@ def test_without_checkpoints_one_line_says_how_to_make_them(tmp_path, capsys):
     assert out.count("\n") == 1 and "run `make train`" in out
 
 
-def grid_of(toy_out, monkeypatch, methods, *flags):
+def grid_of(toy_out, CPU, monkeypatch, methods, *flags):
     """gpu_check's grid over a few methods only (fast): the logic of `main` without the bench."""
     monkeypatch.setattr(gpu_check, "MODULES", {name: gpu_check.MODULES[name] for name in methods})
     args = gpu_check.parse_args(CPU + ["--ckpt", toy_out, *flags])
@@ -85,7 +98,7 @@ def grid_of(toy_out, monkeypatch, methods, *flags):
     return gpu_check.run_methods(models, args)
 
 
-def test_the_static_path_runs_every_setting_and_is_held_to_eager(toy_out, monkeypatch):
+def test_the_static_path_runs_every_setting_and_is_held_to_eager(toy_out, CPU, monkeypatch):
     seen = []
     real = gpu_check.METHODS["speculative"]
 
@@ -93,16 +106,16 @@ def test_the_static_path_runs_every_setting_and_is_held_to_eager(toy_out, monkey
         seen.append("static" if isinstance(models.target, Fast) and isinstance(models.draft, Fast) else "eager")
         return real(models, ids, n, **kw)
     monkeypatch.setitem(gpu_check.METHODS, "speculative", spy)
-    grid = grid_of(toy_out, monkeypatch, ["ar", "speculative"])
+    grid = grid_of(toy_out, CPU, monkeypatch, ["ar", "speculative"])
     assert set(grid) == {"ar", "ar (static)", "speculative", "speculative (static)", "batch: ar", "batch: ar (static)",
                          "batch: speculative", "batch: speculative (static)"}
     assert all(why is None for row in grid.values() for why in row.values()), grid
     assert seen.count("static") == seen.count("eager") == 3 * 3  # 3 settings x 3 prompts x 1 seed, both paths
-    plain = grid_of(toy_out, monkeypatch, ["ar", "speculative"], "--runtime", "eager")
+    plain = grid_of(toy_out, CPU, monkeypatch, ["ar", "speculative"], "--runtime", "eager")
     assert set(plain) == {"ar", "speculative", "batch: ar", "batch: speculative"} and seen.count("eager") == 18
 
 
-def test_a_static_path_that_differs_or_gives_up_its_graphs_is_named(toy_out, monkeypatch):
+def test_a_static_path_that_differs_or_gives_up_its_graphs_is_named(toy_out, CPU, monkeypatch):
     real_spec, real_ar = gpu_check.METHODS["speculative"], gpu_check.METHODS["ar"]
 
     def off_by_one_when_static(models, ids, n, **kw):
@@ -117,7 +130,7 @@ def test_a_static_path_that_differs_or_gives_up_its_graphs_is_named(toy_out, mon
         return real_ar(models, ids, n, **kw)
     monkeypatch.setitem(gpu_check.METHODS, "speculative", off_by_one_when_static)
     monkeypatch.setitem(gpu_check.METHODS, "ar", capture_fails)
-    grid = grid_of(toy_out, monkeypatch, ["ar", "speculative"])
+    grid = grid_of(toy_out, CPU, monkeypatch, ["ar", "speculative"])
     assert grid["ar (static)"]["greedy"] is None  # ar runs no draft: the draft's failed capture is not ar's
     assert grid["ar"]["greedy"] is None
     assert grid["speculative"]["greedy"] is None
@@ -125,22 +138,22 @@ def test_a_static_path_that_differs_or_gives_up_its_graphs_is_named(toy_out, mon
                                                      "eager")
     monkeypatch.undo()  # the graphs back, the plain methods back; a mismatch on the static path alone
     monkeypatch.setitem(gpu_check.METHODS, "speculative", off_by_one_when_static)
-    grid = grid_of(toy_out, monkeypatch, ["ar", "speculative"])
+    grid = grid_of(toy_out, CPU, monkeypatch, ["ar", "speculative"])
     assert grid["speculative (static)"]["greedy"] == ("prompt 0, seed 0: greedy output on the static path differs "
                                                      "from eager's at token 3")
     assert grid["speculative"]["greedy"] is None and grid["ar (static)"]["greedy"] is None
     assert grid["speculative (static)"]["t=1"] is None  # sampled: nothing to compare with
 
 
-def test_a_device_that_does_not_take_its_path_is_named(toy_out, monkeypatch):
+def test_a_device_that_does_not_take_its_path_is_named(toy_out, CPU, monkeypatch):
     real = gpu_check.prepare
     monkeypatch.setattr(gpu_check, "prepare", lambda models, runtime: (real(models, runtime)[0], "eager"))
-    grid = grid_of(toy_out, monkeypatch, ["ar"])
+    grid = grid_of(toy_out, CPU, monkeypatch, ["ar"])
     assert grid["ar (static)"] == {s: "runtime.prepare took the eager path, not static" for s, _ in gpu_check.SETTINGS}
     assert all(why is None for why in grid["ar"].values())
 
 
-def test_a_batch_that_differs_from_ar_alone_or_from_eager_is_named(toy_out, monkeypatch):
+def test_a_batch_that_differs_from_ar_alone_or_from_eager_is_named(toy_out, CPU, monkeypatch):
     """Batched decoding's rows: greedy, each row against `ar` alone on its prompt (eager) and against the eager
     batch (static). A row off by one from token 2 on, on one path at a time, is named there and only there."""
     real = gpu_check.generate_batch
@@ -153,10 +166,10 @@ def test_a_batch_that_differs_from_ar_alone_or_from_eager_is_named(toy_out, monk
             return rows, stats
         return batch
     monkeypatch.setattr(gpu_check, "generate_batch", off_by_one_when(static=False))
-    grid = grid_of(toy_out, monkeypatch, ["ar", "speculative"])
+    grid = grid_of(toy_out, CPU, monkeypatch, ["ar", "speculative"])
     assert grid["batch: speculative"]["greedy"] == "seed 0: greedy row 1 differs from ar alone"
     assert grid["batch: ar"]["greedy"] is None and grid["batch: speculative"]["t=1"] is None
     monkeypatch.setattr(gpu_check, "generate_batch", off_by_one_when(static=True))
-    grid = grid_of(toy_out, monkeypatch, ["ar", "speculative"])
+    grid = grid_of(toy_out, CPU, monkeypatch, ["ar", "speculative"])
     assert grid["batch: speculative (static)"]["greedy"] == "seed 0: greedy row 1 differs from eager"
     assert grid["batch: speculative"]["greedy"] is None and grid["batch: ar (static)"]["greedy"] is None
