@@ -3,7 +3,8 @@ threads only fight each other: one thread per test process.
 
 The course's graded tests carry one marker per exercise (`ex1` .. `ex14`), registered here from the one
 registry, nanospec/course/registry.py; pytest runs with --strict-markers, so a misspelt marker is an error.
-Each graded test also records its exercise in the JUnit XML that the autograder reads."""
+Each graded test also records its exercise in the JUnit XML that the autograder reads. `toy_run`: the toy
+checkpoints the bench's and gpu-check's tests share, trained once."""
 import pytest
 import torch
 
@@ -23,6 +24,14 @@ def pytest_collection_modifyitems(items):
     for item in items:
         ids = {exercise_of[m.name] for m in item.iter_markers() if m.name in exercise_of}
         item.user_properties += [("exercise", i) for i in sorted(ids)]
+
+
+@pytest.fixture(scope="session")
+def toy_run(tmp_path_factory):
+    """One toy run folder for the whole session (test_bench.train_toy: the tokenizer, the target and every drafter,
+    5 steps each): the tests that bench or check it only read it; one that damages a part copies it first."""
+    from test_bench import train_toy
+    return train_toy(tmp_path_factory.mktemp("toy"))
 
 
 @pytest.fixture

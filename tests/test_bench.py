@@ -226,18 +226,17 @@ def test_timed_passes_the_model_through(parts):
 
 def train_toy(folder):
     """A toy run folder, folder/out, with the tokenizer, the target and every drafter (5 steps each, seconds):
-    useless text, but every method runs on it. tests/test_bench_inputs.py and tests/test_gpu_check.py use it."""
+    useless text, but every method runs on it. conftest.py's toy_run is one, for the whole session."""
     src = write_toy_corpus(folder / "src")
     train_tiny.main(["--preset", "toy", "--max-iters", "5", "--corpus", str(src), "--device", "cpu",
                      "--data-dir", str(folder / "data"), "--out-dir", str(folder / "out")])
     return folder / "out"
 
 
-def test_quick_bench_on_a_toy_model(tmp_path, capsys):
-    train_toy(tmp_path)
+def test_quick_bench_on_a_toy_model(toy_run, tmp_path, capsys):
     results = tmp_path / "bench_results.md"
     # float64: an untrained toy model has near-tied logits, and greedy equality must not hinge on rounding
-    got = bench.main(["--quick", "--ckpt", str(tmp_path / "out"), "--prompts", str(ROOT / "data" / "prompts.json"),
+    got = bench.main(["--quick", "--ckpt", str(toy_run), "--prompts", str(ROOT / "data" / "prompts.json"),
                       "--device", "cpu", "--dtype", "float64", "--out", str(results),
                       "--json", str(tmp_path / "bench_results.json")])
     report = results.read_text()

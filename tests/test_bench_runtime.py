@@ -14,15 +14,14 @@ from nanospec.decoding import MODULES
 from nanospec.probes import Timed
 from nanospec.runtime import Fast, prepare
 
-from test_bench import train_toy
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = str(ROOT / "data" / "prompts.json")
 
 
 @pytest.fixture(scope="module")
-def toy_out(tmp_path_factory):
-    return train_toy(tmp_path_factory.mktemp("toy"))
+def toy_out(toy_run):
+    return toy_run  # conftest.py's, trained once for the session
 
 
 def quick(ckpt, out, *flags):

@@ -17,14 +17,13 @@ import torch
 from nanospec import gpu_check
 from nanospec.runtime import Fast
 
-from test_bench import train_toy
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def toy_out(tmp_path_factory):
-    return str(train_toy(tmp_path_factory.mktemp("toy")))
+def toy_out(toy_run):
+    return str(toy_run)  # conftest.py's, trained once for the session
 
 
 @pytest.fixture(scope="module")
