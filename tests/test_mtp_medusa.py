@@ -172,12 +172,14 @@ def models():
 @pytest.mark.parametrize("model_name", MODELS)
 @pytest.mark.parametrize("method, options", CASES)
 def test_greedy_equals_ar(models, model_name, method, options):
+    """Four prompts of 1 to 19 tokens per model (there were eight, 1 to 22): the random models' rejections and the
+    trained one's long accepted paths (checked below) are met with four."""
     m = models[model_name]
     n_future = m.target.config.n_future
     if options.get("tree", "").count(",") >= 2 and n_future < 3:
         pytest.skip("tree deeper than the model's heads")
-    accepted = 0
-    for seed in range(8):
+    accepted, seeds = 0, range(0, 8, 2)
+    for seed in seeds:
         prompt = random_ids(1 + 3 * seed, seed=seed)
         expect = METHODS["ar"](m, prompt, 24)[0]
         ids, stats = METHODS[method](m, prompt, 24, **options)
@@ -185,7 +187,7 @@ def test_greedy_equals_ar(models, model_name, method, options):
         assert sum(stats["accepted_per_step"]) == len(ids) == 24
         accepted += stats["accepted"]
     if model_name.startswith("trained"):  # the test must exercise long accepted paths, not only rejections
-        assert accepted >= 8 * 24 // 3, accepted
+        assert accepted >= len(seeds) * 24 // 3, accepted
 
 
 @pytest.mark.parametrize("method", ["mtp", "medusa"])
