@@ -4,7 +4,13 @@ threads only fight each other: one thread per test process.
 The course's graded tests carry one marker per exercise (`ex1` .. `ex14`), registered here from the one
 registry, nanospec/course/registry.py; pytest runs with --strict-markers, so a misspelt marker is an error.
 Each graded test also records its exercise in the JUnit XML that the autograder reads. `toy_run`: the toy
-checkpoints the bench's and gpu-check's tests share, trained once."""
+checkpoints the bench's and gpu-check's tests share, trained once; `fresh_imports`: what a fresh interpreter
+imports to decode."""
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -32,6 +38,21 @@ def toy_run(tmp_path_factory):
     5 steps each): the tests that bench or check it only read it; one that damages a part copies it first."""
     from test_bench import train_toy
     return train_toy(tmp_path_factory.mktemp("toy"))
+
+
+@pytest.fixture(scope="session")
+def fresh_imports(toy_run):
+    """The modules a fresh interpreter has loaded (sorted names): after importing every method ("methods"), then
+    after `decode.py --method ar` on the toy run ("decode"). One process for test_cli.py's and
+    test_train_inputs.py's checks that the methods load no speed layer and decoding no training code."""
+    script = ("import json, sys, nanospec.decoding, nanospec.decoding.batched; methods = sorted(sys.modules); "
+              f"import decode; decode.main(['--ckpt', {str(toy_run)!r}, '--method', 'ar', '--prompt', 'def f(', "
+              "'--max-new-tokens', '3', '--device', 'cpu']); "
+              "print(json.dumps({'methods': methods, 'decode': sorted(sys.modules)}), file=sys.stderr)")
+    res = subprocess.run([sys.executable, "-c", script], cwd=os.path.dirname(os.path.dirname(__file__)),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stderr.strip().splitlines()[-1])
 
 
 @pytest.fixture

@@ -151,22 +151,10 @@ TRAINING_MODULES = ("nanospec.corpus", "nanospec.trainer", "nanospec.stages", "n
                     "nanospec.drafters.losses", "nanospec.muon")
 
 
-@pytest.fixture(scope="module")
-def fresh_imports(toy):
-    """One fresh interpreter: the modules loaded by importing every method, then by `decode.py --method ar`."""
-    base, _ = toy
-    script = ("import json, sys, nanospec.decoding, nanospec.decoding.batched; methods = sorted(sys.modules); "
-              f"import decode; decode.main(['--ckpt', {str(base / 'out')!r}, '--method', 'ar', '--prompt', "
-              "'def f(', '--max-new-tokens', '3', '--device', 'cpu']); "
-              "print(json.dumps({'methods': methods, 'decode': sorted(sys.modules)}), file=sys.stderr)")
-    res = run_cli("-c", script)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stderr.strip().splitlines()[-1])
-
-
 def test_decode_ar_imports_no_training_code(fresh_imports):
     """Decoding needs the models and the methods, not the corpus builder, the trainer or the losses: a fresh
-    interpreter runs `decode.py --method ar` and none of those modules may have been imported."""
+    interpreter runs `decode.py --method ar` and none of those modules may have been imported (conftest.py's
+    fresh_imports)."""
     assert "nanospec.parts" in fresh_imports["decode"]  # the check sees our modules
     training = sorted(set(TRAINING_MODULES) & set(fresh_imports["decode"]))
     assert training == [], f"training code imported: {training}"
