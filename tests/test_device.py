@@ -54,8 +54,9 @@ def models():
 @pytest.mark.parametrize("sampling", SAMPLINGS)
 @pytest.mark.parametrize("method", METHODS)
 def test_method_makes_every_tensor_on_the_models_device(models, method, sampling, runtime):
+    """Greedy takes one path whatever the seed: seed 0 and a seed of the run's own (None) only."""
     prompt, (wrapped, _) = random_ids(6, seed=3), prepare(models, runtime)
-    for seed in SEEDS:
+    for seed in SEEDS if sampling != "greedy" else (0, None):
         with torch.device("meta"), on_meta_fails():  # a tensor made without a device lands on meta, and fails
             ids, _ = METHODS[method](wrapped, prompt, 10, seed=seed, **SAMPLINGS[sampling])
         assert len(ids) == 10
