@@ -321,15 +321,17 @@ SAMPLING_TREE = "0;1;2;0,0;0,1;1,0"  # 3 guesses for the first token after the r
 
 
 @pytest.mark.parametrize("method, draft_sampling, L, sampling, n, runtime", [
-    ("medusa", "sample", 3, (0.9, None, 0.9), 2500, "eager"),  # top-p leaves some depths fewer tokens than ranks
+    ("medusa", "sample", 3, (0.9, None, 0.9), 1500, "eager"),  # top-p leaves some depths fewer tokens than ranks
     ("medusa", "topk", 3, (1.0, None, None), 1500, "eager"),
     ("mtp", "sample", 2, (0.8, 4, None), 1500, "static"),  # warping (temperature, top-k) must reach q and p alike
     ("mtp", "topk", 2, (0.8, 4, None), 800, "eager"),
 ])
 def test_sampling_follows_the_target_law(method, draft_sampling, L, sampling, n, runtime):
     """First L tokens, V = 5: 5**L outcomes. With n draws, a correct sampler's empirical law is within
-    tv_bound(5**L, n) of the exact law with probability 1 - 1e-6: 0.141 for 125 outcomes and n = 2500, 0.182 for
-    n = 1500; 0.102 for 25 outcomes and n = 1500, 0.140 for n = 800. (Lossless verification itself is tested far
+    tv_bound(5**L, n) of the exact law with probability 1 - 1e-6: 0.182 for 125 outcomes and n = 1500; 0.102
+    for 25 outcomes and n = 1500, 0.140 for n = 800. (medusa's drawn tree drew 2500, bound 0.141: at 1500 a
+    correct run comes out near 0.10 and typical acceptance near 0.96, and a subtler bias, draws with half the
+    Gumbel noise, stays under both bounds alike.) (Lossless verification itself is tested far
     more tightly in test_verify.py; this checks that the methods wire it up right: drawing, warping, tree, cache,
     bonus token.) Both kinds of guesses must be accepted often, or the test would check only the target's tokens.
     mtp's sampled guesses run on the static path (runtime.prepare's models, forwards replayed), which
