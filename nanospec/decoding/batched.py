@@ -31,7 +31,7 @@ import torch
 from nanospec.decoding.draft_chain import draft_chain
 from nanospec.decoding.options import Sampling
 from nanospec.decoding.prompt_lookup import lookup
-from nanospec.decoding.run import new_run, padded
+from nanospec.decoding.run import new_run
 from nanospec.decoding.speculative import check_draft
 from nanospec.decoding.verify_step import chain_step
 from nanospec.verify import sample, warp
@@ -42,8 +42,9 @@ BATCHED = ("ar", "speculative", "prompt-lookup")
 def read_prompts(model, cache, runs):
     """The model reads every row's prompt in one forward, the shorter ones padded at the end; each row then keeps
     its own prompt, not the padding. Returns the logits (B, V) after each row's last prompt token."""
-    logits = model(padded([run.prompt for run in runs], cache.device), cache=cache).logits  # (B, P, V)
     ends = [len(run.prompt) for run in runs]
+    ids = [run.prompt + [0] * (max(ends) - len(run.prompt)) for run in runs]  # the shorter ones padded with 0
+    logits = model(torch.tensor(ids, device=cache.device), cache=cache).logits  # (B, P, V)
     cache.rollback_rows(ends)
     return logits[torch.arange(len(runs), device=cache.device), torch.tensor(ends, device=cache.device) - 1]
 

@@ -120,13 +120,6 @@ def tensor(ids, device):
     return torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
 
 
-def padded(rows, device, fill=0):
-    """B lists of token ids -> a (B, longest) LongTensor on `device`, the shorter rows padded at the end with
-    `fill`: [[5, 9], [7]] -> [[5, 9], [7, 0]]."""
-    width = max(map(len, rows))
-    return torch.tensor([list(r) + [fill] * (width - len(r)) for r in rows], dtype=torch.long, device=device)
-
-
 def first_token(run, target, cache):
     """The target reads the prompt and picks the first token itself, like `ar`. Returns (that token, the
     forward's Output: logits (1, P, V), hidden (1, P, C)). The token is not emitted yet, nor in the cache."""

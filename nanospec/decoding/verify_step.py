@@ -22,7 +22,6 @@ rule (verify.typical_accept) is LOSSY by design.
 import torch
 
 from nanospec.decoding.options import CHAIN_RULES, TREE_RULES
-from nanospec.decoding.run import padded
 from nanospec.tree import tree_mask, tree_positions
 from nanospec.verify import (host_path, point_mass, sample, typical_accept, verify_block, verify_chain,
                              verify_chain_greedy, verify_tree_descend, verify_tree_greedy, verify_tree_traversal,
@@ -44,7 +43,9 @@ def chain_step(run, target, cache, last, drafts, q_draft=None, rule="token", **f
         raise ValueError(f"unknown chain rule {rule!r}; choose one of: {', '.join(CHAIN_RULES)}")
     before = cache.rows  # each row's tokens before its `last`
     k_rows = [len(d) for d in drafts]
-    ids = padded([[t] + list(d) for t, d in zip(last, drafts)], cache.device)  # (B, K+1)
+    K = max(k_rows)
+    rows = [[t] + list(d) + [0] * (K - len(d)) for t, d in zip(last, drafts)]  # the shorter rows padded with 0
+    ids = torch.tensor(rows, device=cache.device)  # (B, K+1)
     out = target(ids, cache=cache, **forward)
     if run.sampling.greedy:  # every rule is "accept while the guess is the argmax"
         n, nxt = zip(*[verify_chain_greedy(out.logits[b, :k + 1], drafts[b]) for b, k in enumerate(k_rows)])
