@@ -34,7 +34,7 @@ COURSE_RUNS = pytest.StashKey()
 def pytest_collection_finish(session):
     """test_course.py's slow runs (the autograder over a blank handout, the impostor search: subprocesses) start
     here when its tests are to run, so that they take the second core while the tests before it run."""
-    if not session.config.option.collectonly and any(item.path.name == "test_course.py" for item in session.items):
+    if any(item.path.name == "test_course.py" for item in session.items):
         import test_course
         base = Path(tempfile.mkdtemp(prefix="nanospec-course-"))
         try:
