@@ -8,11 +8,8 @@ checkpoints the bench's and gpu-check's tests share, trained once; `fresh_import
 imports to decode."""
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,35 +23,6 @@ torch.set_num_threads(1)
 def pytest_configure(config):
     for ex in EXERCISES:
         config.addinivalue_line("markers", f"{ex.marker}: graded test of exercise {ex.id}, {ex.title}")
-
-
-COURSE_RUNS = pytest.StashKey()
-
-
-def pytest_collection_finish(session):
-    """test_course.py's slow runs (the autograder over a blank handout, the impostor search: subprocesses) start
-    here when its tests are to run, so that they take the second core while the tests before it run."""
-    if any(item.path.name == "test_course.py" for item in session.items):
-        import test_course
-        base = Path(tempfile.mkdtemp(prefix="nanospec-course-"))
-        try:
-            session.config.stash[COURSE_RUNS] = test_course.start_handouts(base, nice=10)
-        except Exception as e:  # noqa: BLE001 - the file's fixture raises it, and only its tests fail
-            session.config.stash[COURSE_RUNS] = e
-        session.config.add_cleanup(lambda: shutil.rmtree(base, ignore_errors=True))
-
-
-def pytest_sessionfinish(session):
-    started = session.config.stash.get(COURSE_RUNS, None)
-    if started is not None and not isinstance(started, Exception):
-        import test_course
-        test_course.stop_handouts(started)
-
-
-@pytest.fixture(scope="session")
-def course_runs(request):
-    """test_course.start_handouts' runs, started when the tests were collected; None if they were not."""
-    return request.config.stash.get(COURSE_RUNS, None)
 
 
 def pytest_collection_modifyitems(items):

@@ -17,8 +17,7 @@ Instructor-only: handouts leave this file out.
     (the impostor search of test_course_teeth.py), and the search has power: asked about exercise 3 in
     exercise 4's handout, which keeps exercise 3, it finds it.
 The all-exercise handout is built and graded once per session, the one-exercise handouts once each, and the
-grading and the impostor search run side by side in two processes, started as soon as the tests are collected
-(conftest.py), beside the tests that run before this file.
+grading and the impostor search run side by side in two processes.
 """
 import ast
 import io
@@ -46,13 +45,12 @@ def files_under(folder):
     return sorted(p.relative_to(folder).as_posix() for p in Path(folder).rglob("*") if p.is_file())
 
 
-def start_handouts(base, nice=0):
-    """Every handout this file looks at, made now, and the two slow runs over them started, each in a process of
-    its own (two cores, half the wait): the autograder over the handout with every exercise blanked, and the
-    impostor search of test_course_teeth.py over each one-exercise handout. conftest.py calls this as soon as the
-    tests are collected, with nice=10, so that the runs take the second core, and only what the tests before
-    this file leave of it."""
-    lower = (lambda: os.nice(nice)) if nice else None
+@pytest.fixture(scope="module")
+def handouts(tmp_path_factory):
+    """Every handout this file looks at, made once, and the two slow runs over them started at once, each in a
+    process of its own (two cores, half the wait): the autograder over the handout with every exercise blanked,
+    and the impostor search of test_course_teeth.py over each one-exercise handout."""
+    base = tmp_path_factory.mktemp("course")
     out = base / "handout"
     summary = make_handout(ROOT, out, list(EXERCISES))
     files = files_under(out)  # before anything runs there
@@ -65,44 +63,22 @@ def start_handouts(base, nice=0):
     # --timeout 550: on a busy machine the blank handout's one run may outlast make grade's default (300 s)
     grading = subprocess.Popen([sys.executable, "-m", "nanospec.course.grade", "--junit", str(junit), "--json",
                                 str(results), "--timeout", "550"], cwd=out, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=env,
-                               preexec_fn=lower)
+                               stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=env)
     # the impostor search: (exercise 3 asked of exercise 4's handout, which keeps it, is the power check)
     jobs = [[str(alone[ex.id]), ex.id] for ex in GRADED] + [[str(alone[4]), 3]]
     (base / "jobs.json").write_text(json.dumps(jobs))
     searching = subprocess.Popen([sys.executable, str(ROOT / "tests" / "test_course_teeth.py"), str(base / "jobs.json"),
                                   str(base / "found.json")], cwd=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True, stdin=subprocess.DEVNULL,
-                                 env={**env, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])},
-                                 preexec_fn=lower)
-    return SimpleNamespace(base=base, out=out, summary=summary, files=files, alone=alone, junit=junit,
-                           results=results, grading=grading, searching=searching)
-
-
-def stop_handouts(started):
-    """The runs ended, if they still run (an interrupted session)."""
-    for proc in (started.grading, started.searching):
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
-
-
-@pytest.fixture(scope="module")
-def handouts(course_runs, tmp_path_factory):
-    """start_handouts' runs (conftest.py's, or started here when this file runs alone), once they end."""
-    started = course_runs or start_handouts(tmp_path_factory.mktemp("course"))
-    if isinstance(started, Exception):
-        raise started
-    stdout, stderr = started.grading.communicate(timeout=600)
-    run = subprocess.CompletedProcess(started.grading.args, started.grading.returncode, stdout, stderr)
-    junit, results = started.junit, started.results
-    blank = SimpleNamespace(path=started.out, summary=started.summary, files=started.files, run=run,
+                                 env={**env, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])})
+    stdout, stderr = grading.communicate(timeout=600)
+    run = subprocess.CompletedProcess(grading.args, grading.returncode, stdout, stderr)
+    blank = SimpleNamespace(path=out, summary=summary, files=files, run=run,
                             cases=grade.read_junit(junit) if junit.exists() else [],
                             results=json.loads(results.read_text()) if results.exists() else None)
-    _, search_err = started.searching.communicate(timeout=600)
-    found_path = started.base / "found.json"
-    found = json.loads(found_path.read_text()) if started.searching.returncode == 0 else None
-    return SimpleNamespace(blank=blank, alone=started.alone, found=found, search_error=search_err[-3000:])
+    _, search_err = searching.communicate(timeout=600)
+    found = json.loads((base / "found.json").read_text()) if searching.returncode == 0 else None
+    return SimpleNamespace(blank=blank, alone=alone, found=found, search_error=search_err[-3000:])
 
 
 @pytest.fixture(scope="module")
