@@ -112,13 +112,17 @@ class KVCache:
         length + T slots (B, nh, length+T, hs), or, rows out of step, every slot (B, nh, S, hs)."""
         T, start = k_new.size(2), self.lengths[layer]
         end = start + T
-        if end > self.max_len:
-            raise ValueError(f"KV cache full: {end} tokens > {self.max_len}; shorten the prompt or the generation")
+        self.check_room(end)
         if self.ragged:
             return self.write_at(layer, self.row_slots(T), k_new, v_new)
         self.k[layer, :, :, start:end] = k_new
         self.v[layer, :, :, start:end] = v_new
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, nh, start+T, hs)
+
+    def check_room(self, end):
+        """A one-line ValueError unless `end` slots fit (the eager forward and the fast runtime both ask)."""
+        if end > self.max_len:
+            raise ValueError(f"KV cache full: {end} tokens > {self.max_len}; shorten the prompt or the generation")
 
     def write_at(self, layer, slots, k_new, v_new):
         """Write the new keys/values (B, nh, T, hs) at `slots` (B or 1, T), row b's at slots[b]; return every

@@ -117,12 +117,10 @@ class Fast:
             return self.model(*args, cache=cache, pos=pos, mask=mask, **kwargs)
         pos, mask = self.model.layout(*args, cache=cache, pos=pos, mask=mask, **kwargs)  # (T,), (T, n+T) or None
         if not cache.ragged:
-            full, slots = pad_to_slots(pos, mask, cache.max_len)  # (T, max_len), (1, T)
+            full, slots = pad_to_slots(pos, mask, cache)  # (T, max_len), (1, T)
         else:  # rows out of step: the layout is already every slot's, (B, T) and (B, 1, T, max_len)
             full, slots = mask, cache.row_slots(pos.size(-1))
-            if cache.lengths[0] + pos.size(-1) > cache.max_len:
-                raise ValueError(f"KV cache full: {cache.lengths[0] + pos.size(-1)} tokens > {cache.max_len}; "
-                                 "shorten the prompt or the generation")
+            cache.check_room(cache.lengths[0] + pos.size(-1))  # the widest row's end
         given = list(args) + list(kwargs.values())
         tensors = [a for a in given if torch.is_tensor(a)]  # the graph's inputs
         key = graph_key(cache, given, kwargs, (pos, *tensors))
@@ -149,14 +147,13 @@ class Fast:
         return unflatten(kind, outputs)
 
 
-def pad_to_slots(pos, mask, max_len):
+def pad_to_slots(pos, mask, cache):
     """A forward's own mask (T, n + T), or None for plain causal attention, padded with False to every slot
     (T, max_len), and the slots its T new tokens are written at, (1, T): n .. n + T - 1."""
     T = pos.numel()
     n = 0 if mask is None else mask.size(1) - T  # the cached tokens the new ones follow
-    if n + T > max_len:
-        raise ValueError(f"KV cache full: {n + T} tokens > {max_len}; shorten the prompt or the generation")
-    full = torch.zeros(T, max_len, dtype=torch.bool, device=pos.device)  # (T, max_len) False: hidden
+    cache.check_room(n + T)
+    full = torch.zeros(T, cache.max_len, dtype=torch.bool, device=pos.device)  # (T, max_len) False: hidden
     full[:, :n + T] = torch.ones(T, T, dtype=torch.bool, device=pos.device).tril() if mask is None else mask
     return full, torch.arange(n, n + T, device=pos.device)[None]  # (T, max_len), (1, T)
 
