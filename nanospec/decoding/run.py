@@ -78,8 +78,8 @@ class Run:
         return len(tokens)
 
     def stats(self, **extra):
-        """What the run did: tokens, target forwards, tokens per forward (and per forward, accepted_per_step), the
-        guesses drafted and accepted, why it stopped, and the method's own figures (`extra`). acceptance_rate
+        """What the run did: tokens, target forwards, tokens per forward (and per forward, accepted_per_step; the
+        guesses each forward checked, drafted_per_step: 0 is a plain step), the guesses drafted and accepted, why it stopped, and the method's own figures (`extra`). acceptance_rate
         estimates a guess's chance to pass: accepted / judged, where a guess is judged if every guess before it
         was accepted (the ones after a rejection say nothing). No clock: decode.py and the bench time a run."""
         n = len(self.out)
@@ -88,6 +88,7 @@ class Run:
         return {"new_tokens": n, "target_forwards": self.target_forwards,
                 "tokens_per_forward": n / max(1, self.target_forwards),
                 "accepted_per_step": self.accepted_per_step, "guesses_per_step": self.guesses_per_step,
+                "drafted_per_step": self.drafted_per_step,
                 "drafted": sum(self.drafted_per_step), "accepted": accepted, "judged": judged,
                 "acceptance_rate": accepted / max(1, judged), "stop": self.stop, **extra}
 
