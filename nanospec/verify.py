@@ -22,7 +22,7 @@ decoding/verify_step.py), each held by the tests to the exact law:
                              point-mass rule as "draw y ~ p at the node, step into the child holding y"
   - verify_tree_without_replacement
                              a tree whose children at each node are draws from q WITHOUT replacement
-                             (`sample_without_replacement`; Jeon et al. 2024, arXiv 2402.14160), walked by walk_tree
+                             (`sample_without_replacement`; Jeon et al. 2024, arXiv 2402.14160), judged all at once
   - verify_tree_traversal    a drawn tree judged from its leaves up (`--verify traversal`): the same law
   - verify_chain_greedy, verify_tree_greedy
                              the greedy case of the rules above, with no distribution built
@@ -36,6 +36,9 @@ Greedy decoding is the zero-temperature case: `warp` returns a one-hot distribut
 rule then reduces to "accept while the guess equals the target's argmax, then emit the argmax".
 All randomness comes from the `generator` passed in; nothing here seeds anything.
 """
+import functools
+from typing import NamedTuple
+
 import torch
 
 from nanospec.tree import children, depths, path_to
@@ -53,8 +56,9 @@ def warp(logits, temperature=0.0, top_k=None, top_p=None):
     treated identically, which the losslessness of every rule below relies on.
     """
     if temperature == 0.0:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.size(-1)).to(logits.dtype)
-    logits = logits / temperature
+        return point_mass(logits.argmax(-1), logits)
+    if temperature != 1.0:
+        logits = logits / temperature
     if top_k is not None and top_k > 0 and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (..., 1) smallest kept logit
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -71,11 +75,21 @@ def warp(logits, temperature=0.0, top_k=None, top_p=None):
 
 
 def sample(probs, generator=None):
-    """Draw one token per row from probabilities (..., V) -> LongTensor (...): the argmax of log p + Gumbel
-    noise, which is a draw from p (Gumbel-max). A one-hot row always gives its hot index, so greedy decoding
-    through `sample` is deterministic; a zero never wins; rows need not sum to exactly 1. On a CPU this costs half
-    of torch.multinomial's one row (24 against 49 us for V = 2048) and a third for five rows (61 against 188)."""
-    return gumbel_top_k(probs, 1, generator).indices[..., 0]
+    """Draw one token per row from probabilities (..., V) -> LongTensor (...), as a race: every token v gets an
+    exponential clock of rate p(v), arrival time E_v / p(v) with E_v ~ Exp(1), and the first to arrive wins, which
+    happens with probability p(v). (In logs it is Gumbel-max: -log E_v is Gumbel noise added to log p(v).) A
+    one-hot row always gives its hot index, so greedy decoding through `sample` is deterministic; a zero never
+    wins (its time is infinite); rows need not sum to exactly 1. Four tensor operations for any number of rows:
+    on a CPU about half of torch.multinomial's one row, and no host read (multinomial reads on a GPU)."""
+    return race(probs, generator).argmax(-1)
+
+
+def race(probs, generator=None):
+    """The race of `sample` and `gumbel_top_k`, probs (..., V) -> (..., V): minus each token's arrival time,
+    log(u) / p = -E / p for E = -log(u) ~ Exp(1), u uniform in [0, 1) drawn fresh per entry, so the LARGEST
+    arrives first. A token of probability 0 (or with u = 0) gets -inf: it never arrives."""
+    u = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)  # (..., V)
+    return torch.log(u) / probs
 
 
 def sample_without_replacement(probs, k, generator=None):
@@ -91,18 +105,17 @@ def sample_without_replacement(probs, k, generator=None):
     is never drawn.
     """
     top = gumbel_top_k(probs, k, generator)
-    if not torch.isfinite(top.values).all():
+    if not torch.isfinite(top.values).all():  # a token of probability 0 never arrives: -inf
         raise ValueError(f"cannot draw {k} distinct tokens from a distribution with fewer than {k} possible ones")
     return top.indices
 
 
 def gumbel_top_k(probs, k, generator=None):
-    """`sample_without_replacement`'s draws without its check (no host read): the k largest of log probs + Gumbel
-    noise, as (values, indices) (..., k). Where a row has fewer than k possible tokens, the values past them are
-    -inf and their indices meaningless: the caller drops them (tree_guesses.fill_tree counts the finite ones)."""
-    u = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)  # (..., V)
-    gumbel = -torch.log(-torch.log(u.clamp(min=torch.finfo(probs.dtype).tiny)))  # (..., V) Gumbel(0, 1) noise
-    return (torch.log(probs) + gumbel).topk(k, dim=-1)  # log 0 = -inf: never among the k largest if k fit
+    """`sample_without_replacement`'s draws without its check (no host read): the k first arrivals of `sample`'s
+    race (= the k largest of log probs + Gumbel noise), as (values: minus their arrival times, indices) (..., k),
+    in the order they arrived. Where a row has fewer than k possible tokens, the values past them are -inf and their
+    indices meaningless: the caller drops them (tree_guesses.draw_tree keeps the finite ones)."""
+    return race(probs, generator).topk(k, dim=-1)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -118,10 +131,9 @@ def accept_prob(p, q, x):
     when x really was drawn from q, and the convention keeps the rule free of 0/0.
     """
     # BEGIN SOLUTION ex3
-    p_x = p.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # (...)
-    q_x = q.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # (...)
-    ratio = p_x / torch.where(q_x > 0, q_x, torch.ones_like(q_x))
-    return torch.where(q_x > 0, ratio.clamp(max=1.0), (p_x > 0).to(p.dtype))
+    x = x.unsqueeze(-1)  # (..., 1)
+    ratio = p.gather(-1, x) / q.gather(-1, x)  # (..., 1) p(x) / q(x): p(x) / 0 = inf, and 0 / 0 = nan
+    return ratio.nan_to_num(nan=0.0).clamp(max=1.0).squeeze(-1)  # (...) inf -> 1 (accepted), nan -> 0
     # END SOLUTION ex3
 
 
@@ -136,8 +148,7 @@ def residual(p, q):
     # BEGIN SOLUTION ex3
     excess = (p - q).clamp(min=0)  # (..., V)
     mass = excess.sum(-1, keepdim=True)  # (..., 1)
-    safe_mass = torch.where(mass > 0, mass, torch.ones_like(mass))
-    return torch.where(mass > 0, excess / safe_mass, p)
+    return torch.where(mass > 0, excess / mass, p)  # where the mass is 0, excess / mass is nan and unused
     # END SOLUTION ex3
 
 
@@ -150,8 +161,8 @@ def point_mass(x, p):
     """The q of a deterministic guess (an n-gram copy, a top-k token, a Jacobi iterate): q = one_hot(x), in p's
     vocabulary and dtype. x (...) -> (..., V). Under it accept_prob(p, q, x) = min(1, p(x)/1) = p(x), and
     residual(p, q) is p with x removed: "draw y ~ p, keep the guess while y == x". Example: x = 1, V = 3 ->
-    [0., 1., 0.]."""
-    return torch.nn.functional.one_hot(x, p.size(-1)).to(p.dtype)
+    [0., 1., 0.]. (A scatter, not torch.nn.functional.one_hot, which reads x's largest value on the host.)"""
+    return p.new_zeros(*x.shape, p.size(-1)).scatter_(-1, x.unsqueeze(-1), 1.0)  # (..., V)
 
 
 def verify_chain(p_target, q_draft, draft_tokens, generator=None):
@@ -274,49 +285,34 @@ def tree_lists(parents):
     return parents, children(parents), depth
 
 
-def walk_tree(p_target, q_child, tokens, parents, generator=None):
-    """The walk of the lossless tree rules, root down, on one tree or B trees of one shape.
+class TreeTables(NamedTuple):
+    """The index tensors a tree rule needs of a tree's shape, built once per shape (`tree_tables`), so that a step
+    over a tree of the same shape makes none from Python lists. Example: parents [-1, 0, 0, 1] ->
+    at [0, 1] (the nodes with children), child [[1, 2], [3, 4]] (each one's children in order, padded with N = 4),
+    child_or_root [[1, 2], [3, 0]], real [[T, T], [T, F]] (K, W, 1), ancestors [[-1, -1], [1, -1], [2, -1],
+    [1, 3]] (each node's path below the root, padded with -1), nodes [0, 1, 2, 3]."""
+    at: torch.Tensor  # (K,) the nodes with children
+    child: torch.Tensor  # (K, W) their children in order; N where a node has fewer than W
+    child_or_root: torch.Tensor  # (K, W) the same, padded with 0: an index that exists, for gathering tokens
+    real: torch.Tensor  # (K, W, 1) bool: a child is there
+    ancestors: torch.Tensor  # (N, D) the path from the root to each node, root excluded, padded with -1
+    nodes: torch.Tensor  # (N,) 0..N-1
 
-    p_target (..., N, V): the target's law after each node; q_child (..., N, V): row c is the q child c's token was
-    drawn from (point_mass(tokens, p) for guesses; row 0, the root, unused); tokens (..., N); parents (N,).
-    At each node, from P = p_target[node]: try the children in index order, accepting child c with
-    accept_prob(P, q_c, x_c) = min(1, P(x_c) / q_c(x_c)); after a rejection P <- residual(P, q_c). Descend into
-    an accepted child; when none is accepted (or at a leaf) emit a sample of P.
-    Returns path (..., D) with -1 after the last accepted node (D = the tree's depth), next_token (...).
-    """
-    lead, (N, V) = p_target.shape[:-2], p_target.shape[-2:]
-    p_target = p_target.reshape(-1, N, V)  # (B, N, V): the trees in a row
-    q_child = q_child.reshape(-1, N, V)  # (B, N, V)
-    tokens = tokens.reshape(-1, N)  # (B, N)
-    B, device = p_target.size(0), p_target.device
+
+@functools.lru_cache(maxsize=64)
+def tree_tables(parents, device):
+    """TreeTables of the tree `parents` (a tuple) on `device`; None when no node has children."""
     parents, kids, depth = tree_lists(parents)
-    D, width = max(depth), max(len(ch) for ch in kids)
-    # child_table[u, j] = j-th child of node u, -1 if u has fewer children
-    child_table = torch.full((N, width), -1, dtype=torch.long, device=device)  # (N, width)
-    for u, ch in enumerate(kids):
-        child_table[u, : len(ch)] = torch.tensor(ch, dtype=torch.long, device=device)
-    rows = torch.arange(B, device=device)
-    node = torch.zeros(B, dtype=torch.long, device=device)  # (B,) where each tree's walk stands
-    alive = torch.ones(B, dtype=torch.bool, device=device)  # (B,) still descending
-    P = p_target[:, 0]  # (B, V) what the next token must follow, given the rejections so far
-    path = torch.full((B, D), -1, dtype=torch.long, device=device)  # (B, D)
-    for d in range(D):
-        chosen = torch.full((B,), -1, dtype=torch.long, device=device)  # (B,) accepted child, -1 if none yet
-        for j in range(width):
-            child = child_table[node, j]  # (B,)
-            c = child.clamp(min=0)
-            trying = alive & (child >= 0) & (chosen < 0)
-            x = tokens[rows, c]  # (B,)
-            q = q_child[rows, c]  # (B, V)
-            u = torch.rand(B, generator=generator, dtype=p_target.dtype, device=device)  # (B,)
-            ok = u < accept_prob(P, q, x)
-            chosen = torch.where(trying & ok, child, chosen)
-            P = torch.where((trying & ~ok)[:, None], residual(P, q), P)
-        alive = chosen >= 0
-        path[:, d] = chosen  # all D levels run, stopped walks too (their draws unused): no host read per level
-        node = torch.where(alive, chosen, node)
-        P = torch.where(alive[:, None], p_target[rows, node], P)
-    return path.reshape(*lead, D), sample(P, generator).reshape(lead)
+    N, at = len(parents), [u for u in range(len(parents)) if kids[u]]
+    if not at:
+        return None
+    W, D = max(len(kids[u]) for u in at), max(depth)
+    child = [kids[u] + [N] * (W - len(kids[u])) for u in at]
+    ancestors = [(path_to(parents, n)[1:] + [-1] * D)[:D] for n in range(N)]
+    tensor = functools.partial(torch.tensor, device=device)
+    child = tensor(child)
+    return TreeTables(tensor(at), child, child % N, child[..., None] < N, tensor(ancestors),
+                      torch.arange(N, device=device))
 
 
 def host_path(path, next_token):
@@ -381,11 +377,11 @@ def without_replacement_proposals(q, drawn):
     against. Example: q [0.5, 0.3, 0.2], drawn [0, 2] -> [[0.5, 0.3, 0.2], [0, 0.6, 0.4]].
     A row with nothing left (all of q's tokens already drawn) is all zeros: no real draw comes from it."""
     # BEGIN SOLUTION ex13
-    hot = torch.nn.functional.one_hot(drawn, q.size(-1)).to(q.dtype)  # (..., k, V)
-    before = hot.cumsum(-2) - hot  # (..., k, V) 1 where a token was drawn before draw j
-    kept = torch.where(before > 0, 0.0, q.unsqueeze(-2))  # (..., k, V)
-    mass = kept.sum(-1, keepdim=True)
-    return kept / torch.where(mass > 0, mass, torch.ones_like(mass))
+    hot = point_mass(drawn, q)  # (..., k, V) row j: one_hot(drawn[j])
+    drawn_before = hot.cumsum(-2) > hot  # (..., k, V) True where a token was drawn before draw j
+    kept = torch.where(drawn_before, 0.0, q.unsqueeze(-2))  # (..., k, V)
+    mass = kept.sum(-1, keepdim=True)  # (..., k, 1)
+    return (kept / mass).nan_to_num(nan=0.0)  # a row with nothing left: 0 / 0 -> 0
     # END SOLUTION ex13
 
 
@@ -409,14 +405,37 @@ def verify_tree_without_replacement(p_target, q_draft, tokens, parents, generato
     Why the output follows p_u exactly, and the four conditions a drafter must meet for it to hold (children
     drawn in verification order from the q they are checked against, a number fixed in advance, none pruned or
     reordered for its own value): docs/verify.md.
-    Returns path (..., D) padded with -1 (the accepted nodes, root excluded), next_token (...), as walk_tree.
+    How it is computed, with few tensor operations whatever the tree (each is a kernel launch on a GPU): the walk
+    only ever needs, at each node u, the accept probability of its j-th child given that children 1..j-1 were
+    rejected, and the law P left after all of them were. Those depend on u's own row alone, so they are computed for
+    every node at once, sibling rank by sibling rank (W ranks for nodes of at most W children); every uniform and
+    every node's emitted token is drawn at once too; then the walk follows, from the root, each node's first
+    accepted child. A node the walk never reaches leaves its draws unused, and each node the walk visits uses only
+    its own: the same law as judging one child at a time (verify_reference.verify_tree_sampled's walk), which the
+    tests check exactly.
+    Returns path (..., D) padded with -1 (the accepted nodes, root excluded), next_token (...).
     """
-    tokens = torch.as_tensor(tokens, device=p_target.device).expand(p_target.shape[:-1])  # (..., N)
-    q_child = torch.zeros_like(q_draft)  # (..., N, V) the law each child was drawn from; row 0 (the root) unused
-    for u, ch in enumerate(tree_lists(parents)[1]):
-        if ch:  # u's children, in draw order: u's q without the siblings drawn before each
-            q_child[..., ch, :] = without_replacement_proposals(q_draft[..., u, :], tokens[..., ch])  # (..., m, V)
-    return walk_tree(p_target, q_child, tokens, parents, generator)
+    lead, (N, V), device = p_target.shape[:-2], p_target.shape[-2:], p_target.device
+    tree = tree_tables(tuple(int(v) for v in parents), device)
+    if tree is None:  # the root alone: its token follows p
+        return torch.full((*lead, 0), -1, device=device), sample(p_target[..., 0, :], generator)
+    x = torch.as_tensor(tokens, device=device).expand(*lead, N)[..., tree.child_or_root]  # (..., K, W) children's
+    q = without_replacement_proposals(q_draft[..., tree.at, :], x) * tree.real  # (..., K, W, V); absent child: 0
+    P = p_target[..., tree.at, :]  # (..., K, V) each node's target law, after the rejections so far
+    accept = []
+    for q_j, x_j in zip(q.unbind(-2), x.unbind(-1)):  # rank j of every node at once; an absent child's q is 0
+        accept.append(accept_prob(P, q_j, x_j))  # (..., K) child j's chance, given children 1..j-1 rejected
+        P = residual(P, q_j)  # (..., K, V) what is left once child j is rejected (residual(P, 0) = P)
+    accept = torch.stack(accept, -1)  # (..., K, W)
+    u = torch.rand(accept.shape, generator=generator, dtype=accept.dtype, device=device)  # (..., K, W)
+    emit = sample(p_target.index_copy(-2, tree.at, P), generator)  # (..., N) each node's token if the walk stops
+    # Each node's next node: its first accepted child (children come in index order), or itself when none is.
+    first = torch.where(u < accept, tree.child, N).amin(-1)  # (..., K), N: none (an absent child is N)
+    nxt = tree.nodes.expand(*lead, N).index_copy(-1, tree.at, torch.where(first < N, first, tree.at))  # (..., N)
+    node = torch.zeros((*lead, 1), dtype=torch.long, device=device)  # (..., 1) where each walk stands
+    for _ in range(tree.ancestors.size(-1)):  # the walk: D steps along the accepted children (a node where the
+        node = nxt.gather(-1, node)  # walk stopped points at itself)
+    return tree.ancestors[node[..., 0]], emit.gather(-1, node)[..., 0]
 
 
 def traverse_tree(p_target, q_draft, tokens, parents, coin):
@@ -486,7 +505,7 @@ def typical_accept(p_target, tokens, parents, posterior_threshold=0.09, posterio
     Example: p_root = [0.5, 0.3, 0.2] (threshold min(0.09, 0.3 e^-1.03) = 0.09), one child with token 2:
     0.2 > 0.09, so token 2 is emitted every time, where p gives it 20%. Greedy (one-hot p) stays exact:
     the threshold is 0.09 and only the argmax passes. Kept as an option for medusa and as a negative control.
-    p_target (..., N, V), tokens (..., N) (a list for one tree), parents (N,) as in walk_tree.
+    p_target (..., N, V), tokens (..., N) (a list for one tree), parents (N,) as in verify_tree_without_replacement.
     Returns path (..., D) padded with -1, next_token (...).
     """
     lead, (N, V) = p_target.shape[:-2], p_target.shape[-2:]

@@ -9,12 +9,15 @@ slow one.
                            method draws with replacement (a drawn tree's children are distinct: verify.py's
                            verify_tree_without_replacement)
 
-Both are verify.walk_tree with the law each child was drawn from, over leading dimensions: one tree, or B trees
-of one shape.
+Both are `walk_tree` below with the law each child was drawn from, over leading dimensions: one tree, or B trees
+of one shape. walk_tree is the obvious walk, one child slot at a time, and independent of verify.py's tree rules:
+verify.verify_tree_without_replacement (which judges every node's children at once) is held to it by the tests.
+It shares only the two pieces every rule is made of, verify.accept_prob and verify.residual, which exercise 3's
+tests prove exact on their own.
 """
 import torch
 
-from nanospec.verify import point_mass, walk_tree
+from nanospec.verify import accept_prob, point_mass, residual, sample, tree_lists
 
 
 def verify_tree_point_mass(p_target, tokens, parents, generator=None):
@@ -52,3 +55,48 @@ def verify_tree_sampled(p_target, q_draft, tokens, parents, generator=None):
     tokens = torch.as_tensor(tokens, device=p_target.device).expand(p_target.shape[:-1])  # (..., N)
     parent = torch.tensor([0] + [int(v) for v in parents][1:], device=p_target.device)  # (N,) the root's: unused
     return walk_tree(p_target, q_draft[..., parent, :], tokens, parents, generator)  # child c: its parent's q
+
+
+def walk_tree(p_target, q_child, tokens, parents, generator=None):
+    """The walk of the lossless tree rules, root down, on one tree or B trees of one shape.
+
+    p_target (..., N, V): the target's law after each node; q_child (..., N, V): row c is the q child c's token was
+    drawn from (point_mass(tokens, p) for guesses; row 0, the root, unused); tokens (..., N); parents (N,).
+    At each node, from P = p_target[node]: try the children in index order, accepting child c with
+    accept_prob(P, q_c, x_c) = min(1, P(x_c) / q_c(x_c)); after a rejection P <- residual(P, q_c). Descend into
+    an accepted child; when none is accepted (or at a leaf) emit a sample of P.
+    Returns path (..., D) with -1 after the last accepted node (D = the tree's depth), next_token (...).
+    """
+    lead, (N, V) = p_target.shape[:-2], p_target.shape[-2:]
+    p_target = p_target.reshape(-1, N, V)  # (B, N, V): the trees in a row
+    q_child = q_child.reshape(-1, N, V)  # (B, N, V)
+    tokens = tokens.reshape(-1, N)  # (B, N)
+    B, device = p_target.size(0), p_target.device
+    parents, kids, depth = tree_lists(parents)
+    D, width = max(depth), max(len(ch) for ch in kids)
+    # child_table[u, j] = j-th child of node u, -1 if u has fewer children
+    child_table = torch.full((N, width), -1, dtype=torch.long, device=device)  # (N, width)
+    for u, ch in enumerate(kids):
+        child_table[u, : len(ch)] = torch.tensor(ch, dtype=torch.long, device=device)
+    rows = torch.arange(B, device=device)
+    node = torch.zeros(B, dtype=torch.long, device=device)  # (B,) where each tree's walk stands
+    alive = torch.ones(B, dtype=torch.bool, device=device)  # (B,) still descending
+    P = p_target[:, 0]  # (B, V) what the next token must follow, given the rejections so far
+    path = torch.full((B, D), -1, dtype=torch.long, device=device)  # (B, D)
+    for d in range(D):
+        chosen = torch.full((B,), -1, dtype=torch.long, device=device)  # (B,) accepted child, -1 if none yet
+        for j in range(width):
+            child = child_table[node, j]  # (B,)
+            c = child.clamp(min=0)
+            trying = alive & (child >= 0) & (chosen < 0)
+            x = tokens[rows, c]  # (B,)
+            q = q_child[rows, c]  # (B, V)
+            u = torch.rand(B, generator=generator, dtype=p_target.dtype, device=device)  # (B,)
+            ok = u < accept_prob(P, q, x)
+            chosen = torch.where(trying & ok, child, chosen)
+            P = torch.where((trying & ~ok)[:, None], residual(P, q), P)
+        alive = chosen >= 0
+        path[:, d] = chosen  # all D levels run, stopped walks too (their draws unused): no host read per level
+        node = torch.where(alive, chosen, node)
+        P = torch.where(alive[:, None], p_target[rows, node], P)
+    return path.reshape(*lead, D), sample(P, generator).reshape(lead)

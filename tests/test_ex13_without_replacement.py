@@ -73,7 +73,7 @@ DRAWS = {
 
 def node_law(p, proposals, xs):
     """The law of the token one node emits when children xs, drawn from `proposals` (one q row each), are tried
-    in order from target p (nanospec/verify.py's tree walk, `walk_tree`, computed exactly instead of drawn):
+    in order from target p (the tree rule's walk, computed exactly instead of drawn):
     child j is accepted with accept_prob(P, q_j, x_j); after a rejection P <- residual(P, q_j); when every child
     is rejected the node emits a sample of P. p (V,), proposals (m, V), xs (m,) -> (V,)."""
     law, reach, P = torch.zeros_like(p), 1.0, p

@@ -75,7 +75,7 @@ def test_fill_tree_topk_and_drawn():
         tokens, parents, q = fill_tree(7, logits, paths, (1.0, None, None), drawn=True, generator=g)
         assert parents == [-1, 0, 0, 1, 1, 2] and tokens[1] != tokens[2] and tokens[3] != tokens[4]
         assert 3 not in tokens[1:]  # token 3 has probability 0
-        assert torch.equal(q, torch.stack([q_row for q_row in warp(logits, 1.0)[[0, 1, 1]]] + [torch.zeros(4)] * 3))
+        assert torch.equal(q, warp(logits, 1.0)[[0, 1, 1, 1, 1, 1]])  # row u: u's depth's (a leaf's: unused)
         first_children.add((tokens[3], tokens[5]))
     # each node draws its children on its own (draw_tree), not one set of draws shared by a depth: the first
     # children of nodes 1 and 2 differ in some tree (if shared they never would; P(equal 20 times) ~ 0.46^20)

@@ -70,6 +70,25 @@ def slow_draw_tree(root, paths, q_root, next_q, generator):
     return [tokens[u] for u in keep], [index.get(parents[u], -1) for u in keep], q_draft[keep]
 
 
+def slow_fill_tree(root, paths, q, generator):
+    """fill_tree's drawn tree the obvious way: node by node in index order (the leaves too: fill_tree draws for
+    every node at once, row after row of one generator), width draws of the node's depth's law q[d] (D, V); a
+    child of rank r gets draw r if r is below that q's support and its parent was drawn; the undrawn are left out
+    at the end. Returns (tokens, parents, q_draft) with q_draft's row u = q at u's depth (the deepest for a leaf)."""
+    parents, nodes = tree_from_paths(paths)
+    N, kids, D = len(nodes), children(parents), q.size(0)
+    width = max(node[-1] for node in nodes[1:]) + 1
+    q_draft = torch.stack([q[min(len(node), D - 1)] for node in nodes])  # (N, V)
+    tokens = [root] + [-1] * (N - 1)
+    for u in range(N):
+        draws = gumbel_top_k(q_draft[u], width, generator).indices.tolist()  # (width,)
+        for c, x in zip(kids[u][:int((q_draft[u] > 0).sum())], draws):
+            tokens[c] = x if tokens[u] >= 0 else -1
+    keep = [u for u in range(N) if tokens[u] >= 0]
+    index = {u: i for i, u in enumerate(keep)}
+    return [tokens[u] for u in keep], [index.get(parents[u], -1) for u in keep], q_draft[keep]
+
+
 def bigram_next_q(sampling):
     """A drafter whose law below a node is LOGITS_Q's row at the node's token, warped: next_q for draw_tree."""
     def next_q(d, level, tokens, parents):
@@ -100,15 +119,15 @@ def test_fill_tree_top_k_literal_and_against_a_sort():
 
 @pytest.mark.parametrize("sampling", [Sampling(1.0), Sampling(1.0, 2), Sampling(1.0, 1), Sampling(0.7, None, 0.6)])
 def test_drawn_fill_tree_is_the_oracles(sampling):
-    """Same generator state, same draws: fill_tree's drawn tree is the oracle's with the depth's law at every
-    node, node for node and row for row; and a node is in it exactly when every rank on its path is below the
+    """Same generator state, same draws: fill_tree's drawn tree is the slow oracle's (the depth's law at every
+    node, drawn node by node), node for node and row for row; and a node is in it exactly when every rank on its path is below the
     support of its depth's q (top-k 1 leaves only the chain of first draws)."""
     logits = torch.randn(3, 6, generator=torch.Generator().manual_seed(0), dtype=F64)  # (D, V)
     q = warp(logits, *sampling)  # (D, V)
     support = (q > 0).sum(-1).tolist()  # (D,) tokens each depth's q allows
     kept = [()] + [p for p in FILL_PATHS if all(r < support[d] for d, r in enumerate(p))]
     for seed in range(10):
-        expected = slow_draw_tree(7, FILL_PATHS, q[0], depth_next_q(q), torch.Generator().manual_seed(seed))
+        expected = slow_fill_tree(7, FILL_PATHS, q, torch.Generator().manual_seed(seed))
         tokens, parents, q_draft = fill_tree(7, logits, FILL_PATHS, sampling, True, torch.Generator().manual_seed(seed))
         assert (tokens, parents) == expected[:2] and torch.equal(q_draft, expected[2])
         assert parents == tree_from_paths(kept[1:])[0]  # the shape: the paths q can give, whatever was drawn
@@ -156,11 +175,11 @@ def test_drawn_ranks_must_come_in_order():
 
 
 def test_one_host_read_per_level():
-    """draw_tree reads each level's draws once (the drafter's own passes aside); fill_tree too, drawn, and its top-k
-    tree once in all."""
+    """draw_tree reads each level's draws once (the drafter's own passes aside); fill_tree, whose laws do not depend
+    on the tokens above, reads its drawn tree once in all, as its top-k tree."""
     q = warp(LOGITS_Q, *TRUNCATED)
     cases = [(lambda g: draw_tree(0, DRAW_PATHS, q[0], depth_next_q(q), g), 3),  # 3 levels with children
-             (lambda g: fill_tree(0, LOGITS_Q[:3], FILL_PATHS, TRUNCATED, True, g), 3),
+             (lambda g: fill_tree(0, LOGITS_Q[:3], FILL_PATHS, TRUNCATED, True, g), 1),
              (lambda g: fill_tree(0, LOGITS_Q[:3], FILL_PATHS, TRUNCATED, False, g), 1)]
     for build, reads in cases:
         with counting_host_reads() as counts:

@@ -90,8 +90,13 @@ def fill_tree(root, logits, paths, sampling, drawn=False, generator=None):
         if p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in have:
             raise ValueError(f"with drawn guesses tree path {p} needs {p[:-1] + (p[-1] - 1,)} too: rank r is the "
                              f"(r+1)-th draw, and each node's children must be draws 1..m in order")
+    parents, nodes = tree_from_paths(paths)
     q = warp(logits[:D], *sampling)  # (D, V) the law of each depth's guesses, whatever the tokens above them
-    return draw_tree(root, paths, q[0], lambda d, level, tokens, parents: q[d].expand(len(level), -1), generator)
+    q_draft = q[[min(len(node), D - 1) for node in nodes]]  # (N, V) row u: the law of u's children (a leaf: unused)
+    draws = gumbel_top_k(q_draft, width, generator)  # (N, width) every node's draws at once, each its own
+    ids = torch.where(torch.isfinite(draws.values), draws.indices, -1).tolist()  # -1: q ran out; one read
+    tokens = [int(root)] + [ids[parents[u]][node[-1]] for u, node in enumerate(nodes) if u]  # rank r: draw r
+    return kept(tokens, parents, q_draft)
 
 
 def draw_tree(root, paths, q_root, next_q, generator=None):
@@ -125,6 +130,17 @@ def draw_tree(root, paths, q_root, next_q, generator=None):
         for i, u in enumerate(level):
             for r, c in enumerate(kids[u]):
                 tokens[c] = ids[i][r] if ids[i][r] >= 0 else None
-    keep = [u for u in range(N) if tokens[u] is not None]  # a drawn node's parent is drawn too: still a tree
+    return kept(tokens, parents, q_draft)
+
+
+def kept(tokens, parents, q_draft):
+    """The drawn part of a tree: every node whose token and ancestors' tokens were drawn (None or -1: not drawn,
+    q ran out), renumbered. Returns (tokens, parents, q_draft rows), as draw_tree."""
+    drawn = [True] * len(tokens)
+    for u, t in enumerate(tokens):  # parents come before their children
+        drawn[u] = t is not None and t >= 0 and (u == 0 or drawn[parents[u]])
+    keep = [u for u in range(len(tokens)) if drawn[u]]
+    if len(keep) == len(tokens):
+        return tokens, parents, q_draft
     index = {u: i for i, u in enumerate(keep)}
     return [tokens[u] for u in keep], [index.get(parents[u], -1) for u in keep], q_draft[keep]
