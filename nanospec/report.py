@@ -1,8 +1,8 @@
 """
 The Markdown report of `make bench` (nanospec/bench.py measures, this module writes): the conditions (machine,
-device, model, prompts, settings), a table per temperature (with each row's host reads per target forward), the
-greedy-equality check, how repetitive `ar`'s output is, the cost of a target forward against the tokens it
-reads, where a step's time goes, and Leviathan's model of `speculative` set beside the measured speedup.
+device, model, prompts, settings), a table per temperature (with each row's host reads and host ops per target
+forward), the greedy-equality check, how repetitive `ar`'s output is, the cost of a target forward against the
+tokens it reads, where a step's time goes, and Leviathan's model of `speculative` set beside the measured speedup.
 Everything here reads the measurements; nothing is timed here. A row that failed is a FAILED row with its
 reason; where `ar` did not finish, every speedup is n/a; a report cut short by Ctrl-C says so at the top, and a
 section whose measurements are missing is left out with a line saying why.
@@ -47,6 +47,7 @@ class Measured:
     seconds: float  # of measurements
     loads: tuple  # load average before and after
     reads: dict = None  # temperature -> {row label: host reads per target forward}, from one untimed run
+    ops: dict = None  # temperature -> {row label: (aten ops, kernel launches) per target forward}, the same run
     cost_path: str = "eager"  # the path `cost` and `step` ran: eager, static (replay emulated) or graph (replayed)
     cost_eager: dict = None  # comparing runtimes: `cost` on the eager path (cost_path is then static or graph)
     c_eager: dict = None  # comparing runtimes: c of each drafter from its "(eager)" rows
@@ -194,17 +195,18 @@ def failed_row(name, why, width, greedy):
     return [name, f"FAILED: {why}"] + ["-"] * (width - 2 + greedy)
 
 
-def method_rows(results, names, prompts, categories, greedy, failed, reads=None):
-    """One row per method: per category 'speedup (tokens/forward)', then the totals over every prompt and the
-    host reads per target forward (`reads`: row -> reads, '-' where missing). A row that did not finish is a
-    FAILED row with its reason; where `ar` did not finish, speedups are n/a (summary: None)."""
+def method_rows(results, names, prompts, categories, greedy, failed, reads=None, ops=None):
+    """One row per method: per category 'speedup (tokens/forward)', then the totals over every prompt, the host
+    reads per target forward (`reads`: row -> reads) and the host's ops per target forward as 'all (launches)'
+    (`ops`: row -> (all, launches)), '-' where missing. A row that did not finish is a FAILED row with its reason;
+    where `ar` did not finish, speedups are n/a (summary: None)."""
     groups = [(c, [p["id"] for p in prompts if p["category"] == c]) for c in categories]
     groups.append(("all", [p["id"] for p in prompts]))
     baseline = complete(results, "ar", prompts)
     rows, summary = [], {}
     for name in names:
         if not complete(results, name, prompts):
-            rows.append(failed_row(name, failed.get(name, "did not finish"), len(categories) + 6, greedy))
+            rows.append(failed_row(name, failed.get(name, "did not finish"), len(categories) + 7, greedy))
             continue
         cells, summary[name] = [], {}
         for group, ids in groups:
@@ -219,9 +221,10 @@ def method_rows(results, names, prompts, categories, greedy, failed, reads=None)
                 cells.append(f"{times(speedup)} ({tokens / forwards:.2f})")
         s = summary[name]["all"]
         accepted = round(s["tokens_per_forward"] - 1, 2) + 0.0  # + 0.0: no "-0.00" (ar stopped by end-of-text)
-        read = (reads or {}).get(name)
+        read, op = (reads or {}).get(name), (ops or {}).get(name)
         row = [name, *cells, f"{s['tokens_per_forward']:.2f}", f"{accepted:.2f}", f"{s['tokens_per_s']:.1f}",
-               times(s["speedup"]), "-" if read is None else f"{read:.2f}"]
+               times(s["speedup"]), "-" if read is None else f"{read:.2f}",
+               "-" if op is None else f"{op[0]:.0f} ({op[1]:.0f})"]
         if greedy and baseline:
             equal = sum(results[name][p["id"]]["ids"] == results["ar"][p["id"]]["ids"] for p in prompts)
             summary[name]["equal"] = equal
@@ -347,9 +350,9 @@ def temperature_section(m, t):
     """One temperature's table (and, greedy, the equality check). Returns (lines, {row: summary})."""
     greedy = t == 0
     cells, summary = method_rows(m.results[t], list(m.rows[t]), m.prompts, m.categories, greedy, m.failed,
-                                 (m.reads or {}).get(t))
+                                 (m.reads or {}).get(t), (m.ops or {}).get(t))
     head = (["method", *[f"{c}: speedup (tok/fwd)" for c in m.categories], "tokens/forward", "accepted/step",
-             "tokens/s", "speedup", "host reads/forward"] + (["output = ar"] if greedy else []))
+             "tokens/s", "speedup", "host reads/forward", "host ops/forward"] + (["output = ar"] if greedy else []))
     out = [f"## {'greedy (temperature 0)' if greedy else f'temperature {t:g}'}", "", table(head, cells), ""]
     if "ar (eager)" in summary and summary["ar (eager)"]["all"]["speedup"]:
         ratio = 1 / summary["ar (eager)"]["all"]["speedup"]
@@ -474,7 +477,13 @@ def build(m):
             "target forward, counted on one extra, untimed run of the first prompt. On a GPU each read waits for "
             "every kernel queued before it, so the host cannot queue the next forward (or graph replay) while it "
             "decides: `ar` reads 1 (its token), a chain method at most 2 (its guesses, then the verdict), a tree "
-            "method a few more, per level of the tree it grows (tests/test_host_reads.py bounds each).", ""]
+            "method a few more, per level of the tree it grows (tests/test_host_reads.py bounds each).", "",
+            "host ops/forward: the tensor operations (aten ops) the host runs outside the model calls per target "
+            "forward (warping, drawing, the verify rules, building trees), counted on the same run; in brackets "
+            "those that put work on a device, leaving out views and other ops that only make a tensor's metadata. "
+            "On a GPU each of those is a kernel launch, some microseconds of the host's time; counted, not timed, "
+            "the figure is the same on any machine (tests/test_host_ops.py holds a sampled step to twice the "
+            "greedy count + 60).", ""]
     out += repetition_section(m)
     out += cost_section(m) if m.cost else ["## Cost of one target forward over n new tokens", "",
                                           "Not measured: the bench stopped before timing the forward costs.", ""]

@@ -4,6 +4,7 @@ quick run on a toy model (trained here, in seconds) gives a row per registered m
 to ar's. No timing is asserted: the machine is shared (the wrapper's laws run on a fake clock)."""
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -281,6 +282,11 @@ def test_quick_bench_on_a_toy_model(toy_run, tmp_path, capsys):
     ar_row = next([c.strip() for c in line.strip("|").split("|")] for line in table.splitlines() if "| ar " in line)
     assert ar_row[head.index("host reads/forward")] == "1.00"
     assert "each read waits for every kernel queued before it" in report
+    # host ops per target forward, from the same run: all (kernel launches), a launch is an op
+    for t in (0.0, 1.0):
+        assert set(got["ops"][t]) == set(got["summaries"][t])
+        assert all(0 < launches <= ops for ops, launches in got["ops"][t].values())
+    assert re.fullmatch(r"\d+ \(\d+\)", ar_row[head.index("host ops/forward")]) and "kernel launch" in report
     # where a step's time goes: a row per method and temperature; the drafting and target-forward calls run
     # inside the generation's wall clock, one after the other, so on a CPU their sum never exceeds it
     split = report.split("## Where a step's time goes")[1].split("\n## ")[0]
