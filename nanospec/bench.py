@@ -13,6 +13,8 @@ honest:
     host reads       how often a method reads a tensor's value per target forward (on a GPU each read waits)
     host ops         the tensor operations (aten ops) run outside the model calls per target forward, and of
                      those the ones that launch work on a GPU: counted, so the same on any machine
+    drafting         per method, the guesses drafted per step, the share of plain steps (no guess), and what a
+                     draft-length rule chose (k, tree size) where the method reports it
     speculative      the speedup Leviathan's formula predicts from the measured acceptance rate a and draft cost
                      c, next to the measured one
     runtime          which path the forwards ran (nanospec/runtime.py: eager, or shape-static, replayed from CUDA

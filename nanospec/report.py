@@ -2,7 +2,8 @@
 The Markdown report of `make bench` (nanospec/bench.py measures, this module writes): the conditions (machine,
 device, model, prompts, settings), a table per temperature (with each row's host reads and host ops per target
 forward), the greedy-equality check, how repetitive `ar`'s output is, the cost of a target forward against the
-tokens it reads, where a step's time goes, and Leviathan's model of `speculative` set beside the measured speedup.
+tokens it reads, where a step's time goes, where the drafting went (guesses per step, plain steps, what a
+draft-length rule chose), and Leviathan's model of `speculative` set beside the measured speedup.
 Everything here reads the measurements; nothing is timed here. A row that failed is a FAILED row with its
 reason; where `ar` did not finish, every speedup is n/a; a report cut short by Ctrl-C says so at the top, and a
 section whose measurements are missing is left out with a line saying why.
@@ -15,6 +16,7 @@ import os
 import platform
 import re
 import subprocess
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -429,6 +431,48 @@ def split_section(m):
             "by CUDA events, so a forward that waits for the host to launch its kernels counts that wait.", ""]
 
 
+def chosen(runs, key, most=6):
+    """What a draft-length rule chose, from the stats' `key` ("draft_lengths" or "tree_sizes": one entry per step,
+    or a dict value -> steps) over every run: 'value xsteps' by value, e.g. [2, 0, 2, 4] -> '0 x1, 2 x2, 4 x1';
+    past `most` values, the most frequent and '+n more'. None when no run has the key."""
+    counts = Counter()
+    for stats in runs:
+        got = stats.get(key)
+        if isinstance(got, dict):
+            counts.update({tuple(v) if isinstance(v, list) else v: n for v, n in got.items()})
+        elif got is not None:
+            counts.update(tuple(v) if isinstance(v, list) else v for v in got)
+    if not counts:
+        return None
+    shown = sorted(counts.most_common(most))  # by value
+    more = f", +{len(counts) - most} more" if len(counts) > most else ""
+    return ", ".join(f"{v} x{n}" for v, n in shown) + more
+
+
+def drafting_section(m):
+    """Where the drafting went, per method and temperature: the guesses each target forward checked
+    (stats["drafted_per_step"], its first entry the prefill, left out), how many steps drafted nothing (a plain
+    step), and what a draft-length rule chose where the stats say (draft_lengths, tree_sizes)."""
+    rows = []
+    for t in m.temperatures:
+        for name in (n for n in m.rows[t] if n != "ar" and complete(m.results[t], n, m.prompts)):
+            runs = [r["stats"] for r in m.results[t][name].values()]
+            steps = [d for stats in runs for d in stats.get("drafted_per_step", [])[1:]]
+            picks = [f"{what}: {c}" for what, key in (("k", "draft_lengths"), ("tree size", "tree_sizes"))
+                     if (c := chosen(runs, key))]
+            rows.append([f"{t:g}", name, f"{sum(steps) / len(steps):.2f}" if steps else "-",
+                         f"{sum(d == 0 for d in steps) / len(steps):.0%}" if steps else "-",
+                         "; ".join(picks) or "-"])
+    head = ["temperature", "method", "guesses/step", "plain steps", "chosen (value x steps)"]
+    picked = any(row[-1] != "-" for row in rows)  # no method reports a choice: no column for it
+    return ["## Where the drafting went", "", table(head[:5 if picked else 4], [r[:5 if picked else 4] for r in rows]),
+            "", "guesses/step: the guesses each target forward checked, on average over every prompt's steps (the "
+            "prefill left out); plain steps: the share of steps that checked none, a plain `ar` step (no match "
+            "found, no room left, or a draft-length rule that found no draft worth its cost)."
+            + (" chosen: what a draft-length rule picked, where the method reports it (k: the draft length, tree "
+               "size: the nodes of the tree), with the number of steps that picked each." if picked else ""), ""]
+
+
 def leviathan_section(m, summaries):
     """Leviathan's predicted speedup for `speculative` from its measured acceptance rate, next to the measured
     one. m.step[(is_draft, temperature)]: seconds of one forward (temperature None) or decoding step."""
@@ -488,6 +532,7 @@ def build(m):
     out += cost_section(m) if m.cost else ["## Cost of one target forward over n new tokens", "",
                                           "Not measured: the bench stopped before timing the forward costs.", ""]
     out += split_section(m)
+    out += drafting_section(m)
     if m.cost and all(summaries[t].get("speculative", {}).get("all", {}).get("speedup") for t in m.temperatures):
         out += leviathan_section(m, summaries)
     chart = []
