@@ -11,6 +11,10 @@ honest:
     drafter cost c   each method's drafting seconds per drafter pass, over one target forward over 1 token
     where time goes  per step: drafting, the target's forwards and the rest (the host's work between them)
     host reads       how often a method reads a tensor's value per target forward (on a GPU each read waits)
+    host ops         the tensor operations (aten ops) run outside the model calls per target forward, and of
+                     those the ones that launch work on a GPU: counted, so the same on any machine
+    drafting         per method, the guesses drafted per step, the share of plain steps (no guess), and what a
+                     draft-length rule chose (k, tree size) where the method reports it
     speculative      the speedup Leviathan's formula predicts from the measured acceptance rate a and draft cost
                      c, next to the measured one
     runtime          which path the forwards ran (nanospec/runtime.py: eager, or shape-static, replayed from CUDA
@@ -25,7 +29,7 @@ timer: the models are wrapped once per runtime path, `runtime.prepare` first, th
 around each part, which adds every call's seconds to drafting or to target forwards.
 
 Timing: batch size 1; one warm-up run per method and temperature, then one untimed run on the first prompt
-that counts host reads; then, for each prompt, `ar` and every method back to back (the order rotated from
+that counts host reads and ops; then, for each prompt, `ar` and every method back to back (the order rotated from
 prompt to prompt), the whole repeated --repeats times. A method's tokens/s in a category is its tokens over the
 sum of its per-prompt median times; speedup = that / ar's. Every method gets the same seed on a prompt.
 Prompts are text (data/prompts.json, cut from the validation files by scripts/make_prompts.py), tokenized here.
@@ -60,7 +64,7 @@ from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.decoding.options import DRAFT_SAMPLING
 from nanospec.device import MAX_SEED, check_seed, pick_device
 from nanospec.parts import load_models
-from nanospec.probes import Ledger, counting_host_reads, fastest, timed, timed_models
+from nanospec.probes import Ledger, counting_host_reads, counting_ops, fastest, timed, timed_models
 from nanospec.runtime import RUNTIMES, prepare
 from nanospec.tokenizer import write_atomic
 from nanospec.verify import sample, warp
@@ -372,22 +376,27 @@ def warm_up(paths, rows, prompt_ids, max_new_tokens, notes):
     return {t: {label: row for label, row in rows_t.items() if label not in dropped} for t, rows_t in rows.items()}
 
 
-def count_reads(paths, rows, prompt, temperature, max_new_tokens, seed, failed, reads):
-    """reads[row label] = host reads per target forward, from one untimed run of each row on `prompt` (probes.
-    counting_host_reads patches every read, which slows it: never inside a timed run). A row that raises is
-    reported in `failed`."""
+def count_host_work(paths, ledger, rows, prompt, temperature, max_new_tokens, seed, failed, reads, ops):
+    """reads[row label] = host reads per target forward, ops[row label] = (aten ops, kernel launches) per target
+    forward outside the model calls, from one untimed run of each row on `prompt` (probes.counting_host_reads
+    patches every read and probes.counting_ops watches every op, which slows both: never inside a timed run;
+    `ledger` is the one the Timed parts of `paths` share: it tells the model calls' ops apart). A row that
+    raises is reported in `failed`."""
     for label, (method, options, path) in rows.items():
         if label in failed:
             continue
         try:
-            with counting_host_reads() as counts:
+            with counting_host_reads() as counts, counting_ops(ledger) as counter:
                 _, stats = METHODS[method](paths[path], prompt["ids"], max_new_tokens, temperature=temperature,
                                            seed=seed, **options)
         except Exception as e:
-            failed[label] = f"{one_line(e)} (prompt {prompt['id']}, temperature {temperature:g}, counting reads)"
+            failed[label] = (f"{one_line(e)} (prompt {prompt['id']}, temperature {temperature:g}, counting reads "
+                             "and ops)")
             log(f"FAILED {label}: {failed[label]}")
             continue
-        reads[label] = sum(counts.values()) / stats["target_forwards"]
+        forwards = stats["target_forwards"]
+        reads[label] = sum(counts.values()) / forwards
+        ops[label] = (counter.total / forwards, counter.launches / forwards)
 
 
 def run_all(paths, ledger, rows, prompts, temperature, max_new_tokens, repeats, seed, failed, results, finished):
@@ -512,17 +521,18 @@ def costs(models, names, temperatures, args, paths):
 
 
 def measure(args, argv, setup, rows):
-    """Count each row's host reads, time every row at every temperature, then the forward costs; everything the
-    report reads, as a Measured. Ctrl-C stops the measuring: the Measured then holds what finished (see
-    finished_part) and says why it is partial; forward costs that fail (or were never reached) are left out."""
+    """Count each row's host reads and ops, time every row at every temperature, then the forward costs;
+    everything the report reads, as a Measured. Ctrl-C stops the measuring: the Measured then holds what finished
+    (see finished_part) and says why it is partial; forward costs that fail (or were never reached) are left out."""
     names, temperatures, paths = setup["names"], setup["temperatures"], setup["paths"]
-    failed, results, reads, finished = {}, {}, {}, {}
+    failed, results, reads, ops, finished = {}, {}, {}, {}, {}
     t_start, load_before = time.perf_counter(), report.load_average()
     partial, by_path = None, None
     try:
         for t in temperatures:
-            results[t], reads[t], finished[t] = {}, {}, []
-            count_reads(paths, rows[t], setup["prompts"][0], t, args.max_new_tokens, args.seed, failed, reads[t])
+            results[t], reads[t], ops[t], finished[t] = {}, {}, {}, []
+            count_host_work(paths, setup["ledger"], rows[t], setup["prompts"][0], t, args.max_new_tokens, args.seed,
+                            failed, reads[t], ops[t])
             run_all(paths, setup["ledger"], rows[t], setup["prompts"], t, args.max_new_tokens, args.repeats,
                     args.seed, failed, results[t], finished[t])
         try:
@@ -544,6 +554,7 @@ def measure(args, argv, setup, rows):
         notes=setup["notes"], failed=failed, cost=cost, prefix=prefix, reps=reps, step=step,
         c=drafter_costs(results, names, cost[1]) if cost else {}, seconds=time.perf_counter() - t_start,
         loads=(load_before, report.load_average()), reads={t: reads[t] for t in temperatures},
+        ops={t: ops[t] for t in temperatures},
         cost_path=path or "eager", cost_eager=eager and eager[0],
         c_eager=eager and drafter_costs(results, names, eager[0][1], " (eager)"), partial=partial)
 
@@ -625,7 +636,7 @@ def main(argv=None):
     if measured.partial:
         return interrupted(f"{measured.partial}: wrote the partial report ({args.out})")
     return dict(summaries=summaries, skipped=setup["notes"], failed=measured.failed, report=text,
-                results=measured.results, reads=measured.reads)
+                results=measured.results, reads=measured.reads, ops=measured.ops)
 
 
 def interrupted(line):

@@ -7,6 +7,8 @@ A decoding method has no timer and no counter in it; the bench wraps the models 
     Ledger    one generation's totals: seconds and calls of each kind; on CUDA each call is bracketed by a pair
               of CUDA events (the kernels are only queued when the call returns), read after one synchronize
     counting_host_reads   counts every read of a tensor's value by Python while it is open
+    counting_ops          counts the tensor operations (aten ops) run outside the model calls while it is open:
+                          on a GPU, the kernels the host launches between forwards
     timed, fastest        one call's seconds, and the fastest of several runs of each of a few calls
 
 Which calls draft: every call of the draft GPT, the EAGLE head and the ParallelSpec drafter (a drafter pass
@@ -22,6 +24,8 @@ embedding) is its caller's time.
     models = timed_models(models, ledger)          # after runtime.prepare: Timed(Fast(model))
     ledger.clear(); METHODS["speculative"](models, ids, 64); ledger.totals()
     -> {"drafting": 0.021, "target": 0.034, "passes": 60, "forwards": 17}   (seconds; calls)
+    with counting_ops(ledger) as ops: METHODS["speculative"](models, ids, 48)
+    ops.total, ops.launches -> 444, 237   (34.2 and 18.2 per target forward: tests/test_host_ops.py's tiny models)
 """
 import random
 import time
@@ -30,8 +34,14 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 READS = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__", "nonzero")  # host reads of a tensor
+aten = torch.ops.aten
+# ops that put nothing on a GPU although they make a tensor or write one: a change of metadata in place
+# (detach_), memory handed out by the caching allocator and left untouched (empty)
+NO_LAUNCH = {aten.detach_.default, aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default}
 
 
 class Ledger:
@@ -136,6 +146,55 @@ def counting_host_reads():
     finally:
         for name, read in originals.items():
             setattr(torch.Tensor, name, read)
+
+
+class OpCounter(TorchDispatchMode):
+    """See counting_ops: `ops` counts the aten ops outside the model calls by name, `total` all of them,
+    `launches` those that put work on the device."""
+
+    def __init__(self, ledger):
+        super().__init__()
+        self.ledger = ledger
+        self.ops, self.total, self.launches = Counter(), 0, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        if self.ledger.depth:  # inside a model call (or a borrowed target module): the model's own work
+            return result
+        self.ops[str(func)] += 1
+        self.total += 1
+        outputs = [t for t in tree_leaves(result) if isinstance(t, torch.Tensor)]
+        in_place = func._schema.is_mutable
+        aliases = outputs and storages(outputs) <= storages((args, kwargs))  # a view: every result in its inputs
+        self.launches += not ((aliases and not in_place) or func in NO_LAUNCH)
+        return result
+
+
+def storages(tree):
+    """The addresses of the memory the tensors in a nested argument list live in."""
+    return {t.untyped_storage().data_ptr() for t in tree_leaves(tree) if isinstance(t, torch.Tensor)}
+
+
+@contextmanager
+def counting_ops(ledger):
+    """Inside `with counting_ops(ledger) as ops:` every tensor operation (aten op) run outside the model calls
+    adds one to ops.total (and to ops.ops[its name], e.g. "aten.add.Tensor"), and to ops.launches when it puts
+    work on the device: on a GPU, a kernel launch (or a copy: `.item()` copies to the host), some microseconds of
+    the host's time each. The models must be wrapped by timed_models(models, ledger): an op made while
+    ledger.depth > 0 belongs to a model call (a forward, a drafter pass, a borrowed head) and is not counted,
+    nor is a TorchDispatchMode's inside one (graphs.Emulated: its ops reach this counter at depth > 0).
+
+    Left out of ops.launches: an op that writes nothing and whose results all live in its inputs' memory (a
+    view: view, slice, select, unsqueeze, expand, detach; lift_fresh, which wraps a tensor just made from Python
+    data; a `.to` or `.contiguous` that changed nothing), and NO_LAUNCH. That is judged from the memory, not
+    from `func.is_view`: the schema marks `to`, `contiguous` and `reshape` as views, and they copy when they
+    must. The methods run under inference_mode, where the dispatcher hands a composite op (softmax, reshape,
+    .item, one_hot) to the counter whole: it counts as one (one_hot launches two on a GPU, zeros and scatter_).
+    The ops are those the Python code calls, the same on any machine. Not seen: the copy that takes a tensor made
+    from Python data (`torch.tensor(ids, device="cuda")`) to a GPU, made before dispatch."""
+    with OpCounter(ledger) as counter:
+        yield counter
 
 
 def timed(fn, *args, **kwargs):

@@ -1,8 +1,9 @@
 """
 The Markdown report of `make bench` (nanospec/bench.py measures, this module writes): the conditions (machine,
-device, model, prompts, settings), a table per temperature (with each row's host reads per target forward), the
-greedy-equality check, how repetitive `ar`'s output is, the cost of a target forward against the tokens it
-reads, where a step's time goes, and Leviathan's model of `speculative` set beside the measured speedup.
+device, model, prompts, settings), a table per temperature (with each row's host reads and host ops per target
+forward), the greedy-equality check, how repetitive `ar`'s output is, the cost of a target forward against the
+tokens it reads, where a step's time goes, where the drafting went (guesses per step, plain steps, what a
+draft-length rule chose), and Leviathan's model of `speculative` set beside the measured speedup.
 Everything here reads the measurements; nothing is timed here. A row that failed is a FAILED row with its
 reason; where `ar` did not finish, every speedup is n/a; a report cut short by Ctrl-C says so at the top, and a
 section whose measurements are missing is left out with a line saying why.
@@ -15,6 +16,7 @@ import os
 import platform
 import re
 import subprocess
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +49,7 @@ class Measured:
     seconds: float  # of measurements
     loads: tuple  # load average before and after
     reads: dict = None  # temperature -> {row label: host reads per target forward}, from one untimed run
+    ops: dict = None  # temperature -> {row label: (aten ops, kernel launches) per target forward}, the same run
     cost_path: str = "eager"  # the path `cost` and `step` ran: eager, static (replay emulated) or graph (replayed)
     cost_eager: dict = None  # comparing runtimes: `cost` on the eager path (cost_path is then static or graph)
     c_eager: dict = None  # comparing runtimes: c of each drafter from its "(eager)" rows
@@ -194,17 +197,18 @@ def failed_row(name, why, width, greedy):
     return [name, f"FAILED: {why}"] + ["-"] * (width - 2 + greedy)
 
 
-def method_rows(results, names, prompts, categories, greedy, failed, reads=None):
-    """One row per method: per category 'speedup (tokens/forward)', then the totals over every prompt and the
-    host reads per target forward (`reads`: row -> reads, '-' where missing). A row that did not finish is a
-    FAILED row with its reason; where `ar` did not finish, speedups are n/a (summary: None)."""
+def method_rows(results, names, prompts, categories, greedy, failed, reads=None, ops=None):
+    """One row per method: per category 'speedup (tokens/forward)', then the totals over every prompt, the host
+    reads per target forward (`reads`: row -> reads) and the host's ops per target forward as 'all (launches)'
+    (`ops`: row -> (all, launches)), '-' where missing. A row that did not finish is a FAILED row with its reason;
+    where `ar` did not finish, speedups are n/a (summary: None)."""
     groups = [(c, [p["id"] for p in prompts if p["category"] == c]) for c in categories]
     groups.append(("all", [p["id"] for p in prompts]))
     baseline = complete(results, "ar", prompts)
     rows, summary = [], {}
     for name in names:
         if not complete(results, name, prompts):
-            rows.append(failed_row(name, failed.get(name, "did not finish"), len(categories) + 6, greedy))
+            rows.append(failed_row(name, failed.get(name, "did not finish"), len(categories) + 7, greedy))
             continue
         cells, summary[name] = [], {}
         for group, ids in groups:
@@ -219,9 +223,10 @@ def method_rows(results, names, prompts, categories, greedy, failed, reads=None)
                 cells.append(f"{times(speedup)} ({tokens / forwards:.2f})")
         s = summary[name]["all"]
         accepted = round(s["tokens_per_forward"] - 1, 2) + 0.0  # + 0.0: no "-0.00" (ar stopped by end-of-text)
-        read = (reads or {}).get(name)
+        read, op = (reads or {}).get(name), (ops or {}).get(name)
         row = [name, *cells, f"{s['tokens_per_forward']:.2f}", f"{accepted:.2f}", f"{s['tokens_per_s']:.1f}",
-               times(s["speedup"]), "-" if read is None else f"{read:.2f}"]
+               times(s["speedup"]), "-" if read is None else f"{read:.2f}",
+               "-" if op is None else f"{op[0]:.0f} ({op[1]:.0f})"]
         if greedy and baseline:
             equal = sum(results[name][p["id"]]["ids"] == results["ar"][p["id"]]["ids"] for p in prompts)
             summary[name]["equal"] = equal
@@ -347,9 +352,9 @@ def temperature_section(m, t):
     """One temperature's table (and, greedy, the equality check). Returns (lines, {row: summary})."""
     greedy = t == 0
     cells, summary = method_rows(m.results[t], list(m.rows[t]), m.prompts, m.categories, greedy, m.failed,
-                                 (m.reads or {}).get(t))
+                                 (m.reads or {}).get(t), (m.ops or {}).get(t))
     head = (["method", *[f"{c}: speedup (tok/fwd)" for c in m.categories], "tokens/forward", "accepted/step",
-             "tokens/s", "speedup", "host reads/forward"] + (["output = ar"] if greedy else []))
+             "tokens/s", "speedup", "host reads/forward", "host ops/forward"] + (["output = ar"] if greedy else []))
     out = [f"## {'greedy (temperature 0)' if greedy else f'temperature {t:g}'}", "", table(head, cells), ""]
     if "ar (eager)" in summary and summary["ar (eager)"]["all"]["speedup"]:
         ratio = 1 / summary["ar (eager)"]["all"]["speedup"]
@@ -426,6 +431,48 @@ def split_section(m):
             "by CUDA events, so a forward that waits for the host to launch its kernels counts that wait.", ""]
 
 
+def chosen(runs, key, most=6):
+    """What a draft-length rule chose, from the stats' `key` ("draft_lengths" or "tree_sizes": one entry per step,
+    or a dict value -> steps) over every run: 'value xsteps' by value, e.g. [2, 0, 2, 4] -> '0 x1, 2 x2, 4 x1';
+    past `most` values, the most frequent and '+n more'. None when no run has the key."""
+    counts = Counter()
+    for stats in runs:
+        got = stats.get(key)
+        if isinstance(got, dict):
+            counts.update({tuple(v) if isinstance(v, list) else v: n for v, n in got.items()})
+        elif got is not None:
+            counts.update(tuple(v) if isinstance(v, list) else v for v in got)
+    if not counts:
+        return None
+    shown = sorted(counts.most_common(most))  # by value
+    more = f", +{len(counts) - most} more" if len(counts) > most else ""
+    return ", ".join(f"{v} x{n}" for v, n in shown) + more
+
+
+def drafting_section(m):
+    """Where the drafting went, per method and temperature: the guesses each target forward checked
+    (stats["drafted_per_step"], its first entry the prefill, left out), how many steps drafted nothing (a plain
+    step), and what a draft-length rule chose where the stats say (draft_lengths, tree_sizes)."""
+    rows = []
+    for t in m.temperatures:
+        for name in (n for n in m.rows[t] if n != "ar" and complete(m.results[t], n, m.prompts)):
+            runs = [r["stats"] for r in m.results[t][name].values()]
+            steps = [d for stats in runs for d in stats.get("drafted_per_step", [])[1:]]
+            picks = [f"{what}: {c}" for what, key in (("k", "draft_lengths"), ("tree size", "tree_sizes"))
+                     if (c := chosen(runs, key))]
+            rows.append([f"{t:g}", name, f"{sum(steps) / len(steps):.2f}" if steps else "-",
+                         f"{sum(d == 0 for d in steps) / len(steps):.0%}" if steps else "-",
+                         "; ".join(picks) or "-"])
+    head = ["temperature", "method", "guesses/step", "plain steps", "chosen (value x steps)"]
+    picked = any(row[-1] != "-" for row in rows)  # no method reports a choice: no column for it
+    return ["## Where the drafting went", "", table(head[:5 if picked else 4], [r[:5 if picked else 4] for r in rows]),
+            "", "guesses/step: the guesses each target forward checked, on average over every prompt's steps (the "
+            "prefill left out); plain steps: the share of steps that checked none, a plain `ar` step (no match "
+            "found, no room left, or a draft-length rule that found no draft worth its cost)."
+            + (" chosen: what a draft-length rule picked, where the method reports it (k: the draft length, tree "
+               "size: the nodes of the tree), with the number of steps that picked each." if picked else ""), ""]
+
+
 def leviathan_section(m, summaries):
     """Leviathan's predicted speedup for `speculative` from its measured acceptance rate, next to the measured
     one. m.step[(is_draft, temperature)]: seconds of one forward (temperature None) or decoding step."""
@@ -474,11 +521,18 @@ def build(m):
             "target forward, counted on one extra, untimed run of the first prompt. On a GPU each read waits for "
             "every kernel queued before it, so the host cannot queue the next forward (or graph replay) while it "
             "decides: `ar` reads 1 (its token), a chain method at most 2 (its guesses, then the verdict), a tree "
-            "method a few more, per level of the tree it grows (tests/test_host_reads.py bounds each).", ""]
+            "method a few more, per level of the tree it grows (tests/test_host_reads.py bounds each).", "",
+            "host ops/forward: the tensor operations (aten ops) the host runs outside the model calls per target "
+            "forward (warping, drawing, the verify rules, building trees), counted on the same run; in brackets "
+            "those that put work on a device, leaving out views and other ops that only make a tensor's metadata. "
+            "On a GPU each of those is a kernel launch, some microseconds of the host's time; counted, not timed, "
+            "the figure is the same on any machine (tests/test_host_ops.py holds a sampled step to twice the "
+            "greedy count + 60).", ""]
     out += repetition_section(m)
     out += cost_section(m) if m.cost else ["## Cost of one target forward over n new tokens", "",
                                           "Not measured: the bench stopped before timing the forward costs.", ""]
     out += split_section(m)
+    out += drafting_section(m)
     if m.cost and all(summaries[t].get("speculative", {}).get("all", {}).get("speedup") for t in m.temperatures):
         out += leviathan_section(m, summaries)
     chart = []

@@ -4,8 +4,10 @@ quick run on a toy model (trained here, in seconds) gives a row per registered m
 to ar's. No timing is asserted: the machine is shared (the wrapper's laws run on a fake clock)."""
 import json
 import random
+import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -113,6 +115,28 @@ def test_helpers_on_literal_examples():
     assert report.leviathan(1.0, 4, 0.0) == pytest.approx(5.0)  # free draft, always right: k + 1
     assert report.leviathan(0.5, 1, 0.0) == pytest.approx(1.5)  # (1 - 0.25) / 0.5
     assert report.table(["a", "b"], [["x", 1]]) == "| a | b |\n|---|--:|\n| x | 1 |"
+    # what a draft-length rule chose: one entry per step, or value -> steps, summed over the runs, by value
+    assert report.chosen([{"draft_lengths": [2, 0, 2, 4]}, {"draft_lengths": {0: 3}}], "draft_lengths") == \
+        "0 x4, 2 x2, 4 x1"
+    assert report.chosen([{"drafted_per_step": [0, 3]}], "tree_sizes") is None  # not reported: no summary
+
+
+def test_drafting_section_on_a_literal_example():
+    """Guesses per step and plain steps leave out the prefill (the first entry); 'chosen' shows only when a
+    method reports what a draft-length rule picked."""
+    def run(drafted, **chose):
+        return {"seconds": 1.0, "stats": {"drafted_per_step": drafted, **chose}}
+    prompts = [{"id": "p1"}, {"id": "p2"}]
+    m = SimpleNamespace(temperatures=[1.0], prompts=prompts, rows={1.0: {"ar": None, "speculative": None}},
+                        results={1.0: {"ar": {"p1": run([0, 0]), "p2": run([0, 0])},
+                                       "speculative": {"p1": run([0, 4, 0], draft_lengths=[4, 0]),
+                                                       "p2": run([0, 4, 0, 4], draft_lengths=[4, 0, 4])}}})
+    lines = report.drafting_section(m)
+    assert lines[2].splitlines()[2] == "|           1 | speculative |         2.40 |         40% | k: 0 x2, 4 x3          |"
+    assert len(lines[2].splitlines()) == 3  # ar drafts nothing: no row
+    for r in m.results[1.0]["speculative"].values():
+        del r["stats"]["draft_lengths"]
+    assert "chosen" not in report.drafting_section(m)[2]
 
 
 def timing(drafting, passes, target=0.1, forwards=4, wall=1.0):
@@ -281,6 +305,18 @@ def test_quick_bench_on_a_toy_model(toy_run, tmp_path, capsys):
     ar_row = next([c.strip() for c in line.strip("|").split("|")] for line in table.splitlines() if "| ar " in line)
     assert ar_row[head.index("host reads/forward")] == "1.00"
     assert "each read waits for every kernel queued before it" in report
+    # host ops per target forward, from the same run: all (kernel launches), a launch is an op
+    for t in (0.0, 1.0):
+        assert set(got["ops"][t]) == set(got["summaries"][t])
+        assert all(0 < launches <= ops for ops, launches in got["ops"][t].values())
+    assert re.fullmatch(r"\d+ \(\d+\)", ar_row[head.index("host ops/forward")]) and "kernel launch" in report
+    # where the drafting went: a row per method but ar and temperature, guesses per step and plain steps
+    drafting = report.split("## Where the drafting went")[1].split("\n## ")[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in drafting.splitlines()[4:]
+            if line.startswith("|")]
+    assert sorted((r[0], r[1]) for r in rows) == sorted((f"{t:g}", n) for t in (0.0, 1.0)
+                                                        for n in got["summaries"][t] if n != "ar")
+    assert all(float(r[2]) >= 0 and r[3].endswith("%") for r in rows)
     # where a step's time goes: a row per method and temperature; the drafting and target-forward calls run
     # inside the generation's wall clock, one after the other, so on a CPU their sum never exceeds it
     split = report.split("## Where a step's time goes")[1].split("\n## ")[0]
