@@ -421,14 +421,12 @@ def verify_tree_without_replacement(p_target, q_draft, tokens, parents, generato
         return torch.full((*lead, 0), -1, device=device), sample(p_target[..., 0, :], generator)
     x = torch.as_tensor(tokens, device=device).expand(*lead, N)[..., tree.child_or_root]  # (..., K, W) children's
     q = without_replacement_proposals(q_draft[..., tree.at, :], x) * tree.real  # (..., K, W, V); absent child: 0
-    P = p_target[..., tree.at, :]  # (..., K, V) each node's target law, after the rejections so far
-    accept = []
-    for q_j, x_j in zip(q.unbind(-2), x.unbind(-1)):  # rank j of every node at once; an absent child's q is 0
-        accept.append(accept_prob(P, q_j, x_j))  # (..., K) child j's chance, given children 1..j-1 rejected
-        P = residual(P, q_j)  # (..., K, V) what is left once child j is rejected (residual(P, 0) = P)
-    accept = torch.stack(accept, -1)  # (..., K, W)
+    P = [p_target[..., tree.at, :]]  # (..., K, V) each: every node's target law before its child j is tried
+    for q_j in q.unbind(-2):  # rank j of every node at once: what is left once child j is rejected
+        P.append(residual(P[-1], q_j))  # (an absent child's q is 0, and residual(P, 0) = P)
+    accept = accept_prob(torch.stack(P[:-1], -2), q, x)  # (..., K, W) child j's chance, children 1..j-1 rejected
     u = torch.rand(accept.shape, generator=generator, dtype=accept.dtype, device=device)  # (..., K, W)
-    emit = sample(p_target.index_copy(-2, tree.at, P), generator)  # (..., N) each node's token if the walk stops
+    emit = sample(p_target.index_copy(-2, tree.at, P[-1]), generator)  # (..., N) a node's token, if the walk stops
     # Each node's next node: its first accepted child (children come in index order), or itself when none is.
     first = torch.where(u < accept, tree.child, N).amin(-1)  # (..., K), N: none (an absent child is N)
     nxt = tree.nodes.expand(*lead, N).index_copy(-1, tree.at, torch.where(first < N, first, tree.at))  # (..., N)
