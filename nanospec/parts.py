@@ -42,6 +42,8 @@ class Models:
     early_exit: torch.nn.Module = None  # adapters that make the target's first layers a draft, for `early-exit`
     eot: int = None  # end-of-text id: generation stops there (None: never stops early)
     tuned_heads: bool = False  # True when heads.pt (the heads-only phase) replaced the jointly trained MTP heads
+    step_costs: dict = None  # the seconds of a step with k guesses, per method: what --adaptive cost prices with
+    #                          (nanospec/calibration.py measures them on this machine; None: not measured)
 
 
 def load_eagle(path, tokenizer_identity=None, device="cpu", target_id=None):

@@ -58,6 +58,7 @@ class Ledger:
         self.calls = {"drafting": 0, "target": 0}  # drafter passes, target forwards
         self.events = []  # CUDA: (kind, begin, end) of each call, read by totals()
         self.depth = 0  # timed calls in progress: only the outermost one is timed
+        self.starts = []  # the host clock when each target forward began (nanospec/calibration.py times steps)
 
     @contextmanager
     def timing(self, kind, counts=True):
@@ -67,6 +68,8 @@ class Ledger:
             return
         self.depth += 1
         self.calls[kind] += counts
+        if kind == "target" and counts:
+            self.starts.append(self.clock())
         if self.cuda:  # the call only queues kernels: time them on the GPU
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()

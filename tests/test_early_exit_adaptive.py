@@ -195,7 +195,8 @@ def chain_models(seed):
                   early_exit=random_adapter(target, seed), parallelspec=tiny_drafter(target, seed))
 
 
-CHAIN_METHODS = [name for name, module in MODULES.items() if "adaptive" in module.OPTIONS]
+CHAIN_METHODS = [name for name, module in MODULES.items()  # the methods that take the length rules
+                 if "history" in (module.OPTIONS.get("adaptive") or (0, 0, 0, 0, 0, ()))[5]]
 RULES = [pytest.param("off", {}, id="off"), pytest.param("history", {}, id="history"),  # vocab 11: p ~ 0.1
          pytest.param("confidence", {"confidence": 0.12}, id="confidence-0.12"),  # cuts some chains
          pytest.param("confidence", {"confidence": 0.3}, id="confidence-0.3")]  # cuts nearly all after 1 guess

@@ -1,10 +1,9 @@
 """
-Adaptive draft length: how many guesses to make per target forward, decided online instead of a fixed k.
-One option set, shared by every method that drafts a chain (`speculative`, `early-exit`, `mtp`,
-`prompt-lookup`, `parallelspec`).
+Adaptive draft length: how many guesses to make per target forward, decided online instead of a fixed k. One
+option set, shared by every method that drafts (the tree methods count a tree's guesses: its first k nodes).
 
 A fixed k is a bet on the acceptance rate: too short wastes target forwards when the guesses are good, too
-long wastes draft work and verify width when they are not, and the right k changes along the text. Two rules:
+long wastes draft work and verify width when they are not, and the right k changes along the text. The rules:
 
   history     grow after a step whose guesses were ALL accepted (k += 2), shrink after any rejection
               (k = max(1, k - 1)); k starts at draft_len. The "heuristic" schedule of HF transformers'
@@ -16,54 +15,103 @@ long wastes draft work and verify width when they are not, and the right k chang
               its guesses 0.9, 0.8, 0.3, 0.7 -> 3 guesses (the 0.3 one is the last).
               The probability is the drafter's plain softmax (temperature 1, no top-k/top-p): the warped q is
               one-hot when greedy and would never stop anything.
+  cost        price every step (Leviathan et al. 2022, arXiv 2211.17192, section 3.4; SpecDec++ and SmartSpec
+              choose per step): draft the k in 0..draft_len that maximises expected tokens per second,
+              E(k) / T(k), and k = 0, a plain step, when no draft pays. T(k) is the seconds a step with k guesses
+              takes on this machine (nanospec/calibration.py measures it once per checkpoint, device, dtype and
+              thread count; decode.py and the bench attach it to the models as `step_costs`). E(k) = 1 +
+              pi_1 + .. + pi_k, pi_i the chance that guess i (a chain's i-th, a tree's i-th node) is accepted,
+              estimated from the steps verified so far (decayed, so the estimate follows the text, and drawn
+              back towards a prior when nothing is drafted, so a plain stretch tries a draft again).
+              T = {0: 1.0, 1: 1.2, 2: 1.3, 3: 1.45} ms, pi = 0.8, 0.6, 0.3 -> E/T = 1.0, 1.5, 1.85, 1.86 per
+              ms: k = 3; with pi = 0.2, 0.05, 0.01 -> 1.0, 1.0, 0.96, 0.86: k = 0.
+              Without step_costs (a library call on models nobody calibrated) it drafts draft_len, as "off".
+  sweep       what the calibration runs: every k of 0..draft_len in turn, SWEEP_STEPS steps each.
 
 Why this stays lossless: how many guesses a step makes depends only on the draft side (its guesses, its
-probabilities, its own randomness) and on steps already verified, never on the target's distribution at the
-positions this step will verify. Given that number j, the step is an ordinary k = j step: every guess goes
-through the same rule and the last token comes from the target's law (residual or bonus). Under greedy the
-output is `ar`'s whatever k is, so only speed changes.
+probabilities, its own randomness), on steps already verified and on the calibration, never on the target's
+distribution at the positions this step will verify. Given that number j, the step is an ordinary k = j step:
+every guess goes through the same rule and the last token comes from the target's law (residual or bonus).
+Under greedy the output is `ar`'s whatever k is, so only speed changes; the same seed and calibration give the
+same tokens.
 
-`prompt-lookup` guesses without probabilities, so only `history` applies to it; `mtp` and `parallelspec` guess
-all positions at once, so `confidence` cuts their chain at the first unconfident guess (`cut`).
+`prompt-lookup` guesses without probabilities, so `confidence` does not apply to it; `mtp` and `parallelspec`
+guess all positions at once, so `confidence` cuts their chain at the first unconfident guess (`cut`).
 """
+import json
+
 import torch
 
 from nanospec.decoding.options import Option
 
-RULES = ("off", "history", "confidence")
+RULES = ("off", "history", "confidence", "cost", "sweep")
 CONFIDENCE = 0.5  # the threshold of --adaptive confidence unless --confidence says otherwise
+SWEEP_STEPS = 3  # --adaptive sweep: consecutive steps per k (the calibration times the ones between two alike)
+PRIOR = 0.5  # the cost rule's guess of pi_1 before any step is verified (later guesses: PRIOR_DECAY times less)
+PRIOR_DECAY = 0.7
+PRIOR_WEIGHT = 2.0  # the prior counts as this many verified steps
+FORGET = 0.9  # the cost rule's memory: each step multiplies what it counted before by this
 ADAPTIVE_OPTIONS = {
     "adaptive": Option(str, "off", "draft length rule: off (always draft_len), history (k += 2 after a fully "
                                    "accepted step, k - 1 after a rejection), confidence (stop after a guess the "
-                                   "drafter gives probability < --confidence; draft_len is then the most)",
+                                   "drafter gives probability < --confidence; draft_len is then the most), cost "
+                                   "(the k in 0..draft_len with the most expected tokens per second on this "
+                                   "machine, 0 = a plain step), sweep (every k in turn: the calibration)",
                        choices=RULES),
     "confidence": Option(float, None, "threshold of --adaptive confidence on the drafter's probability for its "
                                       f"guess (default {CONFIDENCE})", low=0.0, high=1.0),
 }
+PRICED_OPTIONS = {  # the rules that fit any guesses (jacobi's block, a tree's nodes): how many of them to check
+    "adaptive": Option(str, "off", "guesses per step: off (all of them), cost (the first k, k in 0..all with the "
+                                   "most expected tokens per second on this machine, 0 = a plain step), sweep "
+                                   "(every k in turn: the calibration)", choices=("off", "cost", "sweep"))}
 
 
-def draft_length(opts, draft_len, most=None):
+def costs_key(method, greedy, opts):
+    """The calibration's name for one method's steps: the method, greedy or sampled, and every option that
+    changes a step's cost but not its number of guesses. Example: ("speculative", False, {"verify": "token"})."""
+    fixed = {k: v for k, v in sorted(vars(opts).items()) if k not in ("adaptive", "confidence", "draft_len",
+                                                                       "total_tokens", "show_tree")}
+    return f"{method}|{'greedy' if greedy else 'sampled'}|{json.dumps(fixed)}"
+
+
+def step_costs(models, module_name, sampling, opts):
+    """The seconds of a step with k guesses, {k: seconds}, that the calibration attached to `models` for this
+    method (its module's __name__), sampling and options; None when there are none."""
+    return (getattr(models, "step_costs", None) or {}).get(costs_key(module_name.rsplit(".", 1)[-1],
+                                                                     sampling.greedy, opts))
+
+
+def draft_length(opts, draft_len, most=None, costs=None, menu=None):
     """The DraftLength of a run from its options (opts.adaptive, opts.confidence): --confidence is only for
-    --adaptive confidence (a one-line ValueError otherwise)."""
+    --adaptive confidence (a one-line ValueError otherwise). costs: the cost rule's {k: seconds} (step_costs);
+    menu: the k the cost rule and the sweep may choose (default 0..draft_len)."""
     confidence = getattr(opts, "confidence", None)
     if confidence is not None and opts.adaptive != "confidence":
         raise ValueError("--confidence is the threshold of --adaptive confidence: add --adaptive confidence or drop it")
-    return DraftLength(opts.adaptive, draft_len, CONFIDENCE if confidence is None else confidence, most)
+    return DraftLength(opts.adaptive, draft_len, CONFIDENCE if confidence is None else confidence, most, costs, menu)
 
 
 class DraftLength:
     """The draft length of one generation: `k` guesses next step, `stop` after each guess, `update` after each
     verification. With rule "off" it is just draft_len, so a method's fixed-k path is the same code."""
 
-    def __init__(self, rule, draft_len, threshold=CONFIDENCE, most=None):
+    def __init__(self, rule, draft_len, threshold=CONFIDENCE, most=None, costs=None, menu=None):
         if rule not in RULES:
             raise ValueError(f"adaptive must be one of {', '.join(RULES)}, got {rule!r}")
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"confidence must be a probability in [0, 1], got {threshold}")
-        self.rule = rule
+        self.rule = rule if rule != "cost" or costs else "off"  # no calibration: draft_len every step
         self.k = draft_len  # guesses next step
         self.threshold = threshold
         self.most = most  # a cap on k, or None
+        self.steps = 0  # verified steps
+        self.menu = list(menu or range(draft_len + 1))  # the cost rule's and the sweep's choices
+        if self.rule == "cost":
+            self.price = Price(costs, draft_len, self.menu)
+            self.k = self.price.best()
+        if self.rule == "sweep":
+            self.k = self.menu[0]
 
     def stop(self, logits, guess):
         """After guessing `guess` from the drafter's logits (V,): make no more guesses this step?"""
@@ -82,8 +130,75 @@ class DraftLength:
         return guesses
 
     def update(self, drafted, accepted):
-        """After a verification of `drafted` guesses, `accepted` of them kept: set next step's k."""
+        """After a verification of `drafted` guesses: set next step's k. accepted: how many a chain kept (its
+        guesses 1..accepted), or a tree's accepted path (its guesses, numbered 1..drafted in the tree's order)."""
+        self.steps += 1
+        n = accepted if isinstance(accepted, int) else len(accepted)
         if self.rule == "history" and drafted > 0:  # a step with no guesses says nothing about them
-            self.k = self.k + 2 if accepted == drafted else max(1, self.k - 1)
+            self.k = self.k + 2 if n == drafted else max(1, self.k - 1)
             if self.most is not None:
                 self.k = min(self.k, self.most)
+        elif self.rule == "cost":
+            self.price.observe(drafted, range(1, n + 1) if isinstance(accepted, int) else accepted)
+            self.k = self.price.best()
+        elif self.rule == "sweep":
+            self.k = self.menu[self.steps // SWEEP_STEPS % len(self.menu)]
+
+
+class Price:
+    """The cost rule's books: seconds[k] for a step with k guesses (from the calibration, k = 0..most), and for
+    every guess i = 1..most, how often it was offered and accepted (decayed counts). best() -> the k of the most
+    expected tokens per second."""
+
+    def __init__(self, costs, most, menu):
+        self.seconds = interpolate({int(k): s for k, s in costs.items()}, most)  # (most+1,) list
+        self.menu = menu
+        self.offered = [0.0] * (most + 1)  # index i: guess i (index 0 unused)
+        self.won = [0.0] * (most + 1)
+
+    def chances(self):
+        """pi_i, the estimated chance guess i is accepted, i = 1..most: its counts with PRIOR_WEIGHT steps of a
+        prior that falls along the guesses (PRIOR, then PRIOR_DECAY times the estimate of the guess before)."""
+        pi, before = [], PRIOR / PRIOR_DECAY
+        for i in range(1, len(self.won)):
+            prior = before * PRIOR_DECAY
+            before = (self.won[i] + PRIOR_WEIGHT * prior) / (self.offered[i] + PRIOR_WEIGHT)
+            pi.append(before)
+        return pi
+
+    def best(self):
+        expected, best, rate = [1.0], None, 0.0
+        for pi in self.chances():
+            expected.append(expected[-1] + pi)  # E(k) = 1 + pi_1 + ... + pi_k
+        for k in self.menu:
+            if best is None or expected[k] / self.seconds[k] > rate:
+                best, rate = k, expected[k] / self.seconds[k]
+        return best
+
+    def observe(self, drafted, accepted):
+        """One verified step: guesses 1..drafted were offered, those in `accepted` were kept."""
+        self.offered = [c * FORGET for c in self.offered]
+        self.won = [c * FORGET for c in self.won]
+        for i in range(1, min(drafted, len(self.offered) - 1) + 1):
+            self.offered[i] += 1
+        for i in accepted:
+            if i < len(self.won):
+                self.won[i] += 1
+
+
+def interpolate(seconds, most):
+    """{k: seconds} measured at some k -> a list for k = 0..most, straight lines between the measured ones and
+    beyond the last two. {0: 1.0, 2: 1.4} -> most 3: [1.0, 1.2, 1.4, 1.6]."""
+    known = sorted(seconds)
+    if not known:
+        raise ValueError("the cost rule needs the seconds of at least one step size")
+    out = []
+    for k in range(most + 1):
+        lo = max([m for m in known if m <= k], default=known[0])
+        hi = min([m for m in known if m >= k], default=known[-1])
+        if lo == hi:  # measured, or outside: the nearest two measured give the slope
+            pair = known[-2:] if k > known[-1] else known[:2]
+            lo, hi = (pair[0], pair[-1]) if len(pair) == 2 else (lo, lo)
+        slope = (seconds[hi] - seconds[lo]) / (hi - lo) if hi != lo else 0.0
+        out.append(max(seconds[lo] + slope * (k - lo), 1e-9))
+    return out

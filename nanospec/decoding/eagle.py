@@ -16,11 +16,11 @@ through the target's own unembedding. Each step:
     best 3: x -0.51, ")"|x -0.62, self -1.20 -> tokens ["(", x, self, ")"], parents [-1, 0, 0, 1]
     target argmax after "(" = x, after x = ")", after ")" = ":"  ->  emit [x, ")", ":"] from one forward.
 Sampling (--draft-sampling sample, the default), the head DRAWS its guesses from its warped q, verified against q
-(verify_tree_without_replacement, or from the leaves up with --verify traversal); a rerank would bias that, so
-grow_sampled_tree fixes the tree's shape first.
+(verify_tree_without_replacement, or leaves up: --verify traversal); grow_sampled_tree fixes the tree's shape first.
 """
 import torch
 
+from nanospec.decoding.adaptive import PRICED_OPTIONS, draft_length, step_costs
 from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options, verify_option
 from nanospec.decoding.run import first_token, new_run, tensor
 from nanospec.decoding.tree_guesses import draw_tree
@@ -34,8 +34,8 @@ USES = ()  # parts used when present
 OPTIONS = {  # the defaults, and ACCEPT_GUESS below: docs/measurements.md (eagle) says where they were measured
     "depth": Option(int, 2, "deepest guess below the root; the head runs this many passes per step", low=1, high=16),
     "width": Option(int, 4, "nodes expanded per level, children per node (EAGLE-2's top_k)", low=1, high=32),
-    "total_tokens": Option(int, 8, "tree size verified per target forward, root included", low=2, high=256),
-    **DRAFT_SAMPLING_OPTION,
+    "total_tokens": Option(int, 8, "tree size per target forward, root included (adaptive: the most)", low=2, high=256),
+    **DRAFT_SAMPLING_OPTION, **PRICED_OPTIONS,  # cost: a tree of k guesses, k + 1 tokens
     **verify_option("token", "traversal"),  # traversal: a drawn tree from its leaves up
 }
 ACCEPT_GUESS = 0.75  # shapes the drawn tree: the chance a draw is accepted, about sum(min(p, q)) of a trained head
@@ -125,8 +125,9 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     if eagle.config.n_embd != target.config.n_embd or eagle.config.vocab_size != target.config.vocab_size:
         raise ValueError("the eagle head was trained for another target: run `python train_tiny.py --stage eagle`")
     width = min(opts.width, target.config.vocab_size)  # a node has at most V distinct children
-    size = opts.total_tokens
+    size = opts.total_tokens  # the most; --adaptive cost chooses k + 1 tokens each step
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+    draft_policy = draft_length(opts, size - 1, costs=step_costs(models, __name__, run.sampling, opts))
     cache = target.new_cache(max_len=target.config.block_size + size)  # room for a whole tree at the context end
     dcache = eagle.new_cache(max_len=target.config.block_size + max(opts.depth * width, size))  # and for a grown one
 
@@ -135,14 +136,15 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     head_out = refresh(eagle, target, dcache, run.prompt[1:] + [last], out.hidden[0])
     done = run.emit([last])
     while not done:
-        d = run.draft_room(opts.depth)  # near the end of the budget or context, a shallower tree
+        k = draft_policy.k  # guesses, k + 1 tokens, as deep as the budget, context and k allow: d
+        d = run.draft_room(min(opts.depth, k))
         if run.sampling.guesses_drawn(opts.draft_sampling):  # q_draft (N, V): the laws the drawn children came from
-            tokens, parents, q_draft = grow_sampled_tree(eagle, target, dcache, last, head_out, d, width, size,
+            tokens, parents, q_draft = grow_sampled_tree(eagle, target, dcache, last, head_out, d, width, k + 1,
                                                          run.sampling, run.generator)
         else:  # EAGLE-2's top-k tree: its guesses are point masses
-            tokens, parents = grow_tree(eagle, target, dcache, last, head_out, d, width, size)
-            q_draft = None
+            (tokens, parents), q_draft = grow_tree(eagle, target, dcache, last, head_out, d, width, k + 1), None
         emitted, path, out = tree_step(run, target, cache, tokens, parents, q_draft, opts.verify)
+        draft_policy.update(len(tokens) - 1, path)
         done = run.emit(emitted, drafted=len(tokens) - 1)
         last = emitted[-1]
         if not done:  # the accepted nodes again, now with the target's features at the node before each

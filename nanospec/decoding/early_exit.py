@@ -22,7 +22,7 @@ Zhang et al. 2023, Draft & Verify, arXiv 2309.08168.
 """
 import torch
 
-from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
+from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
 from nanospec.decoding.draft_chain import draft_chain
 from nanospec.decoding.options import CHAIN_RULES, Option, Sampling, read_options, verify_option
 from nanospec.decoding.run import first_token, new_run, tensor
@@ -33,7 +33,8 @@ NEEDS = ()
 USES = ("early_exit",)  # the trained exit adapters when present, else the plain exit
 OPTIONS = {
     "exit_layer": Option(int, None, "blocks the draft runs before exiting, 1..n_layer-1 (None = default_exit_layer)"),
-    "draft_len": Option(int, 4, "tokens the draft guesses per target forward (k)", low=1, high=64),
+    "draft_len": Option(int, 4, "tokens the draft guesses per target forward (k; the most, adaptive)", low=1,
+                        high=64),
     **ADAPTIVE_OPTIONS, **verify_option(*CHAIN_RULES),
 }
 
@@ -53,8 +54,8 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     E = default_exit_layer(L) if opts.exit_layer is None else opts.exit_layer
     if not 1 <= E < L:
         raise ValueError(f"exit_layer must be in 1..{L - 1} (the target has {L} layers), got {opts.exit_layer}")
-    draft_policy = draft_length(opts, opts.draft_len)
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+    draft_policy = draft_length(opts, opts.draft_len, costs=step_costs(models, __name__, run.sampling, opts))
     cache = target.new_cache()
     stop = draft_policy.stop if draft_policy.rule == "confidence" else None  # confidence: stop after an unsure guess
 

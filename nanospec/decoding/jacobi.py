@@ -31,13 +31,15 @@ n-gram guesses instead, which is what makes them pay more often.
 """
 import torch
 
+from nanospec.decoding.adaptive import PRICED_OPTIONS, draft_length, step_costs
 from nanospec.decoding.options import Option, Sampling, read_options
 from nanospec.decoding.run import first_token, new_run
 from nanospec.decoding.verify_step import chain_step
 
 NEEDS = ()  # model parts beyond the target
 USES = ()  # parts used when present
-OPTIONS = {"block": Option(int, 8, "future tokens guessed and refined in parallel per target forward", low=1, high=64)}
+OPTIONS = {"block": Option(int, 8, "future tokens guessed and refined in parallel per target forward (the most, "
+                                   "adaptive)", low=1, high=64), **PRICED_OPTIONS}
 
 
 def pad(iterate, last, k):
@@ -50,6 +52,7 @@ def pad(iterate, last, k):
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
     opts = read_options(OPTIONS, options)
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+    draft_policy = draft_length(opts, opts.block, costs=step_costs(models, __name__, run.sampling, opts))
     target = models.target
     cache = target.new_cache()
 
@@ -58,13 +61,14 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     iterate = []  # no guesses yet: the first block pads
     while not done:
         last = run.seq[-1]
-        k = run.draft_room(opts.block)  # a shorter block near the context end or the token budget
+        k = run.draft_room(draft_policy.k)  # a shorter block near the context end or the token budget
         iterate = pad(iterate, last, k)  # (k,)
         # One target forward over [last, y1..yk] checks the iterate; the cache keeps last + accepted guesses.
         [emitted], [n], out = chain_step(run, target, cache, [last], [iterate])  # one row
         # Row j of the logits predicts the token after y_j. Rows past the commit point (n + 1 tokens) are the
         # refined guesses for the tokens after the emitted ones.
         iterate = out.logits[0, n + 1:].argmax(-1).tolist()  # k - n tokens: the next iterate
+        draft_policy.update(k, n)
         done = run.emit(emitted, drafted=k)
 
     return run.out, run.stats(block=opts.block)

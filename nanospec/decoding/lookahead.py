@@ -33,6 +33,7 @@ import random
 
 import torch
 
+from nanospec.decoding.adaptive import PRICED_OPTIONS, draft_length, step_costs
 from nanospec.decoding.options import Option, Sampling, read_options
 from nanospec.decoding.run import first_token, new_run
 from nanospec.decoding.verify_step import tree_step
@@ -42,7 +43,8 @@ USES = ()  # parts used when present
 OPTIONS = {
     "window": Option(int, 3, "W: Jacobi window columns, each yielding one new n-gram per forward", low=1, high=64),
     "ngram": Option(int, 4, "N: n-gram size; the window has N-1 levels and a guess covers N-1 tokens", low=3, high=16),
-    "guesses": Option(int, 3, "G: n-grams kept per key in the pool and verified per forward (0: none)", low=0, high=64)}
+    "guesses": Option(int, 3, "G: n-grams kept per key in the pool and verified per forward (0: none)", low=0, high=64),
+    **PRICED_OPTIONS}  # cost: the whole tree or a plain step, whichever pays
 
 
 def tree_size(W, N, G):
@@ -117,9 +119,11 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     target = models.target
     size = tree_size(W, N, G)
     if size > target.config.block_size:
-        raise ValueError(f"lookahead's forward of {size} tokens ((W + G)(N - 1) with --window {W} --ngram {N} "
-                         f"--guesses {G}) exceeds the model's context of {target.config.block_size}: lower them")
+        raise ValueError(f"lookahead's forward of {size} tokens ((W + G)(N - 1), --window {W} --ngram {N} --guesses "
+                         f"{G}) exceeds the model's context of {target.config.block_size}: lower them")
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+    costs = step_costs(models, __name__, run.sampling, opts)
+    draft_policy = draft_length(opts, size - 1, costs=costs, menu=(0, size - 1))  # cost: all or nothing
     cache = target.new_cache(max_len=target.config.block_size + size)  # room for a whole forward at the context end
     pool = {}  # key token -> list of (N-1)-tuples that followed it, newest last
     learn(pool, run.prompt, len(run.prompt), N, G)
@@ -131,9 +135,9 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     done = run.emit([last])
     while not done:
         root = run.seq[-1]
-        depth = run.draft_room(N - 1)  # shorter guesses near the context end or budget
+        depth = run.draft_room(min(N - 1, draft_policy.k))  # shorter near the context end or budget; 0: a plain step
         grams = [g[:depth] for g in reversed(pool.get(root, []))]  # newest first: tried first
-        use_window = W + N - 3 <= run.room()  # its deepest node's position must exist: none near the context end
+        use_window = depth > 0 and W + N - 3 <= run.room()  # its deepest node's position must exist (context end)
         tokens, parents, where, chain = build_tree(root, grams, levels if use_window else [])
         emitted, path, out = tree_step(run, target, cache, tokens, parents)  # the cache keeps root + path
         if use_window:  # one Jacobi step of the window, and its fresh n-grams into the pool
@@ -143,6 +147,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
                     remember(pool, tokens[chain[i]], tuple(lv[i] for lv in levels[1:]) + (new[i],), G)
             levels = [levels[1][1:]] + levels[2:] + [new]
             step += 1
+        draft_policy.update(len(tokens) - 1, path)
         done = run.emit(emitted, drafted=len(tokens) - 1)
         if path and path[0] >= len(tokens) - sum(map(len, where)):  # the accepted path runs through the window
             accepted_window += run.guesses_per_step[-1]  # its guesses the run kept

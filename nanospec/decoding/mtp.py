@@ -33,7 +33,7 @@ Faster Large Language Models via Multi-token Prediction, arXiv 2404.19737.
 """
 import torch
 
-from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
+from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
 from nanospec.decoding.options import (CHAIN_RULES, DRAFT_SAMPLING_OPTION, Option, Sampling, read_options,
                                        verify_option)
 from nanospec.decoding.run import first_token, new_run
@@ -68,14 +68,15 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     k = n_future if opts.draft_len is None else opts.draft_len
     if not 1 <= k <= n_future:
         raise ValueError(f"draft_len must be in 1..{n_future} (the model's MTP heads), got {opts.draft_len}")
-    draft_policy = draft_length(opts, k, most=n_future)  # k per step: fixed or adaptive
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+    costs = step_costs(models, __name__, run.sampling, opts)
+    draft_policy = draft_length(opts, k, most=n_future, costs=costs)  # k per step: fixed or adaptive
     drawn = run.sampling.guesses_drawn(opts.draft_sampling)  # else each head's top-1
     cache = model.new_cache()
 
     # prefill: the main head gives the first token, the heads at the last prompt position the first guesses
     last, out = first_token(run, model, cache)
-    head_logits = model.head_logits(out.hidden[:, -1:], draft_policy.k)[0, :, 0]  # (k, V)
+    head_logits = model.head_logits(out.hidden[:, -1:])[0, :draft_policy.k, 0]  # (k, V)
     drafts, q_draft = head_guesses(head_logits, draft_policy, run.sampling, drawn, run.generator)
     done = run.emit([last])
     drafted = [0] * n_future  # per head: guesses verified

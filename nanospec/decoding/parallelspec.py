@@ -26,7 +26,7 @@ Paper: Xiao et al. 2024, ParallelSpec: Parallel Drafter for Efficient Speculativ
 """
 import torch
 
-from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
+from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
 from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options, verify_option
 from nanospec.decoding.run import first_token, new_run, tensor
 from nanospec.decoding.tree_guesses import fill_tree, parse_tree
@@ -43,8 +43,8 @@ OPTIONS = {
                                    "(None = all)"),
     "tree": Option(str, None, "parallelspec's guesses: small (8: top-3 for the next token, then mostly a chain), "
                               "chain (each mask's top-1), a medusa preset (default, wide) or paths like '0;1;0,0' "
-                              "(None = small, or chain with --adaptive)"),
-    **ADAPTIVE_OPTIONS,  # chain only; confidence: a mask's probability of its guess
+                              "(None = small, or chain with --adaptive history or confidence)"),
+    **ADAPTIVE_OPTIONS,  # history, confidence (a mask's probability of its guess): a chain; cost: a tree's first k
     **DRAFT_SAMPLING_OPTION,
     **verify_option("token", "block", "traversal"),  # block: with --tree chain; traversal: a drawn tree
 }
@@ -97,15 +97,18 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     k = n_masks if opts.draft_len is None else opts.draft_len
     if not 1 <= k <= n_masks:
         raise ValueError(f"draft_len must be in 1..{n_masks} (the drafter's mask tokens), got {opts.draft_len}")
-    paths = tree_paths(opts.tree or ("chain" if opts.adaptive != "off" else "small"), k, target.config.vocab_size)
+    by_length = opts.adaptive in ("history", "confidence")  # rules for the length of a chain
+    paths = tree_paths(opts.tree or ("chain" if by_length else "small"), k, target.config.vocab_size)
     if opts.verify == "block" and paths is not None:
         raise ValueError("--verify block judges a chain of guesses: add --tree chain (for a tree: --verify traversal)")
     if opts.verify == "traversal" and paths is None:
         raise ValueError("--verify traversal judges a tree of guesses: drop --tree chain (for a chain: --verify block)")
-    if paths is not None and opts.adaptive != "off":
-        raise ValueError("--adaptive sets the length of a chain: use it with --tree chain")
-    draft_policy = draft_length(opts, k, most=n_masks)  # guesses per step: k, or adaptive
+    if paths is not None and by_length:
+        raise ValueError(f"--adaptive {opts.adaptive} sets the length of a chain: use it with --tree chain")
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+    most = n_masks if paths is None else len(paths)  # a chain's masks, or a tree's guesses
+    draft_policy = draft_length(opts, k if paths is None else most, most, step_costs(models, __name__, run.sampling,
+                                                                                     opts))
     drawn = run.sampling.guesses_drawn(opts.draft_sampling)
     cache = target.new_cache(max_len=target.config.block_size + 1 + (n_masks if paths is None else len(paths)))
     draft_cache = drafter.new_cache()
@@ -115,24 +118,24 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     new_tokens = run.prompt + [last]  # what the drafter has not read yet, ending with the root
     done = run.emit([last])
     while not done:
-        d = run.draft_room(draft_policy.k)  # near the end of the budget or context, guess fewer
-        if d == 0:  # one token left to emit: nothing to guess (and this is the last step)
-            run.emit(chain_step(run, target, cache, [last], [[]])[0][0])
-            break
-        # one drafter pass over the new tokens (1, T) and d masks after the root, the last of them
-        ids = tensor(new_tokens, draft_cache.device)  # (1, T)
-        root = tensor([len(new_tokens) - 1], draft_cache.device)[0]  # (1,) the root's index in ids
-        mask_logits = drafter(target, ids, root, d, cache=draft_cache)[0, 0]  # (d, V)
-        if paths is None:  # a chain of guesses
-            drafts, q_draft = mask_chain(run, mask_logits, draft_policy, drawn)
-            [emitted], [n], _ = chain_step(run, target, cache, [last], [drafts], q_draft, opts.verify)  # one row
-            draft_policy.update(len(drafts), n)
+        step_paths = None if paths is None else paths[:draft_policy.k]  # a tree: its first k guesses
+        d = run.draft_room(draft_policy.k if paths is None else max(map(len, step_paths), default=0))
+        if d:  # one drafter pass over the tokens it has not read (1, T) and d masks after the root, the last of them
+            ids = tensor(new_tokens, draft_cache.device)  # (1, T)
+            root = tensor([len(new_tokens) - 1], draft_cache.device)[0]  # (1,) the root's index in ids
+            mask_logits = drafter(target, ids, root, d, cache=draft_cache)[0, 0]  # (d, V)
+            new_tokens = []
+        if paths is None:  # a chain of guesses (none: a plain step)
+            drafts, q_draft = mask_chain(run, mask_logits, draft_policy, drawn) if d else ([], None)
+            [emitted], [accepted], _ = chain_step(run, target, cache, [last], [drafts], q_draft, opts.verify)
             drafted = len(drafts)
         else:  # a tree of guesses
-            tokens, parents, q_draft = mask_tree(run, cache, last, mask_logits, paths, drawn)
-            emitted, path, _ = tree_step(run, target, cache, tokens, parents, q_draft, opts.verify)
+            tokens, parents, q_draft = mask_tree(run, cache, last, mask_logits, step_paths, drawn) if d else \
+                ([last], [-1], None)
+            emitted, accepted, _ = tree_step(run, target, cache, tokens, parents, q_draft, opts.verify)
             drafted = len(tokens) - 1
+        draft_policy.update(drafted, accepted)
         done = run.emit(emitted, drafted)
-        new_tokens = emitted  # the accepted guesses and the new root: the drafter's next read
+        new_tokens += emitted  # the accepted guesses and the new root: the drafter's next read
         last = emitted[-1]
     return run.out, run.stats()

@@ -24,7 +24,7 @@ The guesses are deterministic (no draft distribution q), so they are checked wit
 """
 import torch
 
-from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
+from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
 from nanospec.decoding.options import Option, Sampling, read_options
 from nanospec.decoding.run import first_token, new_run
 from nanospec.decoding.verify_step import chain_step
@@ -64,8 +64,8 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     opts = read_options(OPTIONS, options)
     if opts.adaptive == "confidence":
         raise ValueError("prompt-lookup's guesses are copies with no probabilities: use --adaptive history")
-    draft_policy = draft_length(opts, opts.draft_len)  # k per step: draft_len, or adapted to the acceptance history
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+    draft_policy = draft_length(opts, opts.draft_len, costs=step_costs(models, __name__, run.sampling, opts))
     target = models.target
     cache = target.new_cache()
 

@@ -28,7 +28,7 @@ every guess before it was accepted (guesses after a rejection are never looked a
 """
 import torch
 
-from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length
+from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
 from nanospec.decoding.draft_chain import draft_chain
 from nanospec.decoding.options import CHAIN_RULES, Option, Sampling, read_options, verify_option
 from nanospec.decoding.run import first_token, new_run, tensor
@@ -36,7 +36,8 @@ from nanospec.decoding.verify_step import chain_step
 
 NEEDS = ("draft",)  # model parts beyond the target
 USES = ()  # parts used when present
-OPTIONS = {"draft_len": Option(int, 4, "tokens the draft guesses per target forward (k)", low=1, high=64),
+OPTIONS = {"draft_len": Option(int, 4, "tokens the draft guesses per target forward (k; the most, adaptive)", low=1,
+                        high=64),
            **ADAPTIVE_OPTIONS, **verify_option(*CHAIN_RULES)}
 
 
@@ -56,8 +57,8 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     target = models.target
     draft = models.draft
     check_draft(target, draft)
-    draft_policy = draft_length(opts, opts.draft_len)  # k per step: draft_len, or adaptive
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+    draft_policy = draft_length(opts, opts.draft_len, costs=step_costs(models, __name__, run.sampling, opts))
     target_cache = target.new_cache()
     draft_cache = draft.new_cache()
     stop = draft_policy.stop if draft_policy.rule == "confidence" else None  # confidence: stop after an unsure guess

@@ -1,0 +1,114 @@
+"""
+The step costs the cost rule prices speculation with (`--adaptive cost`, nanospec/decoding/adaptive.py): how many
+seconds one step of a method takes on this machine when it checks k guesses, for k = 0 (a plain step) up to the
+method's draft_len. Measured, never typed in: a short run of the method under `--adaptive sweep` (every k in
+turn, a few steps each), with the models wrapped as the bench wraps them (nanospec/probes.py: a Ledger notes when
+each target forward begins), so that a step's seconds run from the start of its forward to the start of the
+next one: the forward over its guesses, the rule, and the drafting of the next step's guesses, host work
+included. Each k is the median over its steps.
+
+    costs = measure(models, "speculative", 1.0, {})   # {0: 0.0021, 1: 0.0027, 2: 0.0031, 3: 0.0036, 4: 0.0041}
+    attach(models, "out", [("speculative", 1.0, {})])  # from out/calibration.json, or measured and kept there
+
+They are kept per checkpoint, device, dtype, thread count and runtime path, in the run folder beside the
+checkpoints (calibration.json: generated, never committed), so the next run of decode.py or the bench reads them
+instead of measuring again; retraining the target starts afresh. A method only reads the table attached to its
+models (`Models.step_costs`), so the same seed and the same calibration give the same tokens.
+"""
+import json
+import os
+import statistics
+
+import torch
+
+from nanospec.checkpoint import target_fingerprint
+from nanospec.decoding import METHODS, MODULES
+from nanospec.decoding.adaptive import SWEEP_STEPS, costs_key
+from nanospec.decoding.options import Sampling, read_options
+from nanospec.probes import Ledger, timed_models
+from nanospec.tokenizer import write_atomic
+
+FILE = "calibration.json"
+FORMAT = 1
+TEXT = "def fibonacci(n):\n    if n < 2:\n        return n\n"  # any text will do: the seconds, not the tokens, count
+RUNS = 4  # sweeps (after one to warm up); each k gets SWEEP_STEPS - 1 steps per pass through the k's
+
+
+def key(models, method, temperature, options):
+    """What the calibration is of (adaptive.costs_key: the method, greedy or sampled, the options that change a
+    step's cost) and the guesses it sweeps, 0..draft_len as the method reads it. A ValueError for a bad option."""
+    module = MODULES[method]
+    opts = read_options(module.OPTIONS, {**options, "adaptive": "sweep"})
+    return costs_key(module.__name__.rsplit(".", 1)[-1], Sampling(temperature).greedy, opts)
+
+
+@torch.inference_mode()
+def measure(models, method, temperature, options, runs=RUNS):
+    """{k: seconds of one step with k guesses} of `method` on `models` (as the run will have them: wrapped for
+    its runtime path), from `runs` sweeps over a fixed prompt, after one to warm up."""
+    ledger = Ledger(cuda=False)  # host seconds: every step reads its verdict on the host, which waits for the GPU
+    timed = timed_models(models, ledger)
+    prompt = models.tokenizer.encode(TEXT) if models.tokenizer else [1 + i % 7 for i in range(12)]
+    room = models.target.config.block_size - len(prompt) - 1
+    options = {**options, "adaptive": "sweep"}
+    steps = {}  # k -> seconds of each step with k guesses between two alike
+    for run in range(runs + 1):
+        ledger.clear()
+        _, stats = METHODS[method](timed, prompt, room, temperature=temperature, seed=run, **options)
+        drafted, starts = stats["drafted_per_step"], ledger.starts  # one of each per target forward
+        for j in range(1, len(starts) - 1):  # step j: from its forward to the next; the prefill is forward 0
+            if run and drafted[j] == drafted[j + 1]:  # the next step's drafting is of the same k
+                steps.setdefault(drafted[j], []).append(starts[j + 1] - starts[j])
+    if not steps:
+        raise ValueError(f"{method} made too few steps to time (context {models.target.config.block_size})")
+    return {k: statistics.median(s) for k, s in sorted(steps.items())}
+
+
+def machine(models, runtime_path):
+    """This machine, device, dtype, threads, runtime path, torch and checkpoint, as one string: a calibration is
+    good for exactly these."""
+    target = getattr(models.target, "model", models.target)  # under runtime.Fast, the model itself
+    weight = target.wte.weight
+    parts = ",".join(p for p in ("draft", "eagle", "parallelspec", "early_exit") if getattr(models, p) is not None)
+    device = torch.cuda.get_device_name(weight.device) if weight.is_cuda else weight.device.type
+    return (f"{device}|{weight.dtype}|threads {torch.get_num_threads()}|{runtime_path}|torch {torch.__version__}|"
+            f"target {target_fingerprint(target)}|{parts}")
+
+
+def read(path):
+    """The calibration file as a dict, {} if there is none; None if a file of that name is not one (never
+    overwritten)."""
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("format") == FORMAT else None
+
+
+def attach(models, ckpt, wanted, runtime_path="eager", log=None):
+    """Set models.step_costs for every (method, temperature, options) in `wanted`, from ckpt/calibration.json
+    where it holds them for this machine, else measured now and written there (when the folder is writable and
+    the file is a calibration). log(line): told what is measured. Returns the models."""
+    path = os.path.join(ckpt, FILE) if ckpt else None
+    data = read(path) if path else {}
+    here = machine(models, runtime_path)
+    known = (data or {}).get("machines", {}).get(here, {})
+    costs, new = dict(models.step_costs or {}), False
+    for method, temperature, options in wanted:
+        name = key(models, method, temperature, options)
+        if name not in known:
+            if log:
+                log(f"calibrating {method} ({'greedy' if Sampling(temperature).greedy else 'sampled'}) on this "
+                    f"machine: the seconds of a step with each number of guesses, for --adaptive cost")
+            known[name], new = {str(k): s for k, s in measure(models, method, temperature, options).items()}, True
+        costs[name] = {int(k): s for k, s in known[name].items()}
+    models.step_costs = costs
+    if new and data is not None and path and os.access(os.path.dirname(os.path.abspath(path)), os.W_OK):
+        machines = {**data.get("machines", {}), here: known}  # other machines' and checkpoints' kept
+        write_atomic(path, json.dumps({"format": FORMAT, "machines": machines}, indent=1))
+    elif new and data is None and log:
+        log(f"{path} is not a calibration file: left as it is, the calibration kept for this run only")
+    return models
