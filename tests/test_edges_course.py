@@ -127,6 +127,24 @@ def test_make_grade_takes_a_timeout_and_figures_an_out():
     assert make("figures", f"PYTHON={ARGV}").splitlines()[-1] == str(['-m', 'nanospec.figures'])
     assert make("figures", f"PYTHON={ARGV}", "OUT=docs/figures").splitlines()[-1] == str(
         ['-m', 'nanospec.figures', '--out', 'docs/figures'])
+    # issue 40: CKPT= reaches the figures (before, they were drawn from out/ whatever CKPT said)
+    assert make("figures", f"PYTHON={ARGV}", "CKPT=out-gpu").splitlines()[-1] == str(
+        ['-m', 'nanospec.figures', '--ckpt', 'out-gpu'])
+
+
+@needs_make
+@pytest.mark.parametrize("value, overwrite", [("", False), ("0", False), ("no", False), ("1", True), ("yes", True)])
+def test_overwrite_0_means_no(value, overwrite):
+    """Before: `make handout OVERWRITE=0` replaced a student's edited file: any value at all was a yes."""
+    printed = make("handout", f"PYTHON={ARGV}", "OUT=/tmp/h", f"OVERWRITE={value}").splitlines()[-1]
+    assert ("'--overwrite'" in printed) == overwrite, printed
+
+
+@needs_make
+def test_an_overwrite_value_that_is_neither_is_refused():
+    run = subprocess.run(["make", "--no-print-directory", "handout", f"PYTHON={ARGV}", "OVERWRITE=maybe"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0 and "OVERWRITE=maybe: say OVERWRITE=1" in run.stderr and not run.stdout
 
 
 # ----------------------------------------------------------------------------- the figures
