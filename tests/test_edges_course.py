@@ -241,6 +241,18 @@ def test_the_handout_names_a_git_folder_only_when_there_is_one(tmp_path, capsys)
     assert "2 files it did not write (.git included) left as they were" in capsys.readouterr().out
 
 
+def test_a_closed_pipe_ends_the_handout_quietly(tmp_path):
+    """`make handout | head -1` with nothing to read: a real process whose standard output is a pipe already
+    closed writes the whole handout and ends quietly, status 0 (before, a BrokenPipeError traceback)."""
+    read, write = os.pipe()
+    os.close(read)
+    done = subprocess.run([sys.executable, "-m", "nanospec.course.handout", "--ex", "1", "--out", str(tmp_path / "h")],
+                          cwd=ROOT, stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert json.loads((tmp_path / "h" / "handout.json").read_text())["exercises"] == [1]
+
+
 def test_ctrl_c_while_updating_a_handout_waits_for_the_last_file(tmp_path, monkeypatch):
     """The moves into an earlier handout hold Ctrl-C back until the last is done: interrupted, the handout is
     the new one whole (its handout.json lists what is there), never half old and half new."""

@@ -208,3 +208,16 @@ def test_a_batch_that_differs_from_ar_alone_or_from_eager_is_named(toy_out, CPU,
     grid = grid_of(toy_out, CPU, monkeypatch, ["ar", "speculative"])
     assert grid["batch: speculative (static)"]["greedy"] == "seed 0: greedy row 1 differs from eager"
     assert grid["batch: speculative"]["greedy"] is None and grid["batch: ar (static)"]["greedy"] is None
+
+
+def test_a_missing_part_names_the_folder_to_train_it_into(toy_out, CPU, monkeypatch, tmp_path):
+    """Before: a folder without eagle.pt said `python train_tiny.py --stage eagle`, which trains into out/."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for name in ("tokenizer.tiktoken", "target.pt", "draft.pt"):
+        (folder / name).write_bytes((Path(toy_out) / name).read_bytes())
+    grid = grid_of(str(folder), CPU, monkeypatch, ["ar", "eagle"])
+    assert grid["eagle"]["greedy"] == (f"cannot run: it needs the eagle model, which {folder} lacks: run `python "
+                                       f"train_tiny.py --stage eagle --out-dir {folder}` (with the --preset and "
+                                       f"--data-dir {folder} was trained with)")
+    assert grid["ar"]["greedy"] is None
