@@ -128,7 +128,7 @@ def test_a_submission_is_graded_on_the_instructors_exercises_in_a_copy(submissio
     done = subprocess.run(base + ["--ex", "1"], cwd=ROOT, stdout=write, stderr=subprocess.PIPE, text=True,
                           timeout=300, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     os.close(write)
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 0 and "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
     graded = json.loads(results.read_text())
     assert graded["score"] == 0 and [t["number"] for t in graded["tests"]] == ["1"]
     assert tree_of(submission) == before

@@ -472,3 +472,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()  # here, not at exit: a reader that closed the pipe ends it quietly (plain_exits)
