@@ -18,7 +18,10 @@ validation split. train_tiny.py parses the command line and calls `run`; the
 drafters' stages live in nanospec/drafters/training.py, the training loop in nanospec/trainer.py.
 
 A run folder is tied to its corpus: out/corpus.json records the corpus it was trained on, and a data folder
-that holds another is refused, never overwritten (it may belong to another run).
+that holds another is refused, never overwritten (it may belong to another run). No stage replaces a file it did
+not write: a train.txt, val.txt, corpus.json, tokens.json, train.bin, val.bin or tokenizer.vocab of someone
+else's is refused with one line (the records that make files ours are written before the files), and every
+other file in the folders (data/prompts.json, notes) is left alone.
 """
 import datetime
 import json
