@@ -19,7 +19,7 @@ help:
 	    "make bench         every method against ar, into bench_results.md (CKPT=out-gpu: another run folder)" \
 	    "make bench-batch   batched ar, speculative and prompt-lookup at B = 1..32, into bench_batch.md" \
 	    "make bench-quick   a smoke run of the bench" \
-	    "make figures       the PNGs, into runs/figures/ (OUT=docs/figures: the README's; needs matplotlib)" \
+	    "make figures       the PNGs, into runs/figures/ (OUT=docs/figures: the README's; CKPT=out-gpu; needs matplotlib)" \
 	    "make gpu-check     every method on CUDA, greedy = ar, and the quick bench" \
 	    "make handout       a student copy of the course (EX=1-11 OUT=../handout)" \
 	    "make grade         grade the exercises (EX=3,4 to choose; TIMEOUT=$(TIMEOUT) seconds per pytest run)" \
@@ -49,10 +49,10 @@ bench-batch:  # batched ar, speculative and prompt-lookup at B = 1..32 (nanospec
 bench-quick:
 	$(PYTHON) -m nanospec.bench --quick $(if $(CKPT),--ckpt $(call quote,$(CKPT)))
 
-# The PNGs from out/ and bench_results.json (needs matplotlib: pip install matplotlib), into runs/figures/, which
-# git ignores; `make figures OUT=docs/figures` replaces the README's own.
+# The PNGs from out/ (CKPT=out-gpu: another run folder) and bench_results.json (needs matplotlib: pip install
+# matplotlib), into runs/figures/, which git ignores; `make figures OUT=docs/figures` replaces the README's own.
 figures:
-	$(PYTHON) -m nanospec.figures $(if $(OUT),--out $(call quote,$(OUT)))
+	$(PYTHON) -m nanospec.figures $(if $(CKPT),--ckpt $(call quote,$(CKPT))) $(if $(OUT),--out $(call quote,$(OUT)))
 
 # Every method at greedy, temperature 1 and 0.7 + top-p 0.9 on CUDA, greedy = ar, and the quick bench (needs out/).
 # Without a GPU: the same checks on the CPU, the static path's CUDA-graph replay emulated (nanospec/graphs.py).
@@ -60,10 +60,14 @@ gpu-check:
 	$(PYTHON) -m nanospec.gpu_check $(if $(CKPT),--ckpt $(call quote,$(CKPT)))
 
 # The course (EXERCISES.md): `make handout EX=3,4 OUT=../handout`, then `make grade` (EX=3,4 to choose).
-# Over an earlier handout only the generated files change; OVERWRITE=1 also replaces those edited since.
+# Over an earlier handout only the generated files change; OVERWRITE=1 also replaces those edited since
+# (OVERWRITE=0, or none, means no; any other value is refused, never taken for a yes).
+overwrite = $(if $(filter 1 yes true,$(OVERWRITE)),--overwrite,$(if $(filter-out 0 no false,$(OVERWRITE)),\
+    $(error OVERWRITE=$(OVERWRITE): say OVERWRITE=1 to replace edited files, or leave it out)))
+
 handout:
 	$(PYTHON) -m nanospec.course.handout --ex $(call quote,$(or $(EX),all)) \
-	    --out $(call quote,$(or $(OUT),../nanospec-handout)) $(if $(OVERWRITE),--overwrite)
+	    --out $(call quote,$(or $(OUT),../nanospec-handout)) $(overwrite)
 
 # Each pytest run may take TIMEOUT seconds; after one that runs out, one more run without the exercise that hung.
 grade: deps

@@ -13,6 +13,7 @@ alternating from one forward to the next. A method that produces several tokens 
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -20,11 +21,11 @@ if __name__ == "__main__":  # first, before torch loads: Ctrl-C, a closed pipe a
     from nanospec.device import plain_exits
     plain_exits()
 
-from nanospec.checkpoint import CheckpointError
+from nanospec.checkpoint import CheckpointError, train_hint
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.decoding.batched import BATCHED, generate as generate_batch
 from nanospec.decoding.options import MIN_TEMPERATURE, Sampling, read_options
-from nanospec.device import check_seed, pick_device
+from nanospec.device import add_threads_flag, check_seed, pick_device, set_threads
 from nanospec.parts import load_models
 from nanospec.runtime import RUNTIMES, prepare
 
@@ -44,7 +45,12 @@ def method_flags(parser):
             seen.setdefault(name, []).append(method)
     for name, methods in seen.items():
         opt = MODULES[methods[0]].OPTIONS[name]
-        defaults = ", ".join(f"{m} {MODULES[m].OPTIONS[name].default}" for m in methods)
+        # each method's default, where it has one to show: a None (the help says what it stands for) or a switch
+        # left off says nothing, and a help that states its default already ("(default 0.5)") is not repeated
+        shown = [m for m in methods if MODULES[m].OPTIONS[name].default not in (None, False)]
+        defaults = ", ".join(f"{m} {MODULES[m].OPTIONS[name].default}" for m in shown)
+        text = opt.help
+        stated = re.search(r"\(default [^,)]+\)$", text)
         bounds = f"; {opt.low}..{opt.high}" if opt.high is not None else ""
         choices = {}  # the choices, when methods differ in them (--verify): each method's own, not the first's
         for m in methods:
@@ -52,15 +58,19 @@ def method_flags(parser):
         if len(choices) > 1:
             bounds += "; choices: " + "; ".join(f"{', '.join(ms)}: {'|'.join(c)}" for c, ms in choices.items())
         kwargs = {"action": "store_true"} if opt.type is bool else {"type": opt.type}
+        if stated:  # "(default 0.5)" -> "(default 0.5; 0.0..1.0)"
+            text = text[:-1] + bounds + ")"
+        elif defaults or bounds:
+            text += f" (default: {defaults}{bounds})" if defaults else f" ({bounds[2:]})"
         parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
-                            help=f"[{', '.join(methods)}] {opt.help} (default: {defaults}{bounds})", **kwargs)
+                            help=f"[{', '.join(methods)}] {text}", **kwargs)
     return seen
 
 
 MAX_BATCH = 1024  # rows decoded at once: a KV cache per row, so more would mostly run out of memory
 DEFAULT_BATCH = 64  # without --batch-size: 64 rows at a time, whatever the number of prompts (memory stays bounded)
 BATCH_OPTIONS = ("draft_len", "max_ngram")  # the method options batched decoding takes
-SAMPLING_ONLY = ("top_k", "top_p", "draft_sampling", "verify")  # flags that change nothing at temperature 0
+SAMPLING_ONLY = ("top_k", "top_p", "draft_sampling", "verify", "seed")  # flags that change nothing at temperature 0
 
 
 def as_text(data, what):
@@ -173,7 +183,10 @@ def check_request(args, options):
                          f"a --temperature above 0")
     if batch_mode(args):
         if args.method not in BATCHED:
-            raise ValueError(f"batched decoding runs {', '.join(BATCHED)}, not {args.method}: give one prompt")
+            several = len(args.prompt or []) > 1 or args.prompts_file is not None
+            raise ValueError(f"batched decoding (several prompts, --prompts-file or --batch-size) runs "
+                             f"{', '.join(BATCHED)}, not {args.method}: "
+                             + ("give one --prompt" if several else "drop --batch-size"))
         if args.batch_size is not None and not 1 <= args.batch_size <= MAX_BATCH:
             raise ValueError(f"--batch-size must be in 1..{MAX_BATCH}, got {args.batch_size}")
         other = [n for n in kwargs if n not in BATCH_OPTIONS]
@@ -195,6 +208,10 @@ def decode_batches(args, kwargs, models, path, prompts, encoded):
     """Decode the prompts in batches of --batch-size (default DEFAULT_BATCH); print each row's text (or, --json,
     one JSON object per row: JSON lines), then each batch's figures."""
     size = args.batch_size or DEFAULT_BATCH
+    # the method's own defaults where a flag is not given (prompt-lookup copies 10 tokens, speculative guesses 4),
+    # as one prompt decodes: batched.generate's own are speculative's for both
+    options = MODULES[args.method].OPTIONS
+    kwargs = {**{name: options[name].default for name in BATCH_OPTIONS if name in options}, **kwargs}
     for first in range(0, len(prompts), size):
         chunk, ids_in = prompts[first:first + size], encoded[first:first + size]
         t0 = time.perf_counter()  # timed from outside: the methods hold no clock
@@ -238,31 +255,61 @@ def parse_args(argv=None):
     p.add_argument("--ckpt", default="out",
                    help="folder with tokenizer.tiktoken and target.pt from `make train` (default out)")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or mps")
+    add_threads_flag(p)
     p.add_argument("--runtime", default="auto", choices=RUNTIMES,
                    help="how the models' forwards run (nanospec/runtime.py): eager = plain PyTorch; static = "
                         "shape-static forwards, replayed from CUDA graphs on CUDA; auto (default) = static on CUDA, "
                         "eager elsewhere")
     p.add_argument("--json", action="store_true",
-                   help="print one JSON object on one line instead (a batch: one per row, JSON lines)")
+                   help="print one JSON object on one line instead (a batch: one per row, JSON lines; --method list: "
+                        "the methods)")
     p.add_argument("--color", default="auto", choices=("auto", "always", "never"),
                    help="mark accepted guesses and the target's own tokens in colour: auto (default) = on a terminal, "
                         "unless NO_COLOR is set or TERM=dumb; else [brackets] per forward")
     options = method_flags(p)
-    return p.parse_args(argv), options
+    args = p.parse_args(argv)
+    args.changed = [a.option_strings[0] for a in p._actions  # the flags given other than at their defaults
+                    if a.option_strings and a.dest != "help" and getattr(args, a.dest) != a.default]
+    return args, options
+
+
+def summary(module):
+    """A method's first sentence, whole: '`ar`: plain autoregressive decoding, ...' -> 'plain autoregressive
+    decoding, one token per target forward.' (its docstring's first lines, joined)."""
+    paragraph = " ".join((module.__doc__ or "").strip().split("\n\n")[0].split())
+    sentence = re.split(r"(?<=\.)\s", paragraph, maxsplit=1)[0]
+    return re.sub(r"^`[^`]+`:\s*", "", sentence)
+
+
+def list_methods(args):
+    """--method list: each method, what it needs beyond the target, and its first sentence (--json: as JSON)."""
+    extra = [flag for flag in args.changed if flag not in ("--method", "--json", "--color")]
+    if extra:
+        raise ValueError(f"--method list lists the methods and takes no other flag but --json: drop {extra[0]}")
+    methods = [{"name": name, "needs": list(module.NEEDS), "uses": list(module.USES), "summary": summary(module)}
+               for name, module in MODULES.items()]
+    if args.json:
+        print(json.dumps({"methods": methods}))
+        return
+    for m in methods:
+        needs = f" [needs {', '.join(m['needs'])}]" if m["needs"] else ""
+        print(f"{m['name']:14s} {m['summary']}{needs}")
 
 
 def main(argv=None):
     args, options = parse_args(argv)
-    if args.method == "list":
-        for name, module in MODULES.items():
-            doc = (module.__doc__ or "").strip().splitlines()
-            print(f"{name:14s} {doc[0] if doc else ''}")
-        return
     try:
+        if args.method == "list":
+            return list_methods(args)
         kwargs = check_request(args, options)  # everything that needs no model, before loading one
+        set_threads(args.threads)
         batch = batch_mode(args)
         prompts = read_prompts(args) if batch else [(read_prompt(args), "the prompt")]
         models = load_models(args.ckpt, pick_device(args.device), parts_for([args.method]))  # only what it uses
+        missing = [part for part in MODULES[args.method].NEEDS if getattr(models, part, None) is None]
+        if missing:  # named with the folder it was asked of: the command trains into that folder
+            raise ValueError(f"--method {args.method} needs the {missing[0]} model, which {args.ckpt} lacks: "
+                             f"{train_hint(missing[0], args.ckpt)}")
         check_method(args.method, models)
         encoded = check_lengths(prompts, models.tokenizer, models.target.config.block_size)
         models, path = prepare(models, args.runtime)  # the speed layer, chosen once: the method never knows

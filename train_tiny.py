@@ -9,11 +9,17 @@ what each writes: nanospec/stages.py):
     python train_tiny.py --preset gpu         # the deep GPU preset, into out-gpu/ (`make train PRESET=gpu`)
     python train_tiny.py --preset toy --max-iters 20 --out-dir /tmp/toy   # a toy model in seconds
 
-A crash or Ctrl-C loses at most the steps since the last checkpoint: run the same command to resume.
+A crash or Ctrl-C loses at most the steps since the last checkpoint: run the same command to resume. A file of a
+name it writes that it did not write (your own data/train.txt, out/train.bin, ...) is refused, never replaced.
+A reader that goes away (`| head`) stops the printing, not the training.
 """
 import argparse
 import math
 import sys
+
+if __name__ == "__main__":  # first, before torch loads: Ctrl-C ends in one line, a closed pipe stops no training
+    from nanospec.device import plain_exits
+    plain_exits(keep_going=True)
 
 from nanospec.presets import PRESETS
 from nanospec.stages import STAGES, run
@@ -71,3 +77,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()

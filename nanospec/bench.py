@@ -174,6 +174,22 @@ def check_writable(flag, path):
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
         raise ValueError(f"{flag} {path}: the folder {folder} does not exist or is not writable")
+    if flag == "--json" and os.path.isfile(path) and os.path.getsize(path) and not is_bench_json(path):
+        raise ValueError(f"--json {path} is not the bench's JSON, which the figures are merged into: it is kept; "
+                         f"give another file (or none: bench_results.json beside --out)")
+
+
+JSON_KEYS = {"methods", "title", "batch", "batch_title"}  # what write() merges into --json: nothing else is ours
+
+
+def is_bench_json(path):
+    """Is the file at `path` a JSON object of the bench's own keys (one it wrote, which it may merge into)?"""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and set(data) <= JSON_KEYS
 
 
 # ----------------------------------------------------------------------------- prompts

@@ -107,6 +107,18 @@ def load_checkpoint(path, tokenizer_identity=None, part=None):
     return ckpt
 
 
+def train_hint(part, folder="out"):
+    """What to run when the run folder `folder` lacks `part`: the stage that trains it, into that very folder.
+    train_hint("eagle") -> 'run `python train_tiny.py --stage eagle`'; train_hint("eagle", "runs/a") -> 'run
+    `python train_tiny.py --stage eagle --out-dir runs/a` (with the --preset and --data-dir runs/a was trained
+    with)'."""
+    folder = os.path.normpath(folder)
+    if folder == "out":  # the default run folder: the default command
+        return f"run `python train_tiny.py --stage {part}`"
+    return (f"run `python train_tiny.py --stage {part} --out-dir {folder}` (with the --preset and --data-dir "
+            f"{folder} was trained with)")
+
+
 def check_target(path, ckpt, target_id, stage):
     """A drafter is only good for the target it learnt from: refuse one whose fingerprint is another's."""
     if target_id is not None and ckpt.get("target") != target_id:

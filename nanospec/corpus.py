@@ -306,16 +306,41 @@ def sha256_of(*paths):
     return h.hexdigest()
 
 
+SPLITS = ("train.txt", "val.txt")  # what build_corpus writes, beside corpus.json
+BUILDING = {"building": True, "note": "nanospec is writing train.txt and val.txt here; this record is replaced by the "
+                                      "corpus's when they are done"}
+
+
+def check_ours(out_dir, flag="--out-dir"):
+    """Refuse a folder whose train.txt or val.txt nanospec did not write: without a corpus.json of ours beside
+    them they are someone's own text (a corpus being written, BUILDING, is ours). Never overwritten unasked."""
+    meta = Path(out_dir) / "corpus.json"
+    theirs = [name for name in SPLITS if (Path(out_dir) / name).exists()]
+    if not theirs:
+        return
+    try:
+        record = json.loads(meta.read_text(encoding="utf-8")) if meta.is_file() else None
+    except (OSError, ValueError):
+        record = None
+    if isinstance(record, dict) and (record.get("building") or isinstance(record.get("bytes"), dict)):
+        return
+    raise ValueError(f"{out_dir} holds {' and '.join(theirs)} that no corpus.json of nanospec's describes (your own "
+                     f"text?); they are kept: move them, or pass another {flag} (to train on your text, pass it as "
+                     f"--corpus)")
+
+
 def build_corpus(out_dir="data", source=None, budget_bytes=3_000_000, val_every=10, include_tests=False,
-                 source_flag="--source", budget_flag="--budget-bytes", packages=False):
+                 source_flag="--source", budget_flag="--budget-bytes", packages=False, dir_flag="--out-dir"):
     """
     Write out_dir/train.txt, out_dir/val.txt (documents joined by EOT) and out_dir/corpus.json; return the
     stats dict that corpus.json holds. source=None: the stdlib (with packages=True: and site-packages, held
     out by package); else a UTF-8 text file or a folder of them.
     Documents are taken in order while train.txt + val.txt stay within budget_bytes; document i (from 0)
     goes to validation when i % val_every == val_every - 1 (and the last one when that picks none).
-    include_tests: test folders too. source_flag, budget_flag: the flags the error messages name (the
-    caller's: train_tiny.py has --corpus and no budget flag).
+    include_tests: test folders too. source_flag, budget_flag, dir_flag: the flags the error messages name (the
+    caller's: train_tiny.py has --corpus, --data-dir and no budget flag). A train.txt or val.txt already there
+    that nanospec did not write is refused (check_ours); while the splits are written, corpus.json says so
+    (BUILDING), so that a run stopped midway is rebuilt, not refused.
     """
     if source is not None and not Path(source).exists():
         raise FileNotFoundError(f"corpus source {source} does not exist: pass an existing file or folder as "
@@ -324,7 +349,9 @@ def build_corpus(out_dir="data", source=None, budget_bytes=3_000_000, val_every=
         raise ValueError(f"the packages corpus is this Python's own source: drop {source_flag} or packages")
     if val_every < 2:
         raise ValueError(f"val_every must be >= 2 (got {val_every}): every val_every-th document is held out")
+    check_ours(out_dir, dir_flag)
     out_dir = Path(out_dir)
+    building = lambda: write_atomic(out_dir / "corpus.json", json.dumps(BUILDING, indent=2) + "\n")
     stats = {
         "source": "stdlib + site-packages" if packages else
         sysconfig.get_paths()["stdlib"] if source is None else os.path.abspath(source),
@@ -334,12 +361,14 @@ def build_corpus(out_dir="data", source=None, budget_bytes=3_000_000, val_every=
         "val_every": val_every,
     }
     if packages:
+        building()
         fields, skipped, train_path, val_text = build_packages(out_dir, budget_bytes, val_every, include_tests)
         stats.update(packages=True, holdout="package",
                      files={"train": fields.pop("files_train"), "val": len(fields["val_files"])})
     else:
         train_text, val_text, val_files, skipped = split_by_file(source, budget_bytes, val_every, include_tests,
                                                                  source_flag, budget_flag)
+        building()
         write_atomic(out_dir / "train.txt", train_text)
         train_path = out_dir / "train.txt"
         fields = {"val_files": val_files}

@@ -1,7 +1,7 @@
 """Where a command runs: the torch device (`--device auto|cpu|cuda|cuda:N|mps`, with a one-line error for one that
-is not here), a random generator whose every 63-bit seed is its own stream, and the terminal's edges (Ctrl-C, a
-closed pipe, an encoding that cannot show the text). torch is imported only where it is needed, so that
-`plain_exits` can run before the slow imports."""
+is not here), its CPU threads (`--threads`), a random generator whose every 63-bit seed is its own stream, and the
+terminal's edges (Ctrl-C, a closed pipe, an encoding that cannot show the text). torch is imported only where it
+is needed, so that `plain_exits` can run before the slow imports."""
 import os
 import sys
 
@@ -32,6 +32,34 @@ def pick_device(name="auto"):
     if name not in ("cpu", "mps"):
         raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:N or mps")
     return name
+
+
+# Decoding runs on one torch thread unless told otherwise: a model this size (a 0.6M-parameter target, batch 1)
+# does too little per operation to share it between threads, and where anything else keeps a core busy the
+# threads of each operation wait on each other. Measured on a 2-core EPYC VM, two `python -c "while 1: pass"`
+# beside it: one target forward took 0.45 s with torch's default (2 threads) and 0.0035 s with one; quiet, the
+# README's first example took 0.10 s either way. The bench fixes one thread too; training adapts to the load
+# (nanospec/trainer.py, threads_for), since its large batches do gain from a second core.
+DECODE_THREADS = 1
+THREADS_HELP = ("torch CPU threads, 0..this machine's cores (default 1: a model this size decodes fastest on one, "
+                "and on a busy machine more threads wait on each other; 0 = torch's default, one per core)")
+
+
+def add_threads_flag(parser):
+    """--threads, as every command that decodes takes it (decode.py, gpu-check, the figures; the bench's own)."""
+    parser.add_argument("--threads", type=int, default=DECODE_THREADS, help=THREADS_HELP)
+
+
+def set_threads(threads, flag="--threads"):
+    """Set torch's CPU threads for decoding: threads (0 = torch's default, one per core), checked against the
+    machine's cores with a one-line ValueError. Returns the number torch now uses."""
+    import torch
+    cores = os.cpu_count() or 1
+    if threads is None or not 0 <= threads <= cores:  # more threads than cores only wait; a huge number crashes
+        raise ValueError(f"{flag} must be in 0..{cores} (this machine's cores; 0 = torch's default), got {threads}")
+    if threads:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
 
 
 def check_seed(seed, flag="--seed"):
@@ -66,14 +94,46 @@ def seeded_generator(device, seed):
     return generator
 
 
-def plain_exits():
+class KeepGoing:
+    """Standard output for a command whose work is its files (training, the figures): a reader that goes away
+    (`| head -1`) ends the printing, not the work. The first write to the closed pipe sends the rest to
+    /dev/null, quietly; everything else is the stream's own."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text):
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self.gone()
+            return len(text)
+
+    def flush(self):
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self.gone()
+
+    def gone(self):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())  # what is still buffered goes there too
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def plain_exits(keep_going=False):
     """The edges of the terminal, for a command-line entry point (call it first, before the slow imports):
     Ctrl-C ends with one line, 'interrupted' (exit status 130, as the shell expects); a reader that closed the
-    pipe (`| head -1`) ends it quietly; text the terminal's encoding cannot show is escaped (caf\\xe9), not an
-    error. Anything else still prints its traceback: that is a bug to report."""
+    pipe (`| head -1`) ends it quietly, or with keep_going (a command whose work is its files: training, the
+    figures) only its printing ends, quietly, and the work goes on to the end; text the terminal's encoding
+    cannot show is escaped (caf\\xe9), not an error. Anything else still prints its traceback: that is a bug to
+    report."""
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):  # a real text stream (not one a caller handed in)
             stream.reconfigure(errors="backslashreplace")
+    if keep_going and hasattr(sys.stdout, "fileno"):
+        sys.stdout = KeepGoing(sys.stdout)
     default = sys.excepthook
 
     def hook(kind, error, trace):

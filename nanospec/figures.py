@@ -16,14 +16,22 @@
     python -m nanospec.figures --out docs/figures  # the README's own (make figures OUT=docs/figures)
 
 matplotlib is the one optional dependency (pip install matplotlib): nothing else in nanospec needs it. A figure
-whose input is missing is skipped with a line saying which command makes it.
+whose input is missing is skipped with a line saying which command makes it. Each PNG is written to a temporary
+file and renamed into place, so Ctrl-C never leaves half a picture; a reader that goes away (`| head -1`) stops
+the printing, not the drawing. The two figures from the trained model run it on one torch thread (--threads).
 """
 import argparse
 import json
 import os
 import sys
 
+if __name__ == "__main__":  # first, before torch loads: Ctrl-C ends in one line, a closed pipe stops no figure
+    from nanospec.device import plain_exits
+    plain_exits(keep_going=True)
+
 import torch
+
+from nanospec.device import add_threads_flag, set_threads
 
 MISSING = "the figures need matplotlib, which nanospec needs for nothing else: pip install matplotlib"
 
@@ -40,10 +48,18 @@ def pyplot():
 
 
 def save(fig, path):
+    """Write the figure to `path` whole or not at all: a temporary file beside it, renamed over it."""
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pyplot().close(fig)
-    print(f"wrote {path}")
+    path = os.fspath(path)
+    tmp = f"{path}.tmp{os.getpid()}.png"  # .png: savefig picks the format by the name
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        pyplot().close(fig)
+    print(f"wrote {path}", flush=True)
 
 
 def draw_step(path, context, drafts, targets, n_accepted):
@@ -231,6 +247,7 @@ def parse_args(argv=None):
     p.add_argument("--results", default="bench_results.json", help="the bench's results (make bench)")
     p.add_argument("--out", default=os.path.join("runs", "figures"),
                    help="where the PNGs go (default runs/figures, which git ignores; docs/figures: the README's)")
+    add_threads_flag(p)
     return p.parse_args(argv)
 
 
@@ -238,9 +255,13 @@ def main(argv=None):
     args = parse_args(argv)
     pyplot()  # fail early, in one line, without matplotlib
     try:
+        set_threads(args.threads)
         os.makedirs(args.out, exist_ok=True)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     except OSError as e:
         raise SystemExit(f"error: --out {args.out}: cannot make that folder ({e.strerror})") from None
+    print(f"figures: from {args.ckpt} and {args.results}, into {args.out}", flush=True)
     try:
         from nanospec.parts import load_models
         models = load_models(args.ckpt, "cpu", ("draft", "heads"))
@@ -271,3 +292,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()

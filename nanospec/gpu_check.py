@@ -15,8 +15,12 @@
        token; the other rows run on the eager models, and the quick bench compares the two paths
        (--compare-runtimes).
 
-It prints a grid (method x setting: ok or FAIL), one line per failure, and a last line with the count; the
-exit status is 0 when everything passed. Without a GPU it says so in one line and runs the same checks on the
+As it goes it says what it does, on standard error: a line per method and path, each setting's verdict added
+as it finishes, and the bench's own progress. Then it prints a grid (method x setting: ok or FAIL), one line
+per failure, and a last line with the count; the exit status is 0 when everything passed. On a CPU it runs on
+one torch thread (--threads N to change): a model this size gains nothing from more, and on a machine where
+anything else runs the threads wait on each other (two busy cores made the check take over 20 minutes with
+torch's default of two threads, about one and a half with one). Without a GPU it says so in one line and runs the same checks on the
 CPU, where the static path's replays are emulated: what a CUDA graph would freeze, the emulation freezes too, so
 a Python value baked into a forward fails here as it would on a GPU (the tests run it on toy checkpoints).
 
@@ -28,15 +32,22 @@ import argparse
 import contextlib
 import io
 import os
+import re
 import sys
 import tempfile
+import time
+
+if __name__ == "__main__":  # first, before torch loads: Ctrl-C and a closed pipe end it in one line or quietly
+    from nanospec.device import plain_exits
+    plain_exits()
 
 import torch
 
 from nanospec import bench
-from nanospec.checkpoint import CheckpointError
+from nanospec.checkpoint import CheckpointError, train_hint
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.decoding.batched import BATCHED, generate as generate_batch
+from nanospec.device import add_threads_flag, pick_device, set_threads
 from nanospec.parts import PARTS
 from nanospec.runtime import Fast, prepare
 
@@ -53,6 +64,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Run every method at greedy and sampled settings on a GPU, check "
                                             "greedy outputs against ar's, and run the quick bench.")
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N, mps, or cpu (the same checks, for tests)")
+    add_threads_flag(p)
     p.add_argument("--ckpt", default="out", help="folder with the trained checkpoints (`make train` writes out/)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                    help="float64 rules out near-ties of an untrained toy model (tests)")
@@ -96,8 +108,26 @@ def paths_of(models, args):
     return paths, None if path == replayed else f"runtime.prepare took the {path} path, not {replayed}"
 
 
+def progress(text, end="\n"):
+    """What the check is doing, on standard error (standard output is the report), at once."""
+    print(text, end=end, file=sys.stderr, flush=True)
+
+
+def checked_row(label, check):
+    """One row of the grid, said as it goes: 'gpu-check: eager (static): greedy ok, t=1 FAIL, ... (3.1 s)'.
+    check(setting, sampling) -> None or the failure. Returns {setting: None or the failure}."""
+    t0, row = time.perf_counter(), {}
+    progress(f"gpu-check: {label}:", end="")
+    for i, (setting, sampling) in enumerate(SETTINGS):
+        row[setting] = check(setting, sampling)
+        progress(f"{',' * (i > 0)} {setting} {'FAIL' if row[setting] else 'ok'}", end="")
+    progress(f" ({time.perf_counter() - t0:.1f} s)")
+    return row
+
+
 def run_methods(models, args):
-    """grid[row][setting] = None (passed) or the first failure, as one line; rows as rows_of gives them."""
+    """grid[row][setting] = None (passed) or the first failure, as one line; rows as rows_of gives them. Each row
+    is said on standard error as it runs (checked_row)."""
     encoded = [models.tokenizer.encode(text) for text in PROMPTS]
     reference = {}  # (prompt index, seed) -> ar's greedy output
     paths, wrong_path = paths_of(models, args)
@@ -105,24 +135,27 @@ def run_methods(models, args):
     for name in MODULES:  # ar first: the reference
         rows = rows_of(name, args.runtime)
         try:
+            missing = [part for part in MODULES[name].NEEDS if getattr(models, part, None) is None]
+            if missing:  # the command that trains it into this very folder (check_method's trains into out/)
+                raise ValueError(f"it needs the {missing[0]} model, which {args.ckpt} lacks: "
+                                 f"{train_hint(missing[0], args.ckpt)}")
             check_method(name, models)
         except ValueError as e:
             grid.update({label: {s: f"cannot run: {e}" for s, _ in SETTINGS} for label in rows})
+            progress(f"gpu-check: {name}: cannot run: {e}")
             continue
         eager = {}  # (prompt index, seed) -> this method's greedy output on the eager path
         for label, path in rows.items():
             static = path == "static"
-            grid[label] = {s: wrong_path if static and wrong_path else
-                           first_failure(name, paths[path], encoded, sampling, args, eager if static else reference,
-                                         None if static else eager)
-                           for s, sampling in SETTINGS}
+            grid[label] = checked_row(label, lambda s, sampling: wrong_path if static and wrong_path else
+                                      first_failure(name, paths[path], encoded, sampling, args,
+                                                    eager if static else reference, None if static else eager))
     for name in [n for n in BATCHED if n in MODULES]:  # after ar: its outputs are the reference
         eager = {}
         for label, path in rows_of(f"batch: {name}", args.runtime).items():
-            grid[label] = {s: wrong_path if path == "static" and wrong_path else
-                           first_batch_failure(name, paths[path], encoded, sampling, args,
-                                               *((eager, None) if path == "static" else (reference, eager)))
-                           for s, sampling in SETTINGS}
+            grid[label] = checked_row(label, lambda s, sampling: wrong_path if path == "static" and wrong_path else
+                                      first_batch_failure(name, paths[path], encoded, sampling, args,
+                                                          *((eager, None) if path == "static" else (reference, eager))))
     return grid
 
 
@@ -179,33 +212,68 @@ def first_failure(name, models, encoded, sampling, args, reference, record=None)
     return None
 
 
+class Prefixed:
+    """A text stream that writes each line to `stream` after `prefix`: the bench's progress, said as its own."""
+
+    def __init__(self, stream, prefix):
+        self.stream, self.prefix, self.start = stream, prefix, True
+
+    def write(self, text):
+        for piece in re.split(r"(?<=\n)", text):
+            if piece:
+                self.stream.write(self.prefix * self.start + piece)
+                self.start = piece.endswith("\n")
+        self.stream.flush()
+        return len(text)
+
+    def flush(self):
+        self.stream.flush()
+
+
 def run_bench(args):
-    """The bench's --quick run on this device. Returns None when it completed with every method, else why not."""
-    out = os.path.join(tempfile.mkdtemp(prefix="gpu_check_"), "bench_results.md")
-    argv = ["--quick", "--device", args.device, "--ckpt", args.ckpt, "--dtype", args.dtype, "--prompts",
-            args.prompts, "--out", out] + (["--compare-runtimes"] if args.runtime == "static" else [])
-    log = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-            got = bench.main(argv)
-    except SystemExit as e:
-        return f"stopped: {e.code}"
-    except Exception as e:
-        return f"crashed: {bench.one_line(e)}"
+    """The bench's --quick run on this device, its progress lines passed on to standard error. Returns None when
+    it completed with every method, else why not."""
+    progress("gpu-check: bench --quick: every method on the quick prompts, against ar")
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as folder:  # its report and JSON: not kept
+        argv = ["--quick", "--device", args.device, "--ckpt", args.ckpt, "--dtype", args.dtype, "--prompts",
+                args.prompts, "--out", os.path.join(folder, "bench_results.md"), "--threads", str(args.threads)]
+        argv += ["--compare-runtimes"] if args.runtime == "static" else []
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(Prefixed(sys.stderr,
+                                                                                                "  bench ")):
+                got = bench.main(argv)
+        except SystemExit as e:
+            return f"stopped: {e.code}"
+        except Exception as e:
+            return f"crashed: {bench.one_line(e)}"
     problems = [line[2:] for line in got["skipped"] if line.startswith("- skipped")]
     problems += [f"FAILED {name}: {why}" for name, why in got["failed"].items()]
     return "; ".join(problems) or None
 
 
+DEVICES = re.compile(r"cpu|mps|cuda(:\d+)?")
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if not DEVICES.fullmatch(args.device):
+        print(f"gpu-check: unknown --device {args.device!r}: use cuda (the default), cuda:N, mps or cpu")
+        return 1
     why = no_gpu(args.device)
     if why:
         print(why)
         args.device = "cpu"
+    try:
+        pick_device(args.device)  # cuda:N with fewer GPUs: one line
+        threads = set_threads(args.threads)
+    except ValueError as e:
+        print(f"gpu-check: {e}")
+        return 1
     if not all(os.path.exists(os.path.join(args.ckpt, f)) for f in ("tokenizer.tiktoken", "target.pt")):
         print(f"gpu-check: no trained checkpoints in {args.ckpt}/: run `make train` first (or pass --ckpt FOLDER)")
         return 1
+    progress(f"gpu-check: loading {args.ckpt}/ on {args.device}" + (f", {threads} torch thread{'s' * (threads > 1)}"
+                                                                    if args.device == "cpu" else ""))
     try:
         models, broken = bench.load_parts(args.ckpt, args.device, PARTS, args.dtype)
     except (CheckpointError, ValueError) as e:
@@ -232,4 +300,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()  # here, not at exit: a reader that closed the pipe ends it quietly (plain_exits)
+    sys.exit(code)

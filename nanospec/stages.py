@@ -18,7 +18,10 @@ validation split. train_tiny.py parses the command line and calls `run`; the
 drafters' stages live in nanospec/drafters/training.py, the training loop in nanospec/trainer.py.
 
 A run folder is tied to its corpus: out/corpus.json records the corpus it was trained on, and a data folder
-that holds another is refused, never overwritten (it may belong to another run).
+that holds another is refused, never overwritten (it may belong to another run). No stage replaces a file it did
+not write: a train.txt, val.txt, corpus.json, tokens.json, train.bin, val.bin or tokenizer.vocab of someone
+else's is refused with one line (the records that make files ours are written before the files), and every
+other file in the folders (data/prompts.json, notes) is left alone.
 """
 import datetime
 import json
@@ -104,16 +107,22 @@ def read_json(path, fix):
 
 
 def corpus_stats(ctx):
-    """data/corpus.json, read with a one-line error when it is damaged."""
-    return read_json(os.path.join(ctx.data_dir, "corpus.json"),
-                     f"delete it and its train.txt and val.txt to rebuild the corpus, or pass another --data-dir")
+    """data/corpus.json, read with a one-line error when it is damaged or not a record nanospec wrote."""
+    path = os.path.join(ctx.data_dir, "corpus.json")
+    stats = read_json(path, "delete it and its train.txt and val.txt to rebuild the corpus, or pass another --data-dir")
+    if not stats.get("building") and not isinstance(stats.get("bytes"), dict):
+        raise ValueError(f"{path} is not a corpus record nanospec wrote (no \"bytes\"): it is kept; move it, or pass "
+                         f"another --data-dir")
+    return stats
 
 
 def stage_corpus(ctx):
     """Build the splits in --data-dir, or keep those there if they are the corpus this run asks for. A data
-    folder that holds another corpus is refused, never overwritten: another run may train on it."""
+    folder that holds another corpus is refused, never overwritten: another run may train on it; so is a
+    train.txt or val.txt nanospec did not write (corpus.check_ours). A corpus whose writing was stopped midway
+    (corpus.json still says "building") is built again."""
     meta, wanted = os.path.join(ctx.data_dir, "corpus.json"), corpus_recipe(ctx)
-    if os.path.exists(meta):
+    if os.path.exists(meta) and not corpus_stats(ctx).get("building"):
         stats = corpus_stats(ctx)
         have = {key: stats.get(key, False) for key in wanted}  # older files have no "tests", no "packages"
         if any(wanted[key] is not None and have[key] != wanted[key] for key in wanted):
@@ -124,7 +133,7 @@ def stage_corpus(ctx):
         t0 = time.time()
         stats = corpus.build_corpus(out_dir=ctx.data_dir, source=ctx.args.corpus, budget_bytes=wanted["budget_bytes"],
                                     include_tests=wanted["tests"], source_flag="--corpus", budget_flag=None,
-                                    packages=wanted["packages"])
+                                    packages=wanted["packages"], dir_flag="--data-dir")
         print(f"corpus: {sum(stats['bytes'].values()) / 1e6:.1f} MB built in {time.time() - t0:.0f}s into "
               f"{ctx.data_dir}/")
     check_corpus_files(ctx, stats)
@@ -191,6 +200,10 @@ def stage_tokenizer(ctx):
     if os.path.isfile(path):
         print(f"tokenizer: {path} exists, skipping")
     else:
+        listing = path[:-len(".tiktoken")] + ".vocab"
+        if os.path.exists(listing) and not is_our_listing(listing):
+            raise ValueError(f"{listing} is not a tokenizer listing nanospec wrote, and training the tokenizer would "
+                             f"replace it: move it, or pass another --out-dir")
         t0 = time.time()
         text = tokenizer_sample(os.path.join(ctx.data_dir, "train.txt"), ctx.cfg.get("tokenizer_chars"))
         print(f"tokenizer: training {ctx.cfg['vocab_size'] - 1} merges+bytes on {len(text) / 1e6:.1f}M characters "
@@ -202,6 +215,16 @@ def stage_tokenizer(ctx):
     if ctx.tokenizer.vocab_size > 2 ** 16:
         raise ValueError(f"{path} has {ctx.tokenizer.vocab_size} tokens; the token files hold uint16 (at most 65536)")
     print(f"tokenizer: vocab {ctx.tokenizer.vocab_size} (incl. end-of-text), listing in {path[:-9]}.vocab")
+
+
+def is_our_listing(path):
+    """Does `path` look like the .vocab that save_tokenizer writes? Every one begins with the 256 single bytes,
+    the first line '[\\x00] 0'."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(9) == b"[\\x00] 0\n"
+    except OSError:
+        return False
 
 
 def tokenize_file(tokenizer, text_path, bin_path, progress_name):
@@ -251,12 +274,23 @@ def stage_tokens(ctx):
     meta_path = os.path.join(ctx.out_dir, "tokens.json")
     bins = {split: os.path.join(ctx.out_dir, f"{split}.bin") for split in ("train", "val")}
     want = {"tokenizer": ctx.tokenizer.identity, "corpus_sha256": ctx.corpus_sha256}
-    meta = read_json(meta_path, "delete it and the .bin files beside it") if os.path.exists(meta_path) else {}
+    meta = read_json(meta_path, "delete it and the .bin files beside it") if os.path.exists(meta_path) else None
+    if meta is not None and not set(want) <= set(meta):
+        raise ValueError(f"{meta_path} is not the record of token files nanospec writes: it is kept; move it, or "
+                         f"pass another --out-dir")
+    theirs = [p for p in bins.values() if os.path.exists(p)] if meta is None else []
+    if theirs:  # no tokens.json of ours beside them: someone else's files
+        raise ValueError(f"{theirs[0]} was not written by nanospec (no tokens.json beside it), and the tokens stage "
+                         f"would replace it: move it, or pass another --out-dir")
+    meta = meta or {}
     fresh = (all(meta.get(k) == v for k, v in want.items())
              and all(os.path.isfile(p) and os.path.getsize(p) == 2 * meta.get(split, -1) for split, p in bins.items()))
     if fresh:
         print(f"tokens: {ctx.out_dir}/train.bin exists, skipping")
     else:
+        # first the record that says these files are ours (without their counts: not fresh), so that a run
+        # stopped midway writes them again rather than refusing them as someone else's
+        corpus.write_atomic(meta_path, json.dumps(want, indent=2) + "\n")
         t0, counts = time.time(), {}
         for split, path in bins.items():
             counts[split] = tokenize_file(ctx.tokenizer, os.path.join(ctx.data_dir, f"{split}.txt"), path,
@@ -440,6 +474,8 @@ def plan(ctx, stages):
         path = os.path.join(ctx.out_dir, f"{name}.pt")
         if name in TRAINED and not (os.path.exists(path) and load_checkpoint(path).get("done")):
             budgets[name] = ctx.budget(TRAINED[name])
+    if not any(name in TRAINED for name in stages):
+        return f"plan: {', '.join(stages)} only, no model trained"
     if not budgets:
         return "plan: every checkpoint is complete, nothing to train"
     if not all(budgets.values()):

@@ -43,14 +43,19 @@ def toy_run(tmp_path_factory):
 @pytest.fixture(scope="session")
 def fresh_imports(toy_run):
     """The modules a fresh interpreter has loaded (sorted names): after importing every method ("methods"), then
-    after `decode.py --method ar` on the toy run ("decode"). One process for test_cli.py's and
-    test_train_inputs.py's checks that the methods load no speed layer and decoding no training code."""
-    script = ("import json, sys, nanospec.decoding, nanospec.decoding.batched; methods = sorted(sys.modules); "
+    after `decode.py --method ar` on the toy run ("decode"); and torch's threads before and after decode.main
+    ("threads_before", "threads"). One process for test_cli.py's and test_train_inputs.py's checks that the
+    methods load no speed layer and decoding no training code, and test_edges_decode.py's that it runs on one
+    thread (the variables that set torch's threads are unset there)."""
+    script = ("import json, sys, torch, nanospec.decoding, nanospec.decoding.batched; methods = sorted(sys.modules); "
+              "before = torch.get_num_threads(); "
               f"import decode; decode.main(['--ckpt', {str(toy_run)!r}, '--method', 'ar', '--prompt', 'def f(', "
               "'--max-new-tokens', '3', '--device', 'cpu']); "
-              "print(json.dumps({'methods': methods, 'decode': sorted(sys.modules)}), file=sys.stderr)")
+              "print(json.dumps({'methods': methods, 'decode': sorted(sys.modules), 'threads_before': before, "
+              "'threads': torch.get_num_threads()}), file=sys.stderr)")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     res = subprocess.run([sys.executable, "-c", script], cwd=os.path.dirname(os.path.dirname(__file__)),
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stderr.strip().splitlines()[-1])
 

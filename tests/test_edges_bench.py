@@ -34,6 +34,9 @@ BAD = [  # (flags, files to make {name: content}, the start of the one line expe
     (["--out", "{tmp}"], {}, "--out {tmp} is a folder"),
     (["--out", "/dev/full"], {}, "--out /dev/full is not a regular file"),
     (["--json", "{tmp}"], {}, "--json {tmp} is a folder"),
+    # issue 40: a file that is not the bench's JSON was replaced, though the help says the figures are merged in
+    (["--json", "{tmp}/notes.txt"], {"notes.txt": "my notes"}, "--json {tmp}/notes.txt is not the bench's JSON"),
+    (["--json", "{tmp}/r.json"], {"r.json": '{"mine": 1}'}, "--json {tmp}/r.json is not the bench's JSON"),
     (["--seed", "-1"], {}, "--seed must be in 0..2**63-1"),
     (["--seed", str(2**64 - 1)], {}, "--seed must be in 0..2**63-1"),
     (["--seed", str(MAX_SEED)], {}, f"--seed {MAX_SEED}: prompt i runs with seed + i"),

@@ -2,16 +2,19 @@
 runs, takes TIMEOUT= and reruns at most once after a hang, naming the exercise that hung; it refuses an exercise
 the handout does not blank; the Makefile passes every value as one word (no injection) and lists its targets;
 `make figures` writes to a folder git ignores unless asked; the step figure's title is not cut mid-word."""
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from nanospec import figures
-from nanospec.course import grade
+from nanospec.course import grade, handout as handout_kit
 from nanospec.course.handout import make_handout
 from nanospec.course.registry import BY_ID, parse_selection
 
@@ -90,6 +93,183 @@ def test_an_exercise_the_handout_does_not_blank_is_refused(handout):
     assert len(run.stderr.strip().splitlines()) == 1
 
 
+# ----------------------------------------------------------------------------- a grader that trusts only itself (issue 40)
+
+def tree_of(folder):
+    """{relative path: bytes} of every file under folder: what a command must leave as it was."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def submission(tmp_path):
+    """A student's repository: the handout of exercise 1, left blank, with handout.json deleted (before, the
+    grader then graded every exercise, the kept reference code of 2..14 scoring as the student's: 107 of 112),
+    and files a full checkout has that grading once deleted (tests/test_course.py) or read (a pytest.ini)."""
+    out = tmp_path / "student"
+    make_handout(ROOT, out, parse_selection("1"))
+    (out / "handout.json").unlink()
+    (out / "tests" / "test_course.py").write_text("# the instructor's, in a full checkout\n")
+    (out / "pytest.ini").write_text("[pytest]\naddopts = -p no:junitxml\n")
+    return out
+
+
+def test_a_submission_is_graded_on_the_instructors_exercises_in_a_copy(submission, tmp_path):
+    """The Gradescope command, a real process whose standard output is a pipe already closed (`| head -1`):
+    without --ex one line says to name the exercises; with --ex 1 only exercise 1 is graded (0 points: it is
+    blank), the results are written whole before anything is printed, and no file of the submission changed."""
+    before = tree_of(submission)
+    results = tmp_path / "results.json"
+    base = [sys.executable, "-m", "nanospec.course.grade", "--submission", str(submission), "--json", str(results)]
+    refused = subprocess.run(base, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and refused.stderr.startswith("error: --submission needs --ex, the exercises "
+                                                                 "you handed out") and refused.stderr.count("\n") == 1
+    read, write = os.pipe()
+    os.close(read)
+    done = subprocess.run(base + ["--ex", "1"], cwd=ROOT, stdout=write, stderr=subprocess.PIPE, text=True,
+                          timeout=300, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    os.close(write)
+    assert done.returncode == 0 and "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    graded = json.loads(results.read_text())
+    assert graded["score"] == 0 and [t["number"] for t in graded["tests"]] == ["1"]
+    assert tree_of(submission) == before
+
+
+def test_a_tampered_record_changes_nothing(submission, monkeypatch, capsys):
+    """The submission's handout.json says what the student likes: the exercises graded are --ex's, and the line
+    that says they differ is a note. In place, a handout grades its own exercises, and an exercise graded by
+    hand only when it was handed out (before, a one-exercise handout listed exercise 12)."""
+    (submission / "handout.json").write_text(json.dumps({"exercises": [2, 3], "generated": {}}))
+    seen = []
+    monkeypatch.setattr(grade, "grade", lambda root, exercises, junit, timeout: seen.append(
+        (root, [ex.id for ex in exercises])) or [])
+    monkeypatch.setattr(grade, "table", lambda results, root: "table")
+    grade.main(["--submission", str(submission), "--ex", "1", "--json", ""])
+    assert seen[0][1] == [1] and seen[0][0] != str(submission)  # graded in a copy
+    assert "note: the submission's handout.json lists exercises 2, 3; grading 1, as --ex says" in capsys.readouterr().err
+    monkeypatch.setattr(grade, "PROJECT", str(submission))  # a grader running in that handout, in place
+    assert [ex.id for ex in grade.default_selection()] == [2, 3]
+    (submission / "handout.json").write_text(json.dumps({"exercises": [1], "by_hand": [12]}))
+    assert [ex.id for ex in grade.default_selection()] == [1, 12]
+    (submission / "handout.json").write_text(json.dumps({"exercises": [1]}))
+    assert [ex.id for ex in grade.default_selection()] == [1]
+
+
+def test_a_results_file_that_is_not_the_graders_is_kept(tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes")
+    with pytest.raises(SystemExit) as stop:
+        grade.main(["--ex", "1", "--json", str(notes)])
+    assert stop.value.code == f"error: --json {notes} is not a results file of the grader's: it is kept; give " \
+                              "another file"
+    assert notes.read_text() == "my notes"
+
+
+def test_a_long_pytest_run_says_how_far_it_got(monkeypatch, capsys, tmp_path):
+    """Every PROGRESS_SECONDS of a pytest run, a line with the tests done so far (from its verbose log)."""
+    class Slow:  # a pytest run that takes two looks to finish
+        def __init__(self, cmd, stdout, **kw):
+            self.out, self.looks = stdout, 0
+
+        def wait(self, timeout=None):
+            self.looks += 1
+            self.out.write(f"tests/test_ex01_prompt_lookup.py::test_{self.looks} PASSED\n")
+            self.out.flush()
+            if self.looks < 3:
+                raise subprocess.TimeoutExpired("pytest", timeout)
+
+        def poll(self):
+            return 0
+    monkeypatch.setattr(grade.subprocess, "Popen", Slow)
+    monkeypatch.setattr(grade, "PROGRESS_SECONDS", 0.01)
+    with pytest.raises(RuntimeError, match="pytest wrote no report"):
+        grade.run_tests(str(tmp_path), [BY_ID[1]], str(tmp_path / "r.xml"), timeout=60)
+    err = capsys.readouterr().err.splitlines()
+    assert err[1:] == ["  ... 1 tests done (0 s)", "  ... 2 tests done (0 s)"], err
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="finds the pytest run in /proc")
+def test_ctrl_c_while_grading_ends_in_one_line_and_stops_the_run(handout, tmp_path):
+    """A real process (before, a traceback): SIGINT while the endless loop runs ends the grader with
+    'interrupted', status 130, no results file, and the pytest run it started gone with it."""
+    results = tmp_path / "r.json"
+    proc = subprocess.Popen([sys.executable, "-m", "nanospec.course.grade", "--timeout", "120", "--json",
+                             str(results)], cwd=handout, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+
+    def pytest_runs():  # the processes running pytest in the handout
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if os.readlink(f"/proc/{pid}/cwd") == str(handout) and b"\0-m\0pytest\0" in cmdline:
+                    found.append(pid)
+            except OSError:
+                pass
+        return found
+    for _ in range(600):  # until pytest runs (within a minute)
+        if pytest_runs():
+            break
+        proc.poll() is None or pytest.fail(proc.stderr.read())
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.endswith("interrupted\n") and "Traceback" not in err, err
+    assert not results.exists() and pytest_runs() == []
+
+
+# ----------------------------------------------------------------------------- the handout (issue 40)
+
+def test_a_handout_holds_only_tracked_files(tmp_path):
+    """Before: a stray notes.txt the instructor had not added went to the students."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "kept.py").write_text("x = 1\n")
+    (repo / "notes.txt").write_text("not for students\n")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run(["git", "add", "kept.py"], cwd=repo, check=True)
+    assert handout_kit.source_files(repo) == ["kept.py"]
+
+
+def test_the_handout_names_a_git_folder_only_when_there_is_one(tmp_path, capsys):
+    out = tmp_path / "h"
+    handout_kit.main(["--ex", "1", "--out", str(out), "--root", str(ROOT)])
+    (out / "mine.txt").write_text("mine")
+    handout_kit.main(["--ex", "1", "--out", str(out), "--root", str(ROOT)])
+    assert "1 files it did not write left as they were" in capsys.readouterr().out  # before: "(.git included)"
+    (out / ".git").mkdir()
+    handout_kit.main(["--ex", "1", "--out", str(out), "--root", str(ROOT)])
+    assert "2 files it did not write (.git included) left as they were" in capsys.readouterr().out
+
+
+def test_a_closed_pipe_ends_the_handout_quietly(tmp_path):
+    """`make handout | head -1` with nothing to read: a real process whose standard output is a pipe already
+    closed writes the whole handout and ends quietly, status 0 (before, a BrokenPipeError traceback)."""
+    read, write = os.pipe()
+    os.close(read)
+    done = subprocess.run([sys.executable, "-m", "nanospec.course.handout", "--ex", "1", "--out", str(tmp_path / "h")],
+                          cwd=ROOT, stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert json.loads((tmp_path / "h" / "handout.json").read_text())["exercises"] == [1]
+
+
+def test_ctrl_c_while_updating_a_handout_waits_for_the_last_file(tmp_path, monkeypatch):
+    """The moves into an earlier handout hold Ctrl-C back until the last is done: interrupted, the handout is
+    the new one whole (its handout.json lists what is there), never half old and half new."""
+    out = tmp_path / "h"
+    make_handout(ROOT, out, parse_selection("1"))
+    real = handout_kit.install
+
+    def interrupted_midway(staging, out, files, before):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C before the first move
+        return real(staging, out, files, before)
+    monkeypatch.setattr(handout_kit, "install", interrupted_midway)
+    with pytest.raises(KeyboardInterrupt):
+        make_handout(ROOT, out, parse_selection("2"))
+    stamp = json.loads((out / "handout.json").read_text())
+    assert stamp["exercises"] == [2] and handout_kit.changed_since(str(out), stamp["generated"]) == []
+
+
 # ----------------------------------------------------------------------------- the Makefile
 
 def make(*args):
@@ -127,6 +307,24 @@ def test_make_grade_takes_a_timeout_and_figures_an_out():
     assert make("figures", f"PYTHON={ARGV}").splitlines()[-1] == str(['-m', 'nanospec.figures'])
     assert make("figures", f"PYTHON={ARGV}", "OUT=docs/figures").splitlines()[-1] == str(
         ['-m', 'nanospec.figures', '--out', 'docs/figures'])
+    # issue 40: CKPT= reaches the figures (before, they were drawn from out/ whatever CKPT said)
+    assert make("figures", f"PYTHON={ARGV}", "CKPT=out-gpu").splitlines()[-1] == str(
+        ['-m', 'nanospec.figures', '--ckpt', 'out-gpu'])
+
+
+@needs_make
+@pytest.mark.parametrize("value, overwrite", [("", False), ("0", False), ("no", False), ("1", True), ("yes", True)])
+def test_overwrite_0_means_no(value, overwrite):
+    """Before: `make handout OVERWRITE=0` replaced a student's edited file: any value at all was a yes."""
+    printed = make("handout", f"PYTHON={ARGV}", "OUT=/tmp/h", f"OVERWRITE={value}").splitlines()[-1]
+    assert ("'--overwrite'" in printed) == overwrite, printed
+
+
+@needs_make
+def test_an_overwrite_value_that_is_neither_is_refused():
+    run = subprocess.run(["make", "--no-print-directory", "handout", f"PYTHON={ARGV}", "OVERWRITE=maybe"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0 and "OVERWRITE=maybe: say OVERWRITE=1" in run.stderr and not run.stdout
 
 
 # ----------------------------------------------------------------------------- the figures

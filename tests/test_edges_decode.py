@@ -95,10 +95,10 @@ def test_reading_a_prompt_from_a_terminal_says_so(monkeypatch, capsys):
     ["--top-k", "3"], ["--top-p", "0.9"], ["--method", "mtp", "--verify", "block"],
     ["--method", "medusa", "--verify", "traversal"], ["--method", "eagle", "--verify", "traversal"],
     ["--method", "eagle", "--verify", "traversal", "--draft-sampling", "topk"],
-    ["--method", "mtp", "--draft-sampling", "sample"],
+    ["--method", "mtp", "--draft-sampling", "sample"], ["--seed", "3"],
 ], ids=lambda f: " ".join(f))
 def test_flags_that_only_matter_when_sampling_are_refused_at_temperature_0(ckpt, flags):
-    """Before: accepted and silently ignored, while --confidence was refused."""
+    """Before: accepted and silently ignored, while --confidence was refused (--seed too, issue 40)."""
     assert "only matters when sampling" in decode_error(ckpt, "--prompt", "x", *flags)
 
 
@@ -205,3 +205,78 @@ def test_the_help_names_every_choice_of_verify(capsys, monkeypatch):
     text = " ".join(capsys.readouterr().out.split())
     verify = text.split("--verify VERIFY")[-1].split("--draft-sampling")[0]  # the help, not the usage line
     assert "medusa: token|traversal|typical" in verify and "eagle: token|traversal" in verify
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Threads, the method list, the help, and the hints (issue 40)
+
+
+def test_decoding_runs_on_one_thread_unless_told(ckpt, fresh_imports):
+    """A fresh interpreter (conftest.py's fresh_imports, OMP_NUM_THREADS unset) starts with torch's default, one
+    thread per core; decode.py sets one (on a busy 2-core machine, 0.45 s a forward with two, 0.0035 s with one).
+    --threads outside 0..cores is a one-line error."""
+    assert fresh_imports["threads_before"] >= 1 and fresh_imports["threads"] == 1
+    assert "--threads must be in 0.." in decode_error(ckpt, "--prompt", "x", "--threads", str(os.cpu_count() + 1))
+    assert "--threads must be in 0.." in decode_error(ckpt, "--prompt", "x", "--threads", "-1")
+
+
+def test_the_method_list_is_whole_sentences_and_json(capsys):
+    """Before: each description cut at the docstring's first line ('... every other method must'), and --json
+    printed the same text."""
+    decode.main(["--method", "list"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list(decode.MODULES)
+    assert all(line.split(" [needs")[0].endswith(".") for line in lines), lines
+    assert "one token per target forward." in lines[0] and any("[needs eagle]" in line for line in lines)
+    decode.main(["--method", "list", "--json"])
+    methods = json.loads(capsys.readouterr().out)["methods"]
+    assert [m["name"] for m in methods] == list(decode.MODULES)
+    assert next(m for m in methods if m["name"] == "speculative")["needs"] == ["draft"]
+
+
+@pytest.mark.parametrize("flags", [["--temperature", "-1"], ["--prompt", "x"], ["--threads", "2"]])
+def test_the_method_list_refuses_other_flags(flags):
+    """Before: `--method list --temperature -1` listed the methods and returned 0."""
+    with pytest.raises(SystemExit) as stop:
+        decode.main(["--method", "list", *flags])
+    assert stop.value.code == f"error: --method list lists the methods and takes no other flag but --json: drop {flags[0]}"
+
+
+def test_the_help_states_each_default_once(capsys, monkeypatch):
+    """Before: '(default 0.5) (default: speculative None, mtp None, ...)' and '(default: medusa False)'."""
+    monkeypatch.setenv("COLUMNS", "1000")
+    with pytest.raises(SystemExit):
+        decode.parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert "None" not in text.replace("(None =", "") and "False" not in text
+    assert "(default 0.5; 0.0..1.0)" in text and "(default 0.5) (" not in text
+    assert "--threads" in text and "decodes fastest on one" in text
+
+
+def test_a_batch_option_of_a_method_that_has_no_batch_says_what_to_drop(ckpt):
+    """Before: `--method eagle --batch-size 1 --prompt x` said 'give one prompt' when one was given."""
+    assert decode_error(ckpt, "--method", "eagle", "--batch-size", "1", "--prompt", "x").endswith(
+        "not eagle: drop --batch-size")
+    assert decode_error(ckpt, "--method", "eagle", "--prompt", "x", "--prompt", "y").endswith(
+        "not eagle: give one --prompt")
+
+
+def test_a_missing_part_names_the_folder_to_train_it_into(ckpt):
+    """Before: with --ckpt elsewhere the hint said `python train_tiny.py --stage draft`, which trains into out/."""
+    message = decode_error(ckpt, "--method", "speculative", "--prompt", "x")
+    assert f"which {ckpt} lacks: run `python train_tiny.py --stage draft --out-dir {ckpt}`" in message
+
+
+def test_batched_prompt_lookup_copies_as_far_as_one_prompt_does(ckpt, capsys):
+    """Before: batched prompt-lookup copied 4 tokens where its --help (and one prompt) says 10: the same tokens,
+    fewer per forward. A prompt that repeats itself gives copies longer than 4."""
+    prompt = "abcdefghijklmnop" * 3
+
+    def stats(*extra):
+        decode.main(["--ckpt", ckpt, "--device", "cpu", "--max-new-tokens", "24", "--method", "prompt-lookup",
+                     "--prompt", prompt, "--json", *extra])
+        return json.loads(capsys.readouterr().out)
+    alone, batched = stats(), stats("--batch-size", "1")
+    assert batched["ids"] == alone["ids"]
+    assert batched["stats"]["guesses_per_step"] == alone["stats"]["guesses_per_step"]
+    assert max(alone["stats"]["guesses_per_step"]) > 4, alone["stats"]["guesses_per_step"]

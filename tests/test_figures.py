@@ -3,6 +3,10 @@ and tree figures from tiny random models with a byte-level tokenizer. matplotlib
 to install it): without it these tests are skipped, and `python -m nanospec.figures` says how to install it."""
 import importlib.util
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,3 +61,36 @@ def test_main_draws_what_it_has_and_names_what_it_lacks(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "run `make train`" in err and "no batch table" in err
     assert is_png(tmp_path / "bench.png") and is_png(tmp_path / "speedup_curves.png")
+
+
+def test_ctrl_c_while_saving_leaves_no_half_picture(tmp_path, monkeypatch):
+    """Each PNG goes to a temporary file renamed into place: interrupted mid-write, neither a half PNG nor the
+    temporary file is left (issue 40)."""
+    plt = figures.pyplot()
+    fig, _ = plt.subplots()
+    (tmp_path / "bench.png").write_bytes(b"the old picture")
+
+    def half_then_ctrl_c(path, **kw):
+        Path(path).write_bytes(PNG)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(fig, "savefig", half_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        figures.save(fig, tmp_path / "bench.png")
+    assert sorted(os.listdir(tmp_path)) == ["bench.png"] and (tmp_path / "bench.png").read_bytes() == b"the old picture"
+
+
+def test_a_closed_pipe_stops_the_printing_not_the_figures(tmp_path):
+    """`python -m nanospec.figures | head -1`: before, a BrokenPipeError traceback after the first PNG. A real
+    process whose standard output is a pipe already closed: every figure is still drawn, quietly, status 0."""
+    results = {"title": "tiny", "methods": {"ar": {"greedy": [1.0, 1.0]}, "mtp": {"greedy": [1.6, 1.2]}},
+               "batch": {"greedy": {"ar": {"1": [100.0, 1.0], "4": [300.0, 1.0]}}}}
+    (tmp_path / "r.json").write_text(json.dumps(results))
+    read, write = os.pipe()
+    os.close(read)
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "nanospec.figures", "--ckpt", str(tmp_path / "none"), "--results",
+                           str(tmp_path / "r.json"), "--out", str(tmp_path / "png")], cwd=root, stdout=write,
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert sorted(os.listdir(tmp_path / "png")) == ["batch.png", "bench.png", "speedup_curves.png"]

@@ -7,6 +7,7 @@ capture that fails (its model then runs eager: blamed on the methods that run th
 that does not take the path it should, is named (negative controls)."""
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -45,8 +46,16 @@ def test_without_a_gpu_every_method_passes_on_the_cpu_with_replay_emulated(toy_o
     there as on a GPU)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert gpu_check.main(CPU[2:] + ["--ckpt", toy_out]) == 0  # no --device: cuda asked for, and not here
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert out.startswith("gpu-check: no CUDA GPU here") and "CUDA-graph replay emulated" in out.splitlines()[0]
+    # issue 40: as it goes, a line per method and path on standard error, and the bench's own progress
+    said = err.splitlines()
+    assert said[0] == f"gpu-check: loading {toy_out}/ on cpu, 1 torch thread"
+    for name in gpu_check.MODULES:
+        for label in (name, f"{name} (static)"):
+            line = next(line for line in said if line.startswith(f"gpu-check: {label}: "))
+            assert line.endswith(" s)") and "greedy ok, t=1 ok, t=0.7 top-p=0.9 ok" in line, line
+    assert any(line.startswith("  bench [") and "settings:" in line for line in said)
     assert "bench --quick: ok, every method ran" in out and "FAIL" not in out
     assert all(f"| {name} (static) " in out for name in gpu_check.MODULES)
     assert all(f"| batch: {name} (static) " in out for name in gpu_check.BATCHED)
@@ -81,6 +90,33 @@ def test_without_a_gpu_or_checkpoints_two_lines_say_what_to_do(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and done.stdout.count("\n") == 2 and not done.stderr
     assert done.stdout.startswith("gpu-check: no CUDA GPU here") and "run `make train`" in done.stdout
+
+
+def test_a_device_that_is_no_device_is_one_line(tmp_path, capsys):
+    """Before: `--device bogus` failed in torch and told the user to delete a good checkpoint."""
+    assert gpu_check.main(["--device", "bogus", "--ckpt", str(tmp_path)]) == 1
+    assert capsys.readouterr().out == ("gpu-check: unknown --device 'bogus': use cuda (the default), cuda:N, mps or "
+                                       "cpu\n")
+    assert gpu_check.main(["--device", "cpu", "--threads", str((os.cpu_count() or 1) + 1)]) == 1
+    assert "--threads must be in 0.." in capsys.readouterr().out
+
+
+def test_ctrl_c_and_a_closed_pipe_end_it_plainly(toy_out, CPU, tmp_path):
+    """Real processes (issue 40; before, a traceback each): SIGINT while it checks ends with 'interrupted' and
+    status 130; standard output a pipe already closed ends it quietly, status 0."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.Popen([sys.executable, "-m", "nanospec.gpu_check", *CPU, "--ckpt", toy_out], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr.readline().startswith("gpu-check: loading")  # it is at work
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.endswith("interrupted\n") and "Traceback" not in err, err
+    read, write = os.pipe()
+    os.close(read)
+    done = subprocess.run([sys.executable, "-m", "nanospec.gpu_check", "--ckpt", str(tmp_path)], cwd=ROOT, env=env,
+                          stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
 
 
 def test_without_checkpoints_one_line_says_how_to_make_them(tmp_path, capsys):
@@ -172,3 +208,16 @@ def test_a_batch_that_differs_from_ar_alone_or_from_eager_is_named(toy_out, CPU,
     grid = grid_of(toy_out, CPU, monkeypatch, ["ar", "speculative"])
     assert grid["batch: speculative (static)"]["greedy"] == "seed 0: greedy row 1 differs from eager"
     assert grid["batch: speculative"]["greedy"] is None and grid["batch: ar (static)"]["greedy"] is None
+
+
+def test_a_missing_part_names_the_folder_to_train_it_into(toy_out, CPU, monkeypatch, tmp_path):
+    """Before: a folder without eagle.pt said `python train_tiny.py --stage eagle`, which trains into out/."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for name in ("tokenizer.tiktoken", "target.pt", "draft.pt"):
+        (folder / name).write_bytes((Path(toy_out) / name).read_bytes())
+    grid = grid_of(str(folder), CPU, monkeypatch, ["ar", "eagle"])
+    assert grid["eagle"]["greedy"] == (f"cannot run: it needs the eagle model, which {folder} lacks: run `python "
+                                       f"train_tiny.py --stage eagle --out-dir {folder}` (with the --preset and "
+                                       f"--data-dir {folder} was trained with)")
+    assert grid["ar"]["greedy"] is None

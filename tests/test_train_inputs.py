@@ -1,7 +1,10 @@
 """train_tiny.py's inputs: every bad one a one-line error before any training, a corpus that never overwrites
 another run's, the gpu preset well-formed, and decoding that never imports the training code."""
+import json
 import math
 import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -297,3 +300,78 @@ def test_too_small_names_the_split_and_never_suggests_the_preset_in_use(tmp_path
     src = write_source(tmp_path / "src", n=4, lines=3)
     message = train_error(["--corpus", str(src)], tmp_path)
     assert "too small for preset 'toy'" in message and "/data/" in message and "--preset toy" not in message
+
+
+# ----------------------------------------------------------------------------- files training did not write (issue 40)
+
+
+def test_your_own_train_and_val_txt_are_never_replaced(tmp_path, capsys):
+    """Before: `--stage corpus --data-dir D`, D holding your own train.txt and val.txt but no corpus.json, said
+    "all done" with both replaced by standard-library text. A corpus.json nanospec did not write is kept too."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.txt").write_text("my own notes\n")
+    (data / "val.txt").write_text("mine too\n")
+    (data / "prompts.json").write_text("{}")  # a file training never writes: left alone, never a reason to refuse
+    message = train_error(["--stage", "corpus"], tmp_path)
+    assert "holds train.txt and val.txt that no corpus.json of nanospec's describes" in message
+    assert "--data-dir" in message and "--corpus" in message
+    assert (data / "train.txt").read_text() == "my own notes\n" and (data / "val.txt").read_text() == "mine too\n"
+    assert sorted(p.name for p in data.iterdir()) == ["prompts.json", "train.txt", "val.txt"]
+    assert "plan: corpus, tokenizer, tokens only, no model trained" in capsys.readouterr().out  # not "complete"
+    (data / "corpus.json").write_text('{"mine": true}')
+    assert "is not a corpus record nanospec wrote" in train_error(["--stage", "corpus"], tmp_path)
+    assert (data / "corpus.json").read_text() == '{"mine": true}'
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("tokenizer.vocab", "my vocabulary\n", "tokenizer.vocab is not a tokenizer listing nanospec wrote"),
+    ("train.bin", "my data", "train.bin was not written by nanospec"),
+    ("tokens.json", '{"mine": 1}', "tokens.json is not the record of token files nanospec writes"),
+])
+def test_files_in_the_out_dir_training_did_not_write_are_refused(tmp_path, name, content, message):
+    """Before: `--stage tokens --out-dir O` silently replaced your own O/train.bin and O/tokenizer.vocab. A file
+    of another name (notes.txt) is left alone and stops nothing."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).write_text(content)
+    (out / "notes.txt").write_text("mine")
+    argv = ["--preset", "toy", "--corpus", str(write_source(tmp_path / "src", n=30, lines=40)), "--data-dir",
+            str(tmp_path / "data"), "--out-dir", str(out), "--stage", "tokens"]
+    with pytest.raises(SystemExit) as e:
+        train_tiny.main(argv)
+    assert message in str(e.value.code) and "pass another --out-dir" in str(e.value.code)
+    assert (out / name).read_text() == content and (out / "notes.txt").read_text() == "mine"
+    (out / name).unlink()
+    train_tiny.main(argv)  # moved away: the run goes on, and leaves notes.txt as it was
+    assert (out / "train.bin").stat().st_size > 0 and (out / "notes.txt").read_text() == "mine"
+
+
+def test_a_run_stopped_while_writing_its_corpus_or_tokens_goes_on(tmp_path, capsys):
+    """The records of what is ours are written first ("building" in corpus.json, tokens.json without its counts):
+    files a stopped run left half-written are written again, not refused as someone else's."""
+    argv = toy_run(tmp_path)
+    data, out = tmp_path / "data", tmp_path / "out"
+    (data / "corpus.json").write_text(json.dumps(corpus.BUILDING))
+    (data / "val.txt").write_text("half")
+    (out / "tokens.json").write_text(json.dumps({k: v for k, v in json.loads((out / "tokens.json").read_text()).items()
+                                                 if k in ("tokenizer", "corpus_sha256")}))
+    (out / "train.bin").write_bytes(b"half")
+    train_tiny.main(argv + ["--stage", "tokens"])
+    assert "corpus: " in capsys.readouterr().out and json.loads((data / "corpus.json").read_text())["bytes"]
+    assert (out / "train.bin").stat().st_size > 4 and json.loads((out / "tokens.json").read_text())["train"] > 2
+
+
+def test_a_closed_pipe_stops_the_printing_not_the_training(tmp_path):
+    """`python train_tiny.py ... | head -1`: before, a BrokenPipeError traceback and training stopped after the
+    corpus. A real process whose standard output is a pipe already closed runs every stage it was asked for."""
+    read, write = os.pipe()
+    os.close(read)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "train_tiny.py", "--preset", "toy", "--corpus",
+                           str(write_source(tmp_path / "src", n=30, lines=40)), "--data-dir", str(tmp_path / "data"),
+                           "--out-dir", str(tmp_path / "out"), "--stage", "tokens"], cwd=root, stdout=write,
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert json.loads((tmp_path / "out" / "tokens.json").read_text())["val"] > 0

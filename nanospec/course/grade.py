@@ -20,25 +20,38 @@ only its own points and grading takes at most two timeouts. Nothing is timed: a 
 machine.
 
 In a handout, only the exercises it blanks can be graded: grading another one would grade the reference code
-that the handout kept, and report full marks for work nobody did.
+that the handout kept, and report full marks for work nobody did. Run in a handout without --ex, it grades the
+exercises its handout.json lists (the student's own copy, graded for the student).
 
---submission grades another folder (a student's repository) with THIS project's tests: its tests/ folder is
-replaced by ours first, and conftest.py files above tests/ are not loaded, so editing the tests changes nothing.
+--submission grades another folder (a student's repository) with THIS project's tests, and trusts nothing in it:
+which exercises to grade comes from the instructor's command line (--ex, required), never from the
+submission's handout.json, which the student can delete or edit (deleted, the reference code of every other
+exercise would score as the student's); the folder is copied, and the copy's tests/ and pytest settings are
+replaced by ours (conftest.py files above tests/ are not loaded), so editing the tests changes nothing and the
+submission itself is never changed. Its pytest runs use one torch thread (tests/conftest.py, OMP_NUM_THREADS=1):
+the graded tests' tiny models gain nothing from more, and a busy machine makes more wait on each other. The
+results file is written (whole, then renamed) before the table is printed, so a reader that goes away early
+(`| head -1`) loses nothing; Ctrl-C ends in one line and leaves no half-written results.
 """
+import sys
+
+if __name__ == "__main__":  # first: Ctrl-C and a closed pipe end it in one line or quietly
+    from nanospec.device import plain_exits
+    plain_exits()
+
 import argparse
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
 from nanospec.course.handout import STAMP
-from nanospec.course.registry import BY_ID, EXERCISES, VERSION, parse_selection
+from nanospec.course.registry import EXERCISES, VERSION, parse_selection
 
 PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this project's root
 
@@ -115,18 +128,40 @@ def run_tests(root, exercises, junit, timeout):
            "--strict-markers", "-p", "no:cacheprovider", f"--confcutdir={os.path.join(root, 'tests')}"]
     print(f"grading exercise{'s' * (len(exercises) > 1)} {', '.join(str(ex.id) for ex in exercises)}: python -m "
           f"pytest -m '{marks}' (at most {timeout:g} s; TIMEOUT=... to change)", file=sys.stderr, flush=True)
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}  # unbuffered: a killed run's
-    with tempfile.TemporaryDirectory() as tmp:                                     # output names its last test
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",  # unbuffered: a killed run's
+           "OMP_NUM_THREADS": "1"}                                                  # output names its last test
+    with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "pytest.log")
         with open(log, "w") as out:
+            proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)
+            t0 = time.monotonic()
             try:
-                subprocess.run(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
-                               stdin=subprocess.DEVNULL)
-            except subprocess.TimeoutExpired:
-                return None, running_file(log)
+                while True:  # a line every PROGRESS_SECONDS: how many tests are done
+                    try:
+                        proc.wait(timeout=max(0.0, min(PROGRESS_SECONDS, t0 + timeout - time.monotonic())))
+                        break
+                    except subprocess.TimeoutExpired:
+                        if time.monotonic() - t0 >= timeout:
+                            return None, running_file(log)
+                        print(f"  ... {tests_done(log)} tests done ({time.monotonic() - t0:.0f} s)", file=sys.stderr,
+                              flush=True)
+            finally:
+                if proc.poll() is None:  # out of time, or Ctrl-C: the run goes with us
+                    proc.kill()
+                    proc.wait()
     if not os.path.exists(junit):
         raise RuntimeError(f"pytest wrote no report in {root}: run `{' '.join(cmd[1:4])} ...` there to see why")
     return read_junit(junit), None
+
+
+PROGRESS_SECONDS = 20  # how often a long pytest run says how far it got
+
+
+def tests_done(log):
+    """How many tests a verbose pytest run has finished so far, from its log."""
+    with open(log, errors="replace") as f:
+        return len(re.findall(r"::\S+ (?:PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)", f.read()))
 
 
 def running_file(log):
@@ -270,29 +305,36 @@ def gradescope(results, text, seconds):
             "output": text, "tests": tests}
 
 
-def handout_exercises(root):
-    """The ids of the exercises the handout in hand blanks (handout.json beside this project, else in root), or
-    None outside a handout."""
-    for folder in (PROJECT, root):
-        stamp = os.path.join(folder, STAMP)
-        if os.path.exists(stamp):
-            with open(stamp) as f:
-                return json.load(f)["exercises"]
-    return None
+def read_stamp(folder):
+    """handout.json in `folder` as a dict, or None where there is none (or it is no record of ours)."""
+    try:
+        with open(os.path.join(folder, STAMP), encoding="utf-8") as f:
+            stamp = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return stamp if isinstance(stamp, dict) and isinstance(stamp.get("exercises"), list) else None
 
 
-def default_selection(root):
-    """The exercises of the handout in hand, else all."""
-    ids = handout_exercises(root)
-    if ids is None:
+def handout_exercises():
+    """The ids of the exercises the handout this grader runs in blanks (its own handout.json), or None outside
+    a handout. Only the grader's own folder counts: a submission's handout.json is the student's to edit."""
+    stamp = read_stamp(PROJECT)
+    return None if stamp is None else stamp["exercises"]
+
+
+def default_selection():
+    """The exercises of the handout this grader runs in (and the ones graded by hand it hands out), else all."""
+    stamp = read_stamp(PROJECT)
+    if stamp is None:
         return list(EXERCISES)
-    return [BY_ID[i] for i in ids] + [ex for ex in EXERCISES if ex.manual]
+    ids = set(stamp["exercises"]) | set(stamp.get("by_hand", []))
+    return [ex for ex in EXERCISES if ex.id in ids]
 
 
-def check_in_handout(exercises, root):
+def check_in_handout(exercises):
     """In a handout, an exercise it does not blank is a ValueError: its code is still the reference's, and
     grading it would report full marks for nothing."""
-    ids = handout_exercises(root)
+    ids = handout_exercises()
     extra = [ex.id for ex in exercises if ids is not None and ex.id not in ids and not ex.manual]
     if extra:
         raise ValueError(f"exercise{'s' * (len(extra) > 1)} {', '.join(map(str, extra))} "
@@ -301,22 +343,87 @@ def check_in_handout(exercises, root):
                          f"drop EX= to grade the handout's own")
 
 
+NOT_COPIED = {".git", "__pycache__", ".pytest_cache", ".hypothesis", "runs", "out"}  # at a submission's top:
+# what the graded tests never read (history, caches, checkpoints: they are hermetic)
+PYTEST_SETTINGS = ("pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg", "conftest.py")  # a root's, read by pytest
+
+
+def copy_submission(submission, dest):
+    """Copy the submission to dest, to be graded there: the submission itself is never changed. Links are copied
+    as links; its history, caches and checkpoints stay behind (NOT_COPIED, out-*/, data-*/)."""
+    def ignore(folder, names):
+        if os.path.abspath(folder) != os.path.abspath(submission):
+            return {n for n in names if n in ("__pycache__", ".pytest_cache")}
+        return {n for n in names if n in NOT_COPIED or n.startswith(("out-", "data-"))}
+    shutil.copytree(submission, dest, symlinks=True, ignore=ignore)
+
+
 def install_tests(root):
-    """Replace the submission's tests/ by this project's (the graded files, their helpers, conftest.py)."""
-    ours, theirs = os.path.join(PROJECT, "tests"), os.path.join(root, "tests")
-    if os.path.realpath(ours) == os.path.realpath(theirs):
-        return
-    shutil.rmtree(theirs, ignore_errors=True)
-    shutil.copytree(ours, theirs, ignore=shutil.ignore_patterns("__pycache__", "test_course*.py"))
+    """Replace the copy's tests/ by this project's (the graded files, their helpers, conftest.py) and its pytest
+    settings by ours: a student's pytest.ini, setup.cfg or root conftest.py changes nothing."""
+    for name in ("tests",) + PYTEST_SETTINGS:
+        path = os.path.join(root, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
+    shutil.copytree(os.path.join(PROJECT, "tests"), os.path.join(root, "tests"),
+                    ignore=shutil.ignore_patterns("__pycache__", "test_course*.py"))
+    if os.path.exists(os.path.join(PROJECT, "pyproject.toml")):
+        shutil.copy(os.path.join(PROJECT, "pyproject.toml"), os.path.join(root, "pyproject.toml"))
+
+
+def submission_note(submission, exercises):
+    """A line when the submission's own handout.json names other exercises than the command line: a note only,
+    never a reason to grade anything else (the student can edit it). None when they agree or there is none."""
+    stamp = read_stamp(submission)
+    graded = sorted(ex.id for ex in exercises if not ex.manual)
+    if stamp is None or sorted(stamp["exercises"]) == graded:
+        return None
+    return (f"note: the submission's {STAMP} lists exercises {', '.join(map(str, stamp['exercises'])) or 'none'}; "
+            f"grading {', '.join(map(str, graded))}, as --ex says")
+
+
+def check_results_file(path):
+    """--json: a file it may write, checked before grading: a folder, or a file that is not a results file of
+    ours (Gradescope's, with "tests" and "score"), is a ValueError; nothing of the user's is replaced unasked."""
+    if os.path.isdir(path):
+        raise ValueError(f"--json {path} is a folder: give a file name, e.g. {os.path.join(path, 'results.json')}")
+    if os.path.isfile(path) and os.path.getsize(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            data = None
+        if not (isinstance(data, dict) and "tests" in data and "score" in data):
+            raise ValueError(f"--json {path} is not a results file of the grader's: it is kept; give another file")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"--json {path}: the folder {folder} does not exist")
+
+
+def write_results(path, results):
+    """Gradescope's results.json, whole or not at all: a temporary file beside it, renamed over it."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="Grade nanospec's exercises: run their tests, print a table, write "
                                             "Gradescope's results.json.")
-    p.add_argument("--ex", default=None, help="exercises to grade: 3,4 or 1-4 or all (default: the handout's "
-                                              "exercises from handout.json, else all)")
-    p.add_argument("--submission", default=None, help="grade this folder (a student's copy) with this project's "
-                                                      "tests, which replace its tests/ (default: this project)")
+    p.add_argument("--ex", default=None, help="exercises to grade: 3,4 or 1-4 or all (default: in a handout, its "
+                                              "exercises, else all; with --submission it must be given: the "
+                                              "exercises you handed out)")
+    p.add_argument("--submission", default=None, help="grade a copy of this folder (a student's) with this "
+                                                      "project's tests, which replace its tests/ there; the folder "
+                                                      "itself is never changed (default: this project, in place)")
     p.add_argument("--json", default="results.json", help="where to write Gradescope's results (default "
                                                           "results.json; '' = do not write)")
     p.add_argument("--junit", default=None, help="also keep pytest's JUnit XML here")
@@ -324,25 +431,40 @@ def main(argv=None):
                    "after a run that runs out, the exercise it hung in scores 0 and the others run once more")
     args = p.parse_args(argv)
     root = os.path.abspath(args.submission or PROJECT)
-    try:
-        if not os.path.isdir(os.path.join(root, "nanospec")):
-            raise ValueError(f"{root} holds no nanospec/ folder: is it a copy of the project?")
-        if not args.timeout > 0:
-            raise ValueError(f"--timeout must be a number of seconds above 0, got {args.timeout:g}")
-        exercises = default_selection(root) if args.ex is None else parse_selection(args.ex)
-        check_in_handout(exercises, root)
-        if args.submission:
-            install_tests(root)
-        t0 = time.time()
-        results = grade(root, exercises, args.junit, args.timeout)
-    except (ValueError, RuntimeError) as e:
-        sys.exit(f"error: {e}")
+    with tempfile.TemporaryDirectory(prefix="nanospec-grade-") as scratch:
+        try:
+            if not os.path.isdir(os.path.join(root, "nanospec")):
+                raise ValueError(f"{root} holds no nanospec/ folder: is it a copy of the project?")
+            if not args.timeout > 0:
+                raise ValueError(f"--timeout must be a number of seconds above 0, got {args.timeout:g}")
+            if args.submission and args.ex is None:
+                raise ValueError("--submission needs --ex, the exercises you handed out (e.g. --ex 1-11): the "
+                                 f"submission's own {STAMP} is the student's to delete or edit, so it cannot say")
+            exercises = default_selection() if args.ex is None else parse_selection(args.ex)
+            check_in_handout(exercises)
+            if args.json:
+                check_results_file(args.json)
+            where = root
+            if args.submission:  # graded in a copy: nothing of the student's is changed
+                note = submission_note(root, exercises)
+                if note:
+                    print(note, file=sys.stderr, flush=True)
+                where = os.path.join(scratch, "submission")
+                copy_submission(root, where)
+                install_tests(where)
+            t0 = time.time()
+            results = grade(where, exercises, args.junit, args.timeout)
+        except (ValueError, RuntimeError, OSError) as e:
+            sys.exit(f"error: {e}")
     text = table(results, root)
+    if args.json:  # first the file, then the table: a reader that closes the pipe early loses nothing
+        try:
+            write_results(args.json, gradescope(results, text, time.time() - t0))
+        except OSError as e:
+            print(text)
+            sys.exit(f"error: could not write --json {args.json} ({e.strerror or e}); the table is above")
     print(text)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(gradescope(results, text, time.time() - t0), f, indent=1)
-            f.write("\n")
         print(f"\nwrote {args.json}")
     if any(r.status == "registry mismatch" for r in results):
         sys.exit(2)
@@ -350,3 +472,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()  # here, not at exit: a reader that closed the pipe ends it quietly (plain_exits)

@@ -14,9 +14,10 @@ A solution is marked once in the source, by a comment pair inside the function's
         # END SOLUTION ex3
 
 How it works, and what it checks:
-  - the copy holds the files git tracks (plus new files git does not ignore): so no .git, no bytecode, no
-    out/ or data/*.txt; and not the instructor's own tests (tests/test_course*.py), nor the `reference` files of
-    a blanked exercise (the course's working copy that later exercises' tests use in its place);
+  - the copy holds the files git tracks, and only those (a file not yet added, say a stray notes.txt, is not
+    one): so no .git, no bytecode, no out/ or data/*.txt; and not the instructor's own tests
+    (tests/test_course*.py), nor the `reference` files of a blanked exercise (the course's working copy that
+    later exercises' tests use in its place);
   - README.md and EXERCISES.md are rewritten for the students: EXERCISES.md keeps only the handed-out
     exercises (their order, points, how to grade them locally), README.md's section for instructors gives way
     to one for students (`student_docs`);
@@ -32,10 +33,19 @@ Any failure is a one-line error and nothing is left half-written at --out.
 Regeneration never destroys work: --out must be missing, empty, or an earlier handout (its handout.json lists
 the files it wrote, with their hashes). Over an earlier handout only those files are rewritten or removed;
 .git and every file the generator did not write stay as they are, and a generated file changed since (a
-student's solution) stops the run with a one-line error unless --overwrite says to replace it.
+student's solution) stops the run with a one-line error unless --overwrite says to replace it. The moves into an
+earlier handout run with Ctrl-C held back until the last is done: an interrupted run leaves the old handout or
+the new one, never half of each.
 """
+import sys
+
+if __name__ == "__main__":  # first: Ctrl-C and a closed pipe end it in one line or quietly
+    from nanospec.device import plain_exits
+    plain_exits()
+
 import argparse
 import ast
+import contextlib
 import datetime
 import hashlib
 import io
@@ -43,10 +53,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
-import sys
 import tempfile
 import textwrap
+import threading
 import tokenize
 from dataclasses import dataclass
 
@@ -218,10 +229,10 @@ def check_registry(regions):
 
 
 def source_files(root):
-    """The project's files as git sees them: tracked, plus new files it does not ignore; relative paths."""
+    """The files git tracks in the project (relative paths): a file not yet added, an instructor's notes.txt say,
+    never goes to students."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
-                             capture_output=True, check=True).stdout
+        out = subprocess.run(["git", "ls-files", "-z", "--cached"], cwd=root, capture_output=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         raise HandoutError(f"{root} is not a git checkout: the handout copies the files git tracks, so that "
                            f"nothing generated or ignored (out/, caches) goes to students") from None
@@ -529,6 +540,7 @@ def make_handout(root, out, exercises, overwrite=False):
                                f"reword it there, or it gives the answer away")
         generated = {rel: sha256(os.path.join(staging, rel)) for rel in files}
         summary = {"version": VERSION, "exercises": sorted(chosen),
+                   "by_hand": sorted(ex.id for ex in exercises if ex.manual),  # graded by hand: listed, no stub
                    "blanked": [[r.path, r.function] for r in regions if r.exercise in chosen],
                    "source_commit": git_commit(root),
                    "made": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -536,11 +548,31 @@ def make_handout(root, out, exercises, overwrite=False):
         with open(os.path.join(staging, STAMP), "w") as f:
             json.dump(summary, f, indent=1)
             f.write("\n")
-        gone, kept = install(staging, out, files, before)
+        with ctrl_c_held():
+            gone, kept = install(staging, out, files, before)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return {**summary, "files": len(files) + 1, "secret_fragments": secret, "removed": gone, "kept": kept,
-            "updated": bool(before)}
+            "updated": bool(before), "git": os.path.isdir(os.path.join(out, ".git"))}
+
+
+@contextlib.contextmanager
+def ctrl_c_held():
+    """Hold Ctrl-C (and SIGTERM) back inside the block, delivered when it ends: the moves into an earlier handout
+    are done all or not at all. Signals are caught by the main thread only: elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    held = [signal.SIGINT] + [signal.SIGTERM] * hasattr(signal, "SIGTERM")
+    before = {sig: signal.signal(sig, lambda sig, frame: caught.append(sig)) for sig in held}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(caught):
+            signal.raise_signal(sig)  # now, to the handler it would have met: Ctrl-C is a KeyboardInterrupt
 
 
 def install(staging, out, files, before):
@@ -595,10 +627,12 @@ def main(argv=None):
     print(f"handout v{summary['version']} {done} {args.out}: {summary['files']} files, "
           f"exercises {','.join(map(str, summary['exercises'])) or 'none'} blanked"
           + (f"; {len(summary['removed'])} earlier generated files removed" if summary["removed"] else "")
-          + (f"; {summary['kept']} files it did not write (.git included) left as they were" if summary["kept"] else "")
+          + (f"; {summary['kept']} files it did not write{' (.git included)' * summary['git']} left as they were"
+             if summary["kept"] else "")
           + f"; checked: stubs keep signatures and docstrings, none of {len(summary['secret_fragments'])} removed "
             f"lines is in the copy")
 
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()
