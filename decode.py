@@ -26,6 +26,7 @@ from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.decoding.batched import BATCHED, generate as generate_batch
 from nanospec.decoding.options import MIN_TEMPERATURE, Sampling, read_options
 from nanospec.device import add_threads_flag, check_seed, pick_device, set_threads
+from nanospec import calibration
 from nanospec.parts import load_models
 from nanospec.runtime import RUNTIMES, prepare
 
@@ -208,10 +209,6 @@ def decode_batches(args, kwargs, models, path, prompts, encoded):
     """Decode the prompts in batches of --batch-size (default DEFAULT_BATCH); print each row's text (or, --json,
     one JSON object per row: JSON lines), then each batch's figures."""
     size = args.batch_size or DEFAULT_BATCH
-    # the method's own defaults where a flag is not given (prompt-lookup copies 10 tokens, speculative guesses 4),
-    # as one prompt decodes: batched.generate's own are speculative's for both
-    options = MODULES[args.method].OPTIONS
-    kwargs = {**{name: options[name].default for name in BATCH_OPTIONS if name in options}, **kwargs}
     for first in range(0, len(prompts), size):
         chunk, ids_in = prompts[first:first + size], encoded[first:first + size]
         t0 = time.perf_counter()  # timed from outside: the methods hold no clock
@@ -273,6 +270,11 @@ def parse_args(argv=None):
     return args, options
 
 
+def tell(line):
+    """A note about what decode.py is doing (calibrating): standard error, so that --json output stays one object."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def summary(module):
     """A method's first sentence, whole: '`ar`: plain autoregressive decoding, ...' -> 'plain autoregressive
     decoding, one token per target forward.' (its docstring's first lines, joined)."""
@@ -313,6 +315,8 @@ def main(argv=None):
         check_method(args.method, models)
         encoded = check_lengths(prompts, models.tokenizer, models.target.config.block_size)
         models, path = prepare(models, args.runtime)  # the speed layer, chosen once: the method never knows
+        if not batch:  # --adaptive cost prices its steps with this machine's step times: measured once, kept
+            calibration.attach(models, args.ckpt, [(args.method, args.temperature, kwargs)], path, log=tell)
         if batch:
             return decode_batches(args, kwargs, models, path, prompts, encoded)
         prompt = prompts[0][0]

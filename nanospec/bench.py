@@ -58,7 +58,7 @@ if __name__ == "__main__":  # first, before torch loads: Ctrl-C, a closed pipe a
 
 import torch
 
-from nanospec import bench_batch, report
+from nanospec import bench_batch, calibration, report
 from nanospec.checkpoint import CheckpointError
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.decoding.options import DRAFT_SAMPLING
@@ -371,17 +371,19 @@ def table_rows(names, temperature, paths=("eager",)):
     return rows
 
 
-def warm_up(paths, rows, prompt_ids, max_new_tokens, notes):
+def warm_up(paths, rows, prompt_ids, max_new_tokens, notes, ckpt=None):
     """One short run of every row at every temperature, on its path's models (`paths`: path -> models): the
-    first calls pay for allocations, kernel choices and graph captures, which the timings must not. A row that
-    fails here is dropped everywhere, with a '- skipped' line in `notes`; `ar` failing is an error (it is every
-    speedup's baseline)."""
+    first calls pay for allocations, kernel choices and graph captures, which the timings must not. A row whose
+    method prices its steps (--adaptive cost) first gets its step costs (nanospec/calibration.py: read from
+    ckpt/calibration.json, or measured there once). A row that fails here is dropped everywhere, with a
+    '- skipped' line in `notes`; `ar` failing is an error (it is every speedup's baseline)."""
     dropped = {}
     for t, rows_t in rows.items():
         for label, (method, options, path) in rows_t.items():
             if label in dropped:
                 continue
             try:
+                calibration.attach(paths[path], ckpt, [(method, t, options)], path, log=log)
                 METHODS[method](paths[path], prompt_ids, min(8, max_new_tokens), temperature=t, seed=0, **options)
             except Exception as e:  # one broken method must not sink the whole table
                 if label == "ar":
@@ -633,7 +635,7 @@ def main(argv=None):
         return interrupted(f"{partial}: wrote the partial batch table ({args.out})") if partial else got
     try:
         rows = warm_up(setup["paths"], {t: table_rows(names, t, paths) for t in setup["temperatures"]},
-                       prompts[0]["ids"], args.max_new_tokens, setup["notes"])
+                       prompts[0]["ids"], args.max_new_tokens, setup["notes"], args.ckpt)
     except ValueError as e:
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:

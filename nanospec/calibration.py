@@ -34,11 +34,14 @@ TEXT = "def fibonacci(n):\n    if n < 2:\n        return n\n"  # any text will d
 RUNS = 4  # sweeps (after one to warm up); each k gets SWEEP_STEPS - 1 steps per pass through the k's
 
 
-def key(models, method, temperature, options):
-    """What the calibration is of (adaptive.costs_key: the method, greedy or sampled, the options that change a
-    step's cost) and the guesses it sweeps, 0..draft_len as the method reads it. A ValueError for a bad option."""
+def key(method, temperature, options):
+    """What a run needs calibrated (adaptive.costs_key: the method, greedy or sampled, the options that change a
+    step's cost), or None when it does not price its steps (its --adaptive is not cost). A ValueError for a bad
+    option."""
     module = MODULES[method]
-    opts = read_options(module.OPTIONS, {**options, "adaptive": "sweep"})
+    opts = read_options(module.OPTIONS, options)
+    if getattr(opts, "adaptive", None) != "cost":
+        return None
     return costs_key(module.__name__.rsplit(".", 1)[-1], Sampling(temperature).greedy, opts)
 
 
@@ -67,7 +70,9 @@ def measure(models, method, temperature, options, runs=RUNS):
 def machine(models, runtime_path):
     """This machine, device, dtype, threads, runtime path, torch and checkpoint, as one string: a calibration is
     good for exactly these."""
-    target = getattr(models.target, "model", models.target)  # under runtime.Fast, the model itself
+    target = models.target
+    while not isinstance(target, torch.nn.Module):  # under probes.Timed or runtime.Fast: the model itself
+        target = target.model
     weight = target.wte.weight
     parts = ",".join(p for p in ("draft", "eagle", "parallelspec", "early_exit") if getattr(models, p) is not None)
     device = torch.cuda.get_device_name(weight.device) if weight.is_cuda else weight.device.type
@@ -89,16 +94,20 @@ def read(path):
 
 
 def attach(models, ckpt, wanted, runtime_path="eager", log=None):
-    """Set models.step_costs for every (method, temperature, options) in `wanted`, from ckpt/calibration.json
-    where it holds them for this machine, else measured now and written there (when the folder is writable and
-    the file is a calibration). log(line): told what is measured. Returns the models."""
+    """Set models.step_costs for every (method, temperature, options) in `wanted` that prices its steps (--adaptive
+    cost), from ckpt/calibration.json where it holds them for this machine, else measured now and written there
+    (when the folder is writable and the file is a calibration). log(line): told what is measured. Returns the
+    models."""
+    wanted = [(method, t, options, key(method, t, options)) for method, t, options in wanted]
+    wanted = [w for w in wanted if w[3] is not None]
+    if not wanted:
+        return models
     path = os.path.join(ckpt, FILE) if ckpt else None
     data = read(path) if path else {}
     here = machine(models, runtime_path)
     known = (data or {}).get("machines", {}).get(here, {})
     costs, new = dict(models.step_costs or {}), False
-    for method, temperature, options in wanted:
-        name = key(models, method, temperature, options)
+    for method, temperature, options, name in wanted:
         if name not in known:
             if log:
                 log(f"calibrating {method} ({'greedy' if Sampling(temperature).greedy else 'sampled'}) on this "

@@ -167,13 +167,7 @@ class Price:
         return pi
 
     def best(self):
-        expected, best, rate = [1.0], None, 0.0
-        for pi in self.chances():
-            expected.append(expected[-1] + pi)  # E(k) = 1 + pi_1 + ... + pi_k
-        for k in self.menu:
-            if best is None or expected[k] / self.seconds[k] > rate:
-                best, rate = k, expected[k] / self.seconds[k]
-        return best
+        return best_k(self.chances(), self.seconds, self.menu)
 
     def observe(self, drafted, accepted):
         """One verified step: guesses 1..drafted were offered, those in `accepted` were kept."""
@@ -186,19 +180,28 @@ class Price:
                 self.won[i] += 1
 
 
+def best_k(pi, seconds, menu):
+    """The k of `menu` with the most expected tokens per second, E(k) / T(k), E(k) = 1 + pi_1 + ... + pi_k (pi: the
+    chance of each guess, pi_1 first), T = seconds (k = 0, 1, ...); the smaller k on a tie. The docstring's example:
+    pi [0.8, 0.6, 0.3], seconds [1.0, 1.2, 1.3, 1.45] -> 3; pi [0.2, 0.05, 0.01] -> 0."""
+    expected = [1.0]
+    for p in pi:
+        expected.append(expected[-1] + p)
+    return max(menu, key=lambda k: (expected[k] / seconds[k], -k))
+
+
 def interpolate(seconds, most):
-    """{k: seconds} measured at some k -> a list for k = 0..most, straight lines between the measured ones and
-    beyond the last two. {0: 1.0, 2: 1.4} -> most 3: [1.0, 1.2, 1.4, 1.6]."""
+    """{k: seconds} measured at some k -> a list for k = 0..most: the measured ones, straight lines between them,
+    and beyond them the line through the nearest two. {0: 1.0, 2: 1.4}, most 3 -> [1.0, 1.2, 1.4, 1.6]."""
     known = sorted(seconds)
     if not known:
         raise ValueError("the cost rule needs the seconds of at least one step size")
     out = []
     for k in range(most + 1):
-        lo = max([m for m in known if m <= k], default=known[0])
-        hi = min([m for m in known if m >= k], default=known[-1])
-        if lo == hi:  # measured, or outside: the nearest two measured give the slope
-            pair = known[-2:] if k > known[-1] else known[:2]
-            lo, hi = (pair[0], pair[-1]) if len(pair) == 2 else (lo, lo)
-        slope = (seconds[hi] - seconds[lo]) / (hi - lo) if hi != lo else 0.0
-        out.append(max(seconds[lo] + slope * (k - lo), 1e-9))
+        below, above = [m for m in known if m <= k], [m for m in known if m >= k]
+        if k in seconds or len(known) == 1:
+            out.append(seconds[k] if k in seconds else seconds[known[0]])
+            continue
+        lo, hi = (below[-1], above[0]) if below and above else known[-2:] if below else known[:2]
+        out.append(max(seconds[lo] + (seconds[hi] - seconds[lo]) * (k - lo) / (hi - lo), 1e-9))
     return out

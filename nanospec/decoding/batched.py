@@ -30,6 +30,7 @@ import torch
 
 from nanospec.decoding.draft_chain import draft_chain
 from nanospec.decoding.options import Sampling
+from nanospec.decoding import prompt_lookup, speculative
 from nanospec.decoding.prompt_lookup import lookup
 from nanospec.decoding.run import new_run
 from nanospec.decoding.speculative import check_draft
@@ -61,10 +62,11 @@ def draft_rows(draft, cache, rows, k, sampling, generator):
 
 @torch.inference_mode()
 def generate(models, prompts, max_new_tokens, *, method="ar", temperature=0.0, top_k=None, top_p=None, seed=None,
-             draft_len=4, max_ngram=3):
+             draft_len=None, max_ngram=None):
     """prompts: B lists of token ids. Returns (ids per row, stats: "rows", each row's run.stats(), and the batch's
     new_tokens, batch_forwards (target forwards over the whole batch), tokens_per_forward (the rows' mean)).
-    draft_len: speculative's k, prompt-lookup's longest copy; max_ngram: prompt-lookup's."""
+    draft_len: speculative's k, prompt-lookup's longest copy; max_ngram: prompt-lookup's (None: the method's own
+    defaults, as one prompt decodes)."""
     if method not in BATCHED:
         raise ValueError(f"batched decoding runs {', '.join(BATCHED)}, not {method!r}")
     if not prompts:
@@ -74,7 +76,9 @@ def generate(models, prompts, max_new_tokens, *, method="ar", temperature=0.0, t
     judge = runs[0]  # whose sampling and generator judge every row: one generator, each row its own slice
     target = models.target
     draft = models.draft
-    k = draft_len if method != "ar" else 0
+    own = {"speculative": speculative.OPTIONS, "prompt-lookup": prompt_lookup.OPTIONS}.get(method, {})
+    k = (own["draft_len"].default if draft_len is None else draft_len) if own else 0
+    max_ngram = prompt_lookup.OPTIONS["max_ngram"].default if max_ngram is None else max_ngram
     room = target.config.block_size + k + 1  # a verify forward's padded guesses fit at the context end
     cache = target.new_cache(batch_size=len(runs), max_len=room)
     logits = read_prompts(target, cache, runs)  # (B, V)

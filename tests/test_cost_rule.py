@@ -1,0 +1,194 @@
+"""`--adaptive cost` (nanospec/decoding/adaptive.py): each step drafts the k that maximises expected tokens per
+second, E(k) / T(k), from the step costs nanospec/calibration.py measures, and nothing when no draft pays.
+
+  - the rule's arithmetic, literal: best_k on the docstring's example, interpolate, the chances it learns;
+  - every method that drafts takes it: greedy it is `ar` token for token, whether drafting pays (it drafts) or
+    not (plain steps only); without a calibration it drafts draft_len, as "off"; the same seed and step costs give
+    the same tokens; `sweep` visits every k;
+  - sampling keeps the target's law, for a chain (speculative) and a tree (medusa), with step costs at which the
+    rule's choice of the second step depends on how the first went (the test checks that it does);
+  - the calibration: every k timed, kept in the run folder and read back, never written over a file it did not
+    write, and keyed by the thread count.
+Timings are never asserted: the step costs here are tables made up for the test."""
+import json
+import os
+
+import pytest
+import torch
+
+from nanospec import calibration
+from nanospec.decoding import METHODS, MODULES
+from nanospec.decoding.adaptive import DraftLength, Price, best_k, interpolate
+from nanospec.parts import Models
+from test_early_exit_adaptive import exact_law, toy_gpt
+from test_host_reads import every_part
+from test_model import random_ids, tiny_gpt
+from test_mtp_medusa import SAMPLING_MODEL, method_law
+from test_verify import empirical_law, sequence_codes, tv, tv_bound
+
+PRICED = [name for name, module in MODULES.items() if "cost" in (module.OPTIONS.get("adaptive") or [()] * 6)[5]]
+CHEAP = {k: 1.0 + 0.01 * k for k in range(300)}  # a guess costs 1% of a step: drafting pays
+DEAR = {k: 1.0 + 10.0 * k for k in range(300)}  # a guess costs ten steps: it never does
+
+
+def priced(models, method, table, temperature=0.0, **options):
+    """models with `table` as the step costs of `method` (its --adaptive cost run at this temperature)."""
+    name = calibration.key(method, temperature, {**options, "adaptive": "cost"})
+    return Models(**{**vars(models), "step_costs": {name: table}})
+
+
+def test_best_k_is_the_most_tokens_per_second():
+    seconds = [1.0, 1.2, 1.3, 1.45]
+    assert best_k([0.8, 0.6, 0.3], seconds, range(4)) == 3  # E/T = 1.0, 1.5, 1.85, 1.86
+    assert best_k([0.2, 0.05, 0.01], seconds, range(4)) == 0  # 1.0, 1.0, 0.96, 0.86: no draft pays
+    assert best_k([0.8, 0.6, 0.3], seconds, (0, 1)) == 1  # only the menu's k
+    assert best_k([0.2], [1.0, 1.2], range(2)) == 0  # a tie goes to the smaller k
+
+
+def test_interpolate_between_and_beyond_the_measured_k():
+    assert interpolate({0: 1.0, 2: 1.4}, 3) == pytest.approx([1.0, 1.2, 1.4, 1.6])
+    assert interpolate({1: 1.0, 2: 2.0, 5: 3.0}, 6)[1:] == pytest.approx([1.0, 2.0, 7 / 3, 8 / 3, 3.0, 10 / 3])
+    assert interpolate({3: 2.0}, 1) == [2.0, 2.0]
+    with pytest.raises(ValueError):
+        interpolate({}, 2)
+
+
+def test_the_chances_start_at_the_prior_learn_and_forget():
+    price = Price({0: 1.0}, 3, range(4))
+    assert price.chances() == pytest.approx([0.5, 0.35, 0.245])  # PRIOR, then PRIOR_DECAY times the one before
+    for _ in range(30):
+        price.observe(3, [1, 2, 3])  # every guess accepted
+    assert min(price.chances()) > 0.9
+    for _ in range(30):
+        price.observe(3, [])  # every first guess rejected: the later ones never even judged
+    assert price.chances()[0] < 0.15
+    for _ in range(60):
+        price.observe(0, [])  # plain steps: what was counted fades, the prior comes back
+    assert price.chances() == pytest.approx([0.5, 0.35, 0.245], abs=0.01)
+
+
+def test_without_step_costs_the_rule_drafts_draft_len():
+    length = DraftLength("cost", 4, costs=None)
+    length.update(4, 0)
+    assert (length.rule, length.k) == ("off", 4)
+
+
+@pytest.fixture(scope="module")
+def models():
+    return every_part()
+
+
+@pytest.mark.parametrize("method", PRICED)
+def test_greedy_is_ar_whether_drafting_pays_or_not(models, method):
+    prompt = random_ids(8, seed=2)
+    expect = METHODS["ar"](models, prompt, 40)[0]
+    ids, cheap = METHODS[method](priced(models, method, CHEAP), prompt, 40, adaptive="cost")
+    assert ids == expect
+    ids, dear = METHODS[method](priced(models, method, DEAR), prompt, 40, adaptive="cost")
+    assert ids == expect
+    assert set(dear["drafted_per_step"]) == {0}, "a guess that costs ten steps was drafted"
+    if method != "prompt-lookup":  # (random text: its lookups may find nothing to copy)
+        assert max(cheap["drafted_per_step"]) > 0, "a guess that costs 1% of a step was never drafted"
+
+
+@pytest.mark.parametrize("method", ["speculative", "medusa", "eagle", "parallelspec", "lookahead"])
+def test_the_same_seed_and_step_costs_give_the_same_tokens(models, method):
+    table = {k: 1.0 + 0.3 * k for k in range(300)}
+    runs = [METHODS[method](priced(models, method, table, 1.0), random_ids(8, seed=3), 30, temperature=1.0, seed=7,
+                            adaptive="cost") for _ in range(2)]
+    assert runs[0][0] == runs[1][0] and runs[0][1]["drafted_per_step"] == runs[1][1]["drafted_per_step"]
+
+
+@pytest.mark.parametrize("method", PRICED)
+def test_sweep_tries_every_k_in_turn(models, method):
+    _, stats = METHODS[method](models, random_ids(8, seed=1), 60, temperature=1.0, seed=0, adaptive="sweep")
+    steps = stats["drafted_per_step"][1:]  # after the prefill
+    assert steps[:3] == [0, 0, 0] and max(steps) > 0  # 3 steps of k = 0 first (SWEEP_STEPS), then more
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sampling: the target's law with the rule choosing k from what it saw
+
+
+# k = 2 pays at the prior (E/T = 1.85 / 1.6 > 1), and after a first step whose guesses all failed (pi_1 ~ 0.25)
+# no k pays: the second step then drafts nothing. After a good first step it drafts again.
+SWITCHING = {0: 1.0, 1: 1.3, 2: 1.6, 3: 1.9}
+
+
+def speculative_law_distance(n=2000):
+    """(TV distance of speculative's first 3 tokens from the target's law, its bound, the second steps' k) over n
+    seeded runs with the cost rule on SWITCHING's step costs. V = 5: 125 outcomes; tv_bound(125, 2000) = 0.158."""
+    target = toy_gpt(0, n_layer=2)
+    models = priced(Models(target=target, draft=toy_gpt(50)), "speculative", SWITCHING, 1.0, draft_len=3)
+    prompt, second, seqs = [1, 3], set(), []
+    for s in range(n):
+        ids, stats = METHODS["speculative"](models, prompt, 5, temperature=1.0, seed=s, draft_len=3, adaptive="cost")
+        seqs.append(ids[:3])
+        second.add(stats["drafted_per_step"][2] if len(stats["drafted_per_step"]) > 2 else None)
+    law = exact_law(target, prompt, 3, (1.0, None, None))
+    return tv(empirical_law(sequence_codes(torch.tensor(seqs), 5), 125), law), tv_bound(125, n), second
+
+
+def test_speculative_with_the_cost_rule_follows_the_targets_law():
+    """The second verify step's k depends on the first one's verdicts: both choices happen."""
+    distance, bound, second = speculative_law_distance()
+    assert 0 in second and max(second - {None}) > 0, second  # the rule drafted again, or not, after what it saw
+    assert distance < bound, f"TV {distance:.4f} >= bound {bound:.4f}"
+
+
+def test_the_law_test_sees_a_broken_rule_with_the_cost_rule_on(monkeypatch):
+    """The negative control: the same runs with the residual left out (a rejection draws from p again) fail the
+    same bound, so the test above has the power to see a rule that loses the law."""
+    from nanospec import verify
+    monkeypatch.setattr(verify, "residual", lambda p, q: p)
+    distance, bound, _ = speculative_law_distance()
+    assert distance > bound, f"TV {distance:.4f} within the bound {bound:.4f}"
+
+
+def test_medusa_with_the_cost_rule_follows_the_targets_law():
+    """A drawn tree of up to 4 guesses priced by the rule; first 3 tokens, V = 5, 1500 draws: bound 0.184."""
+    models = priced(Models(target=tiny_gpt(3, **SAMPLING_MODEL)), "medusa", SWITCHING, 1.0, tree="0;1;0,0;1,0")
+    prompt, sampling, n = [1, 2], (1.0, None, None), 1500
+    law, accepted = method_law(models, prompt, 3, n, "medusa", sampling, tree="0;1;0,0;1,0", adaptive="cost")
+    assert tv(law, exact_law(models.target, prompt, 3, sampling)) < tv_bound(5 ** 3, n)
+    assert accepted > n / 8, accepted
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The calibration
+
+
+def test_the_calibration_times_every_k(models):
+    costs = calibration.measure(models, "speculative", 1.0, {"draft_len": 3}, runs=1)
+    assert sorted(costs) == [0, 1, 2, 3] and all(s > 0 for s in costs.values())
+
+
+def test_the_calibration_is_kept_in_the_run_folder_and_read_back(models, tmp_path, monkeypatch):
+    measured = []
+    monkeypatch.setattr(calibration, "measure", lambda *a, **k: measured.append(a[1]) or {0: 1.0, 1: 1.5})
+    wanted = [("speculative", 1.0, {"adaptive": "cost"}), ("medusa", 0.0, {"adaptive": "cost"}),
+              ("ar", 0.0, {}), ("speculative", 1.0, {})]  # ar and --adaptive off price nothing
+    m = calibration.attach(Models(**vars(models)), str(tmp_path), wanted)
+    assert measured == ["speculative", "medusa"] and len(m.step_costs) == 2
+    again = calibration.attach(Models(**vars(models)), str(tmp_path), wanted)
+    assert measured == ["speculative", "medusa"] and again.step_costs == m.step_costs  # read, not measured
+    data = json.loads((tmp_path / calibration.FILE).read_text())
+    assert data["format"] == calibration.FORMAT and len(data["machines"]) == 1
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)  # another thread count: another machine, measured afresh
+        calibration.attach(Models(**vars(models)), str(tmp_path), wanted[:1])
+    finally:
+        torch.set_num_threads(threads)
+    assert measured[-1] == "speculative" and len(json.loads((tmp_path / calibration.FILE).read_text())["machines"]) == 2
+
+
+def test_a_file_of_that_name_that_is_not_a_calibration_is_left_alone(models, tmp_path, monkeypatch):
+    monkeypatch.setattr(calibration, "measure", lambda *a, **k: {0: 1.0, 1: 1.5})
+    mine = tmp_path / calibration.FILE
+    mine.write_text("my notes")
+    lines = []
+    m = calibration.attach(Models(**vars(models)), str(tmp_path), [("speculative", 1.0, {"adaptive": "cost"})],
+                           log=lines.append)
+    assert mine.read_text() == "my notes" and m.step_costs and "left as it is" in lines[-1]
+    assert not [f for f in os.listdir(tmp_path) if f != calibration.FILE]  # no temporary file left behind
