@@ -368,8 +368,8 @@ class GPT(nn.Module):
         return KVCache(self.config, batch_size, w.device, w.dtype, max_len)
 
     # What the bench times as drafting (nanospec/probes.py): the modules a drafter calls outside the forward
-    # (the EAGLE head's unembedding, the early exit's head), and a forward through the first blocks only.
-    borrowed_by_drafters = ("ln_f", "lm_head")
+    # (the EAGLE head's unembedding, the early exit's head, the MTP heads), and a forward through the first blocks.
+    borrowed_by_drafters = ("ln_f", "lm_head", "head_logits")
 
     def drafts(self, layers=None, **forward):
         """Does a forward with these keywords draft? One through blocks 0..E-1 only, E < n_layer, does (early-exit's

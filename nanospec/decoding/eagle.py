@@ -131,12 +131,15 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     cache = target.new_cache(max_len=target.config.block_size + size)  # room for a whole tree at the context end
     dcache = eagle.new_cache(max_len=target.config.block_size + max(opts.depth * width, size))  # and for a grown one
 
-    # prefill: the target reads the prompt and picks the first root; the head reads x_1..x_P with f_0..f_{P-1}
+    # prefill: the target reads the prompt and picks the first root; the head has x_1..x_P with f_0..f_{P-1} to read
     last, out = first_token(run, target, cache)
-    head_out = refresh(eagle, target, dcache, run.prompt[1:] + [last], out.hidden[0])
+    unread, features, head_out = run.prompt[1:] + [last], [out.hidden[0]], None  # what the head has not read, and
+    #                                                                       the target's features before each
     done = run.emit([last])
     while not done:
         k = draft_policy.k  # guesses, k + 1 tokens, as deep as the budget, context and k allow: d
+        if k:  # the head reads what it has not (a plain step leaves it to the next draft): its Output at the root
+            head_out, unread, features = refresh(eagle, target, dcache, unread, torch.cat(features)), [], []
         d = run.draft_room(min(opts.depth, k))
         if run.sampling.guesses_drawn(opts.draft_sampling):  # q_draft (N, V): the laws the drawn children came from
             tokens, parents, q_draft = grow_sampled_tree(eagle, target, dcache, last, head_out, d, width, k + 1,
@@ -146,7 +149,6 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         emitted, path, out = tree_step(run, target, cache, tokens, parents, q_draft, opts.verify)
         draft_policy.update(len(tokens) - 1, path)
         done = run.emit(emitted, drafted=len(tokens) - 1)
-        last = emitted[-1]
-        if not done:  # the accepted nodes again, now with the target's features at the node before each
-            head_out = refresh(eagle, target, dcache, emitted, out.hidden[0, [0] + path])  # emitted: path + last
+        last = emitted[-1]  # the head reads the accepted nodes again, with the target's features at the node before
+        unread, features = unread + emitted, features + [out.hidden[0, [0] + path]]  # each (emitted: path + last)
     return run.out, run.stats(tree_nodes=sum(run.drafted_per_step) / max(1, run.target_forwards - 1))  # per tree

@@ -67,16 +67,16 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     done = run.emit([last])
     while not done:
         k = run.draft_room(draft_policy.k)  # fewer guesses near the context end or budget
-        # Draft: blocks 1..E read the newest token, the exit guesses, each guess read back by blocks 1..E (the
-        # verify forward needs its block-E output too): k+1 passes, the lower layers' cache runs ahead by k+1.
-        hidden = []  # (1, 1, C) block E's output for the newest token and each guess
-        drafts, q_draft = draft_chain(lower, tensor([last], cache.device), k, run.sampling, run.generator, stop)
-        x = tensor((drafts[0] or [last])[-1:], cache.device)  # (1, 1) d_k, never read back (or last, with no guess)
-        hidden.append(target(x, cache=cache, layers=(0, E)).hidden)  # (1, 1, C)
-        # Verify: blocks E+1..L read the k+1 block-E outputs in one forward; the chain rule on its logits, then
-        # every layer's cache rolls back to the newest token + the accepted guesses.
-        [emitted], [n], _ = chain_step(run, target, cache, [last], drafts, q_draft, opts.verify, layers=(E, L),
-                                       hidden_in=torch.cat(hidden, 1))  # (1, k+1, C); one row
+        drafts, q_draft, upper = [[]], None, {}  # k = 0: a plain step, one forward through every block
+        if k:  # Draft: blocks 1..E read the newest token, the exit guesses, each guess read back by blocks 1..E
+            hidden = []  # (1, 1, C) block E's output for the newest token and each guess (the verify reads them)
+            drafts, q_draft = draft_chain(lower, tensor([last], cache.device), k, run.sampling, run.generator, stop)
+            x = tensor(drafts[0][-1:], cache.device)  # (1, 1) d_k, never read back: the lower cache runs ahead
+            hidden.append(target(x, cache=cache, layers=(0, E)).hidden)  # (1, 1, C)
+            upper = dict(layers=(E, L), hidden_in=torch.cat(hidden, 1))  # (1, k+1, C): blocks E+1..L verify
+        # The chain rule on the verify forward's logits; every layer's cache rolls back to the newest token + the
+        # accepted guesses.
+        [emitted], [n], _ = chain_step(run, target, cache, [last], drafts, q_draft, opts.verify, **upper)  # one row
         draft_policy.update(len(drafts[0]), n)
         done = run.emit(emitted, drafted=len(drafts[0]))
         last = emitted[-1]

@@ -20,8 +20,8 @@ verify="typical", Medusa's typical acceptance judges the top-k guesses and is LO
 guess, so the output no longer follows the target's law. (A head's q is a marginal over the tokens before its
 own: see mtp.py.) With verify="traversal" a drawn tree is judged from its leaves up (verify.verify_tree_traversal):
 lossless too.
-The heads run inside the verify forward, at every node (heads=True), so the next tree's guesses are ready at
-whichever node is accepted last. The default tree was measured on the trained model (scripts/medusa_tree.py;
+The heads run after the verify forward, on the trunk's state at the node accepted last (and not at all before a
+step that guesses nothing). The default tree was measured on the trained model (scripts/medusa_tree.py;
 tree_guesses.py, docs/measurements.md).
 
 Papers: Cai et al. 2024, Medusa, arXiv 2401.10774; Stern et al. 2018, Blockwise Parallel Decoding,
@@ -67,15 +67,16 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         slots = cache.max_len - cache.length - 1  # cache slots left for guesses in this forward
         step_paths = [p for p in paths if len(p) <= d][:min(slots, draft_policy.k)]  # its first k guesses
         tokens, parents, q_draft = fill_tree(last, head_logits[:d], step_paths, run.sampling, drawn, run.generator)
-        emitted, path, out = tree_step(run, target, cache, tokens, parents, q_draft, opts.verify, heads=True)
+        emitted, path, out = tree_step(run, target, cache, tokens, parents, q_draft, opts.verify)
         if opts.show_tree and run.target_forwards <= 2:  # the first two trees (the first forward read the prompt)
             print_verified_tree(f"medusa step {run.target_forwards}", tokens, parents, path, emitted, models.tokenizer,
                                 drawn, paths=None if drawn else step_paths)
         draft_policy.update(len(tokens) - 1, path)
         done = run.emit(emitted, drafted=len(tokens) - 1)
         last = emitted[-1]
-        node = path[-1] if path else 0  # the last accepted node: its main head chose `last`
-        head_logits = out.head_logits[0, :, node]  # (n_future, V) its heads guess the next tree
+        node = path[-1] if path else 0  # the last accepted node: its main head chose `last`, its heads guess on
+        if draft_policy.k:  # (n_future, V), unless the next step guesses nothing
+            head_logits = target.head_logits(out.hidden[:, node:node + 1])[0, :, 0]
     stats = run.stats()
     trees = max(1, run.target_forwards - 1)  # the first forward read the prompt
     return run.out, {**stats, "tree_nodes": stats["drafted"] / trees, "accepted_per_tree": stats["accepted"] / trees}

@@ -25,8 +25,8 @@ verified against, given the guesses before it, because that q does not depend on
 draws). What the marginal costs is acceptance: the accept rate sum(min(p_i, q_i)) falls with the distance
 between the conditional p_i and the marginal q_i, which grows with i (docs/measurements.md, mtp).
 
-The heads run inside the verify forward, at every position (heads=True): whichever guess turns out to be the
-last accepted one, its heads' logits are already there, as in Medusa's own code.
+The heads run after the verify forward, on the trunk's state at the last accepted position (the forward returns
+it as `hidden`), and only as many as the next step guesses: none before a plain step.
 
 Papers: Stern et al. 2018, Blockwise Parallel Decoding, arXiv 1811.03115; Gloeckle et al. 2024, Better &
 Faster Large Language Models via Multi-token Prediction, arXiv 2404.19737.
@@ -85,7 +85,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         drafts = drafts[:run.draft_room(len(drafts))]  # near the end of the budget or context, guess fewer
         q_draft = q_draft[:len(drafts)] if q_draft is not None and len(drafts) else None
         [emitted], [n], out = chain_step(run, model, cache, [last], [drafts],
-                                         None if q_draft is None else q_draft[None], opts.verify, heads=True)  # one row
+                                         None if q_draft is None else q_draft[None], opts.verify)  # one row
         for i in range(len(drafts)):
             drafted[i] += 1
             accepted[i] += i < n
@@ -93,6 +93,8 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         done = run.emit(emitted, drafted=len(drafts))
         last = emitted[-1]
         # position n is the last accepted token's, whose main head chose `last`: its heads guess the tokens after
-        head_logits = out.head_logits[0, :draft_policy.k, n]  # (k, V)
-        drafts, q_draft = head_guesses(head_logits, draft_policy, run.sampling, drawn, run.generator)
+        drafts, q_draft = [], None  # the next step guesses nothing, or k guesses from the heads at position n:
+        if draft_policy.k:
+            head_logits = model.head_logits(out.hidden[:, n:n + 1], draft_policy.k)[0, :, 0]  # (k, V)
+            drafts, q_draft = head_guesses(head_logits, draft_policy, run.sampling, drawn, run.generator)
     return run.out, run.stats(head_acceptance=[a / d for a, d in zip(accepted, drafted) if d])  # heads used

@@ -49,6 +49,8 @@ def chain_step(run, target, cache, last, drafts, q_draft=None, rule="token", **f
     out = target(ids, cache=cache, **forward)
     if run.sampling.greedy:  # every rule is "accept while the guess is the argmax"
         n, nxt = zip(*[verify_chain_greedy(out.logits[b, :k + 1], drafts[b]) for b, k in enumerate(k_rows)])
+    elif K == 0:  # no guesses (a plain step): every rule draws the target's own token from its law, as `ar` does
+        n, nxt = [0] * len(rows), sample(warp(out.logits[:, 0], *run.sampling), run.generator).tolist()
     else:
         p_target = warp(out.logits, *run.sampling)  # (B, K+1, V)
         guesses = ids[:, 1:]  # (B, K)
@@ -89,6 +91,9 @@ def tree_step(run, target, cache, tokens, parents, q_draft=None, rule="token", h
         raise ValueError(f"unknown tree rule {rule!r}; choose one of: {', '.join(TREE_RULES)}")
     if rule == "traversal" and q_draft is None and len(tokens) > 1 and not run.sampling.greedy:
         raise ValueError("traversal verification judges drawn guesses: use --draft-sampling sample")
+    if len(tokens) == 1:  # the root alone (a plain step): a plain forward, the target's own token
+        [emitted], _, out = chain_step(run, target, cache, tokens, [[]], heads=heads)
+        return emitted, [], out
     prefix = cache.length  # the tokens before the root
     device = cache.device
     ids = torch.tensor([tokens], device=device)  # (1, N)
