@@ -18,20 +18,26 @@ models (`Models.step_costs`), so the same seed and the same calibration give the
 import json
 import os
 import statistics
+from contextlib import contextmanager
 
 import torch
 
 from nanospec.checkpoint import target_fingerprint
 from nanospec.decoding import METHODS, MODULES
-from nanospec.decoding.adaptive import SWEEP_STEPS, costs_key
+from nanospec.decoding.adaptive import DraftLength, costs_key
 from nanospec.decoding.options import Sampling, read_options
 from nanospec.probes import Ledger, timed_models
 from nanospec.tokenizer import write_atomic
 
 FILE = "calibration.json"
-FORMAT = 1
-TEXT = "def fibonacci(n):\n    if n < 2:\n        return n\n"  # any text will do: the seconds, not the tokens, count
-RUNS = 4  # sweeps (after one to warm up); each k gets SWEEP_STEPS - 1 steps per pass through the k's
+FORMAT = 2
+TEXTS = (  # what the sweeps continue, one after the other: code, prose, and text that repeats itself
+    "    def close(self):\n        if self._file is not None:\n            self._file.close()\n",
+    "The module provides functions for reading and writing files, and for finding out how large",
+    "    self.assertEqual(f(1), 1)\n    self.assertEqual(f(2), 4)\n    self.assertEqual(f(3), 9)\n")
+RUNS = 6  # sweeps (after one to warm up); each k gets SWEEP_STEPS - 1 steps per pass through the k's
+CHANCES_OVER = 64  # the tokens of each sweep whose steps tell the chances (the bench's generations are as long)
+SWEEP_TOKENS = 160  # the most tokens of one sweep: enough steps of every k for their seconds
 
 
 def key(method, temperature, options):
@@ -47,24 +53,56 @@ def key(method, temperature, options):
 
 @torch.inference_mode()
 def measure(models, method, temperature, options, runs=RUNS):
-    """{k: seconds of one step with k guesses} of `method` on `models` (as the run will have them: wrapped for
-    its runtime path), from `runs` sweeps over a fixed prompt, after one to warm up."""
+    """{"seconds": {k: seconds of one step with k guesses}, "chances": [how often guess 1, 2, ... was accepted when
+    it was made]} of `method` on `models` (as the run will have them: wrapped for its runtime path), from `runs`
+    sweeps over TEXTS in turn, after one to warm up. The seconds come from every step; the chances, the cost rule's
+    prior (what the method's guesses are worth at this temperature), from the steps of the first CHANCES_OVER
+    tokens of each text only: a small model's long greedy continuation falls into a loop, where every guess
+    looks good."""
     ledger = Ledger(cuda=False)  # host seconds: every step reads its verdict on the host, which waits for the GPU
     timed = timed_models(models, ledger)
-    prompt = models.tokenizer.encode(TEXT) if models.tokenizer else [1 + i % 7 for i in range(12)]
-    room = models.target.config.block_size - len(prompt) - 1
     options = {**options, "adaptive": "sweep"}
     steps = {}  # k -> seconds of each step with k guesses between two alike
+    offered, won = {}, {}  # guess i -> the steps that made it, the steps that accepted it
     for run in range(runs + 1):
+        text = TEXTS[run % len(TEXTS)]
+        prompt = models.tokenizer.encode(text) if models.tokenizer else [1 + (i * (run + 2)) % 7 for i in range(12)]
         ledger.clear()
-        _, stats = METHODS[method](timed, prompt, room, temperature=temperature, seed=run, **options)
+        with watching(DraftLength, "update") as verdicts:  # (drafted, accepted) of every verified step
+            room = min(SWEEP_TOKENS, models.target.config.block_size - len(prompt) - 1)
+            _, stats = METHODS[method](timed, prompt, room, temperature=temperature, seed=run, **options)
         drafted, starts = stats["drafted_per_step"], ledger.starts  # one of each per target forward
+        made = 0  # tokens generated before the step
+        for (k, accepted), kept in zip(verdicts, stats["accepted_per_step"][1:]):
+            if run and made < CHANCES_OVER:
+                for i in range(1, k + 1):
+                    offered[i] = offered.get(i, 0) + 1
+                for i in range(1, accepted + 1) if isinstance(accepted, int) else accepted:  # a chain; a tree's path
+                    won[i] = won.get(i, 0) + 1
+            made += kept
         for j in range(1, len(starts) - 1):  # step j: from its forward to the next; the prefill is forward 0
             if run and drafted[j] == drafted[j + 1]:  # the next step's drafting is of the same k
                 steps.setdefault(drafted[j], []).append(starts[j + 1] - starts[j])
     if not steps:
         raise ValueError(f"{method} made too few steps to time (context {models.target.config.block_size})")
-    return {k: statistics.median(s) for k, s in sorted(steps.items())}
+    chances = [won.get(i, 0) / offered[i] for i in range(1, max(offered, default=0) + 1)]
+    return {"seconds": {k: statistics.median(s) for k, s in sorted(steps.items())}, "chances": chances}
+
+
+@contextmanager
+def watching(owner, name):
+    """Inside `with watching(DraftLength, "update") as calls:` every call's first two arguments are appended to
+    `calls` (the method still runs as it is): how the calibration sees each verified step's verdict."""
+    calls, real = [], getattr(owner, name)
+
+    def watched(self, *args):
+        calls.append(args[:2])
+        return real(self, *args)
+    setattr(owner, name, watched)
+    try:
+        yield calls
+    finally:
+        setattr(owner, name, real)
 
 
 def machine(models, runtime_path):
@@ -112,8 +150,9 @@ def attach(models, ckpt, wanted, runtime_path="eager", log=None):
             if log:
                 log(f"calibrating {method} ({'greedy' if Sampling(temperature).greedy else 'sampled'}) on this "
                     f"machine: the seconds of a step with each number of guesses, for --adaptive cost")
-            known[name], new = {str(k): s for k, s in measure(models, method, temperature, options).items()}, True
-        costs[name] = {int(k): s for k, s in known[name].items()}
+            known[name], new = measure(models, method, temperature, options), True
+        costs[name] = {"seconds": {int(k): s for k, s in known[name]["seconds"].items()},
+                       "chances": known[name]["chances"]}
     models.step_costs = costs
     if new and data is not None and path and os.access(os.path.dirname(os.path.abspath(path)), os.W_OK):
         machines = {**data.get("machines", {}), here: known}  # other machines' and checkpoints' kept

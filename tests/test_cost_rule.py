@@ -31,10 +31,11 @@ CHEAP = {k: 1.0 + 0.01 * k for k in range(300)}  # a guess costs 1% of a step: d
 DEAR = {k: 1.0 + 10.0 * k for k in range(300)}  # a guess costs ten steps: it never does
 
 
-def priced(models, method, table, temperature=0.0, **options):
-    """models with `table` as the step costs of `method` (its --adaptive cost run at this temperature)."""
+def priced(models, method, seconds, temperature=0.0, **options):
+    """models with `seconds` as the step costs of `method` (its --adaptive cost run at this temperature), and no
+    measured chances (the rule's own prior)."""
     name = calibration.key(method, temperature, {**options, "adaptive": "cost"})
-    return Models(**{**vars(models), "step_costs": {name: table}})
+    return Models(**{**vars(models), "step_costs": {name: {"seconds": seconds}}})
 
 
 def test_best_k_is_the_most_tokens_per_second():
@@ -54,7 +55,7 @@ def test_interpolate_between_and_beyond_the_measured_k():
 
 
 def test_the_chances_start_at_the_prior_learn_and_forget():
-    price = Price({0: 1.0}, 3, range(4))
+    price = Price({"seconds": {0: 1.0}}, 3, range(4))
     assert price.chances() == pytest.approx([0.5, 0.35, 0.245])  # PRIOR, then PRIOR_DECAY times the one before
     for _ in range(30):
         price.observe(3, [1, 2, 3])  # every guess accepted
@@ -65,6 +66,8 @@ def test_the_chances_start_at_the_prior_learn_and_forget():
     for _ in range(60):
         price.observe(0, [])  # plain steps: what was counted fades, the prior comes back
     assert price.chances() == pytest.approx([0.5, 0.35, 0.245], abs=0.01)
+    measured = Price({"seconds": {0: 1.0}, "chances": [0.1, 0.02]}, 3, range(4))  # what the calibration saw
+    assert measured.chances() == pytest.approx([0.1, 0.02, 0.014])  # the last: PRIOR_DECAY times the one before
 
 
 def test_without_step_costs_the_rule_drafts_draft_len():
@@ -158,14 +161,18 @@ def test_medusa_with_the_cost_rule_follows_the_targets_law():
 # The calibration
 
 
+FAKE = {"seconds": {0: 1.0, 1: 1.5}, "chances": [0.3]}  # what the tests below pretend was measured
+
+
 def test_the_calibration_times_every_k(models):
     costs = calibration.measure(models, "speculative", 1.0, {"draft_len": 3}, runs=1)
-    assert sorted(costs) == [0, 1, 2, 3] and all(s > 0 for s in costs.values())
+    assert sorted(costs["seconds"]) == [0, 1, 2, 3] and all(s > 0 for s in costs["seconds"].values())
+    assert len(costs["chances"]) == 3 and all(0 <= c <= 1 for c in costs["chances"])
 
 
 def test_the_calibration_is_kept_in_the_run_folder_and_read_back(models, tmp_path, monkeypatch):
     measured = []
-    monkeypatch.setattr(calibration, "measure", lambda *a, **k: measured.append(a[1]) or {0: 1.0, 1: 1.5})
+    monkeypatch.setattr(calibration, "measure", lambda *a, **k: measured.append(a[1]) or FAKE)
     wanted = [("speculative", 1.0, {"adaptive": "cost"}), ("medusa", 0.0, {"adaptive": "cost"}),
               ("ar", 0.0, {}), ("speculative", 1.0, {})]  # ar and --adaptive off price nothing
     m = calibration.attach(Models(**vars(models)), str(tmp_path), wanted)
@@ -184,7 +191,7 @@ def test_the_calibration_is_kept_in_the_run_folder_and_read_back(models, tmp_pat
 
 
 def test_a_file_of_that_name_that_is_not_a_calibration_is_left_alone(models, tmp_path, monkeypatch):
-    monkeypatch.setattr(calibration, "measure", lambda *a, **k: {0: 1.0, 1: 1.5})
+    monkeypatch.setattr(calibration, "measure", lambda *a, **k: FAKE)
     mine = tmp_path / calibration.FILE
     mine.write_text("my notes")
     lines = []

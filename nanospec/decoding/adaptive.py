@@ -21,8 +21,9 @@ long wastes draft work and verify width when they are not, and the right k chang
               takes on this machine (nanospec/calibration.py measures it once per checkpoint, device, dtype and
               thread count; decode.py and the bench attach it to the models as `step_costs`). E(k) = 1 +
               pi_1 + .. + pi_k, pi_i the chance that guess i (a chain's i-th, a tree's i-th node) is accepted,
-              estimated from the steps verified so far (decayed, so the estimate follows the text, and drawn
-              back towards a prior when nothing is drafted, so a plain stretch tries a draft again).
+              estimated from the steps verified so far, decayed so that the estimate follows the text, and
+              drawn back towards a prior: the chances the calibration saw (PRIOR, decaying, without them), so
+              that a stretch of plain steps tries a draft again as often as the method's guesses deserve.
               T = {0: 1.0, 1: 1.2, 2: 1.3, 3: 1.45} ms, pi = 0.8, 0.6, 0.3 -> E/T = 1.0, 1.5, 1.85, 1.86 per
               ms: k = 3; with pi = 0.2, 0.05, 0.01 -> 1.0, 1.0, 0.96, 0.86: k = 0.
               Without step_costs (a library call on models nobody calibrated) it drafts draft_len, as "off".
@@ -47,12 +48,12 @@ from nanospec.decoding.options import Option
 RULES = ("off", "history", "confidence", "cost", "sweep")
 CONFIDENCE = 0.5  # the threshold of --adaptive confidence unless --confidence says otherwise
 SWEEP_STEPS = 3  # --adaptive sweep: consecutive steps per k (the calibration times the ones between two alike)
-PRIOR = 0.5  # the cost rule's guess of pi_1 before any step is verified (later guesses: PRIOR_DECAY times less)
+PRIOR = 0.5  # the cost rule's pi_1 where the calibration measured none (later guesses: PRIOR_DECAY times less)
 PRIOR_DECAY = 0.7
 PRIOR_WEIGHT = 2.0  # the prior counts as this many verified steps
 FORGET = 0.9  # the cost rule's memory: each step multiplies what it counted before by this
 ADAPTIVE_OPTIONS = {
-    "adaptive": Option(str, "off", "draft length rule: off (always draft_len), history (k += 2 after a fully "
+    "adaptive": Option(str, "cost", "draft length rule: off (always draft_len), history (k += 2 after a fully "
                                    "accepted step, k - 1 after a rejection), confidence (stop after a guess the "
                                    "drafter gives probability < --confidence; draft_len is then the most), cost "
                                    "(the k in 0..draft_len with the most expected tokens per second on this "
@@ -62,7 +63,7 @@ ADAPTIVE_OPTIONS = {
                                       f"guess (default {CONFIDENCE})", low=0.0, high=1.0),
 }
 PRICED_OPTIONS = {  # the rules that fit any guesses (jacobi's block, a tree's nodes): how many of them to check
-    "adaptive": Option(str, "off", "guesses per step: off (all of them), cost (the first k, k in 0..all with the "
+    "adaptive": Option(str, "cost", "guesses per step: off (all of them), cost (the first k, k in 0..all with the "
                                    "most expected tokens per second on this machine, 0 = a plain step), sweep "
                                    "(every k in turn: the calibration)", choices=("off", "cost", "sweep"))}
 
@@ -76,15 +77,15 @@ def costs_key(method, greedy, opts):
 
 
 def step_costs(models, module_name, sampling, opts):
-    """The seconds of a step with k guesses, {k: seconds}, that the calibration attached to `models` for this
-    method (its module's __name__), sampling and options; None when there are none."""
+    """What the calibration attached to `models` for this method (its module's __name__), sampling and options:
+    {"seconds": {k: seconds of a step with k guesses}, "chances": [the chance of each guess]}; None if nothing."""
     return (getattr(models, "step_costs", None) or {}).get(costs_key(module_name.rsplit(".", 1)[-1],
                                                                      sampling.greedy, opts))
 
 
 def draft_length(opts, draft_len, most=None, costs=None, menu=None):
     """The DraftLength of a run from its options (opts.adaptive, opts.confidence): --confidence is only for
-    --adaptive confidence (a one-line ValueError otherwise). costs: the cost rule's {k: seconds} (step_costs);
+    --adaptive confidence (a one-line ValueError otherwise). costs: the cost rule's calibration (step_costs);
     menu: the k the cost rule and the sweep may choose (default 0..draft_len)."""
     confidence = getattr(opts, "confidence", None)
     if confidence is not None and opts.adaptive != "confidence":
@@ -147,21 +148,23 @@ class DraftLength:
 
 class Price:
     """The cost rule's books: seconds[k] for a step with k guesses (from the calibration, k = 0..most), and for
-    every guess i = 1..most, how often it was offered and accepted (decayed counts). best() -> the k of the most
-    expected tokens per second."""
+    every guess i = 1..most, how often it was offered and accepted (decayed counts) beside the chance the
+    calibration saw (the prior). best() -> the k of the most expected tokens per second."""
 
     def __init__(self, costs, most, menu):
-        self.seconds = interpolate({int(k): s for k, s in costs.items()}, most)  # (most+1,) list
+        self.seconds = interpolate({int(k): s for k, s in costs["seconds"].items()}, most)  # (most+1,) list
+        self.measured = list(costs.get("chances") or [])  # the calibration's chance of guess 1, 2, ...
         self.menu = menu
         self.offered = [0.0] * (most + 1)  # index i: guess i (index 0 unused)
         self.won = [0.0] * (most + 1)
 
     def chances(self):
         """pi_i, the estimated chance guess i is accepted, i = 1..most: its counts with PRIOR_WEIGHT steps of a
-        prior that falls along the guesses (PRIOR, then PRIOR_DECAY times the estimate of the guess before)."""
+        prior, the calibration's chance of guess i, or (beyond what it measured) one that falls along the guesses:
+        PRIOR for the first, then PRIOR_DECAY times the estimate of the guess before."""
         pi, before = [], PRIOR / PRIOR_DECAY
         for i in range(1, len(self.won)):
-            prior = before * PRIOR_DECAY
+            prior = self.measured[i - 1] if i <= len(self.measured) else before * PRIOR_DECAY
             before = (self.won[i] + PRIOR_WEIGHT * prior) / (self.offered[i] + PRIOR_WEIGHT)
             pi.append(before)
         return pi

@@ -17,7 +17,7 @@ through the target's own unembedding. Each step:
     target argmax after "(" = x, after x = ")", after ")" = ":"  ->  emit [x, ")", ":"] from one forward.
 Sampling (--draft-sampling sample, the default), the head DRAWS its guesses from its warped q, verified against q
 (verify_tree_without_replacement, or leaves up: --verify traversal); grow_sampled_tree fixes the tree's shape first.
-"""
+--adaptive cost: k + 1 tokens per step, k = 0 (a plain step: the head reads the new tokens when it next drafts)."""
 import torch
 
 from nanospec.decoding.adaptive import PRICED_OPTIONS, draft_length, step_costs
@@ -125,7 +125,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     if eagle.config.n_embd != target.config.n_embd or eagle.config.vocab_size != target.config.vocab_size:
         raise ValueError("the eagle head was trained for another target: run `python train_tiny.py --stage eagle`")
     width = min(opts.width, target.config.vocab_size)  # a node has at most V distinct children
-    size = opts.total_tokens  # the most; --adaptive cost chooses k + 1 tokens each step
+    size = opts.total_tokens  # the most: --adaptive cost chooses k + 1 tokens each step
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     draft_policy = draft_length(opts, size - 1, costs=step_costs(models, __name__, run.sampling, opts))
     cache = target.new_cache(max_len=target.config.block_size + size)  # room for a whole tree at the context end
@@ -133,8 +133,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
 
     # prefill: the target reads the prompt and picks the first root; the head has x_1..x_P with f_0..f_{P-1} to read
     last, out = first_token(run, target, cache)
-    unread, features, head_out = run.prompt[1:] + [last], [out.hidden[0]], None  # what the head has not read, and
-    #                                                                       the target's features before each
+    unread, features, head_out = run.prompt[1:] + [last], [out.hidden[0]], None  # unread, and f before each
     done = run.emit([last])
     while not done:
         k = draft_policy.k  # guesses, k + 1 tokens, as deep as the budget, context and k allow: d

@@ -80,8 +80,9 @@ class Run:
     def stats(self, **extra):
         """What the run did: tokens, target forwards, tokens per forward (and per forward, accepted_per_step; the
         guesses each forward checked, drafted_per_step: 0 is a plain step), the guesses drafted and accepted, why
-        it stopped, and the method's own figures (`extra`). acceptance_rate estimates a guess's chance to pass: accepted / judged, where a guess is judged if every guess before it
-        was accepted (the ones after a rejection say nothing). No clock: decode.py and the bench time a run."""
+        it stopped, and the method's own figures (`extra`). acceptance_rate estimates a guess's chance to pass:
+        accepted / judged, where a guess is judged if every guess before it was accepted (the ones after a
+        rejection say nothing). No clock: decode.py and the bench time a run."""
         n = len(self.out)
         accepted = sum(self.guesses_per_step)
         judged = sum(min(a + 1, d) for a, d in zip(self.guesses_per_step, self.drafted_per_step))
