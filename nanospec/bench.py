@@ -517,7 +517,7 @@ def drafter_costs(results, names, cost_1, suffix=""):
     """{method: c} for every method that drafts with a trained part: its drafting seconds per drafter pass, as
     the Timed parts measured them, summed over its timed runs at every temperature (the rows labelled name +
     suffix, e.g. " (eager)"), over one target forward over 1 token (cost_1 seconds, on the same path); None for a
-    method that made no drafting call (mtp and medusa: their heads run inside the target's forward)."""
+    method that made no drafter pass (mtp and medusa: their heads are the target's; or every step was plain)."""
     c = {}
     for name in (n for n in names if parts_for([n])):
         runs = [r["timing"] for by_prompt in results.values() for r in by_prompt.get(name + suffix, {}).values()]

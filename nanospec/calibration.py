@@ -67,6 +67,7 @@ def measure(models, method, temperature, options, runs=RUNS):
     for run in range(runs + 1):
         text = TEXTS[run % len(TEXTS)]
         prompt = models.tokenizer.encode(text) if models.tokenizer else [1 + (i * (run + 2)) % 7 for i in range(12)]
+        prompt = prompt[-max(1, models.target.config.block_size // 4):]  # a small context leaves room to sweep
         ledger.clear()
         with watching(DraftLength, "update") as verdicts:  # (drafted, accepted) of every verified step
             room = min(SWEEP_TOKENS, models.target.config.block_size - len(prompt) - 1)

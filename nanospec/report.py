@@ -321,7 +321,8 @@ def header(m):
     heads = [name for name, c in m.c.items() if c is None and "heads" in parts_for([name])]
     idle = [name for name, c in m.c.items() if c is None and name not in heads]
     costs = [measured] if measured else []
-    costs += [f"{', '.join(heads)}: in the target's forward (the heads, no drafting call)"] if heads else []
+    costs += [f"{', '.join(heads)}: the target's own heads (their seconds are drafting, with no drafter pass)"] \
+        if heads else []
     costs += [f"{', '.join(idle)}: made no drafter pass"] if idle else []
     costs = "; ".join(costs) or "no method with a trained drafter ran"
     if m.cost is None:
