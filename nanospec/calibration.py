@@ -52,13 +52,13 @@ def key(method, temperature, options):
 
 
 @torch.inference_mode()
-def measure(models, method, temperature, options, runs=RUNS):
+def measure(models, method, temperature, options, runs=RUNS, log=None):
     """{"seconds": {k: seconds of one step with k guesses}, "chances": [how often guess 1, 2, ... was accepted when
     it was made]} of `method` on `models` (as the run will have them: wrapped for its runtime path), from `runs`
     sweeps over TEXTS in turn, after one to warm up. The seconds come from every step; the chances, the cost rule's
     prior (what the method's guesses are worth at this temperature), from the steps of the first CHANCES_OVER
     tokens of each text only: a small model's long greedy continuation falls into a loop, where every guess
-    looks good."""
+    looks good. log(line) is told once the first sweep ran (a bad option fails in it first, unannounced)."""
     ledger = Ledger(cuda=False)  # host seconds: every step reads its verdict on the host, which waits for the GPU
     timed = timed_models(models, ledger)
     options = {**options, "adaptive": "sweep"}
@@ -73,6 +73,9 @@ def measure(models, method, temperature, options, runs=RUNS):
             room = min(SWEEP_TOKENS, models.target.config.block_size - len(prompt) - 1)
             _, stats = METHODS[method](timed, prompt, room, temperature=temperature, seed=run, **options)
         drafted, starts = stats["drafted_per_step"], ledger.starts  # one of each per target forward
+        if not run and log:
+            log(f"calibrating {method} ({'greedy' if Sampling(temperature).greedy else 'sampled'}) on this machine: "
+                f"the seconds of a step with each number of guesses, for --adaptive cost ({runs} sweeps)")
         made = 0  # tokens generated before the step
         for (k, accepted), kept in zip(verdicts, stats["accepted_per_step"][1:]):
             if run and made < CHANCES_OVER:
@@ -148,10 +151,7 @@ def attach(models, ckpt, wanted, runtime_path="eager", log=None):
     costs, new = dict(models.step_costs or {}), False
     for method, temperature, options, name in wanted:
         if name not in known:
-            if log:
-                log(f"calibrating {method} ({'greedy' if Sampling(temperature).greedy else 'sampled'}) on this "
-                    f"machine: the seconds of a step with each number of guesses, for --adaptive cost")
-            known[name], new = measure(models, method, temperature, options), True
+            known[name], new = measure(models, method, temperature, options, log=log), True
         costs[name] = {"seconds": {int(k): s for k, s in known[name]["seconds"].items()},
                        "chances": known[name]["chances"]}
     models.step_costs = costs

@@ -426,25 +426,16 @@ def split_section(m):
     return ["## Where a step's time goes", "", table(head, rows), "",
             "Milliseconds per target forward (a step), summed over every prompt's generation: drafting (every "
             "call of a drafter, timed by wrapping the models: the draft GPT, the EAGLE head, the ParallelSpec "
-            "drafter, early-exit's passes through the target's first layers and its exit head; mtp and medusa "
-            "draft inside the target's forward), the target's forwards (prefill and verify) and the rest, the "
+            "drafter, early-exit's passes through the target's first layers and its exit head, the MTP heads "
+            "that mtp and medusa run after each forward), the target's forwards (prefill and verify) and the rest, the "
             "host's work between them (building trees, the verify rules, Python). On a GPU the calls are timed "
             "by CUDA events, so a forward that waits for the host to launch its kernels counts that wait.", ""]
 
 
-def chosen(runs, key, most=6):
-    """What a draft-length rule chose, from the stats' `key` ("draft_lengths" or "tree_sizes": one entry per step,
-    or a dict value -> steps) over every run: 'value xsteps' by value, e.g. [2, 0, 2, 4] -> '0 x1, 2 x2, 4 x1';
-    past `most` values, the most frequent and '+n more'. None when no run has the key."""
-    counts = Counter()
-    for stats in runs:
-        got = stats.get(key)
-        if isinstance(got, dict):
-            counts.update({tuple(v) if isinstance(v, list) else v: n for v, n in got.items()})
-        elif got is not None:
-            counts.update(tuple(v) if isinstance(v, list) else v for v in got)
-    if not counts:
-        return None
+def chosen(steps, most=6):
+    """How many guesses the steps checked, as 'value xsteps' by value: [2, 0, 2, 4] -> '0 x1, 2 x2, 4 x1' (the
+    draft length a rule chose, clamped near the end); past `most` values, the most frequent and '+n more'."""
+    counts = Counter(steps)
     shown = sorted(counts.most_common(most))  # by value
     more = f", +{len(counts) - most} more" if len(counts) > most else ""
     return ", ".join(f"{v} x{n}" for v, n in shown) + more
@@ -453,25 +444,20 @@ def chosen(runs, key, most=6):
 def drafting_section(m):
     """Where the drafting went, per method and temperature: the guesses each target forward checked
     (stats["drafted_per_step"], its first entry the prefill, left out), how many steps drafted nothing (a plain
-    step), and what a draft-length rule chose where the stats say (draft_lengths, tree_sizes)."""
+    step), and how often each number of guesses was checked (what --adaptive cost chose, step by step)."""
     rows = []
     for t in m.temperatures:
         for name in (n for n in m.rows[t] if n != "ar" and complete(m.results[t], n, m.prompts)):
-            runs = [r["stats"] for r in m.results[t][name].values()]
-            steps = [d for stats in runs for d in stats.get("drafted_per_step", [])[1:]]
-            picks = [f"{what}: {c}" for what, key in (("k", "draft_lengths"), ("tree size", "tree_sizes"))
-                     if (c := chosen(runs, key))]
+            steps = [d for r in m.results[t][name].values() for d in r["stats"].get("drafted_per_step", [])[1:]]
             rows.append([f"{t:g}", name, f"{sum(steps) / len(steps):.2f}" if steps else "-",
-                         f"{sum(d == 0 for d in steps) / len(steps):.0%}" if steps else "-",
-                         "; ".join(picks) or "-"])
-    head = ["temperature", "method", "guesses/step", "plain steps", "chosen (value x steps)"]
-    picked = any(row[-1] != "-" for row in rows)  # no method reports a choice: no column for it
-    return ["## Where the drafting went", "", table(head[:5 if picked else 4], [r[:5 if picked else 4] for r in rows]),
+                         f"{sum(d == 0 for d in steps) / len(steps):.0%}" if steps else "-", chosen(steps) or "-"])
+    head = ["temperature", "method", "guesses/step", "plain steps", "guesses checked (value x steps)"]
+    return ["## Where the drafting went", "", table(head, rows),
             "", "guesses/step: the guesses each target forward checked, on average over every prompt's steps (the "
             "prefill left out); plain steps: the share of steps that checked none, a plain `ar` step (no match "
-            "found, no room left, or a draft-length rule that found no draft worth its cost)."
-            + (" chosen: what a draft-length rule picked, where the method reports it (k: the draft length, tree "
-               "size: the nodes of the tree), with the number of steps that picked each." if picked else ""), ""]
+            "found, no room left, or, under --adaptive cost, no draft worth its cost on this machine); guesses "
+            "checked: how many steps checked each number of guesses (a tree: its nodes below the root), what the "
+            "cost rule chose step by step.", ""]
 
 
 def leviathan_section(m, summaries):

@@ -80,15 +80,19 @@ def test_comparing_runtimes_shows_eager_and_static_side_by_side(toy_out, tmp_pat
         assert rows["ar"]["all"]["speedup"] == pytest.approx(1.0)
         for name in ("ar", "speculative", "eagle", "jacobi"):  # every method, both paths
             assert name in rows and f"{name} (eager)" in rows, name
-            assert got["reads"][t][name] == got["reads"][t][f"{name} (eager)"]  # the same code reads alike
+            if name == "ar":  # the same code reads alike (the others price their steps with each path's own costs)
+                assert got["reads"][t][name] == got["reads"][t][f"{name} (eager)"]
     assert got["summaries"][0.0]["ar (eager)"]["equal"] == 3  # the eager row's greedy output is ar's too
     assert "| ar (eager) " in report and "MISMATCH" not in report and not got["failed"]
     line = next(line for line in report.splitlines() if line.startswith("- runtime: "))
     assert "static (shape-static forwards, replay emulated on the CPU): ar, speculative, eagle, jacobi" in line
     assert "eager (plain PyTorch): ar (eager), speculative (eager)" in line
     c_line = next(line for line in report.splitlines() if line.startswith("- drafter cost c = "))
-    for name in ("speculative", "eagle"):  # c both ways for every drafter
-        assert c_line.count(f" {name} ") == 1 and c_line.split(f" {name} ")[1].split(")")[0].count("eager") == 1
+    idle = c_line.split(": made no drafter pass")[0].split("; ")[-1] if "no drafter pass" in c_line else ""
+    assert "speculative" not in idle  # it drafts on the toy model (its draft GPT also reads each prompt)
+    for name in ("speculative", "eagle"):  # c both ways for every drafter that drafted (--adaptive cost may not)
+        assert name in idle or (c_line.count(f" {name} ") == 1
+                                and c_line.split(f" {name} ")[1].split(")")[0].count("eager") == 1)
     assert "## Cost of one target forward over n new tokens, relative to n = 1 (static and eager)" in report
     assert "static (shape-static forwards, replay emulated on the CPU): cost(1) = " in report
     assert "eager (plain PyTorch): cost(1) = " in report and "as much eager as static over 1 token" in report

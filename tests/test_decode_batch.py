@@ -49,7 +49,7 @@ def test_a_batch_on_the_static_runtime_says_so_and_decodes_the_same(ckpt, capsys
 @pytest.mark.parametrize("args, match", [
     (["--prompt", "x", "--batch-size", "0"], "--batch-size must be in 1..1024, got 0"),
     (["--prompt", "x", "--batch-size", "5000"], "--batch-size must be in 1..1024, got 5000"),
-    (["--prompt", "x", "--prompt", "y", "--method", "medusa"], "batched decoding runs ar, speculative, prompt-lookup"),
+    (["--prompt", "x", "--prompt", "y", "--method", "medusa"], "runs ar, speculative, prompt-lookup, not medusa"),
     (["--prompts-file", "/no/such/file"], "cannot read --prompts-file"),
     (["--prompt", "x", "--prompt", "y", "--method", "prompt-lookup", "--adaptive", "history"],
      "--adaptive is not an option of batched decoding"),

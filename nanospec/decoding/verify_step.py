@@ -91,25 +91,24 @@ def tree_step(run, target, cache, tokens, parents, q_draft=None, rule="token", h
         raise ValueError(f"unknown tree rule {rule!r}; choose one of: {', '.join(TREE_RULES)}")
     if rule == "traversal" and q_draft is None and len(tokens) > 1 and not run.sampling.greedy:
         raise ValueError("traversal verification judges drawn guesses: use --draft-sampling sample")
-    if len(tokens) == 1:  # the root alone (a plain step): a plain forward, the target's own token
-        [emitted], _, out = chain_step(run, target, cache, tokens, [[]], heads=heads)
-        return emitted, [], out
     prefix = cache.length  # the tokens before the root
     device = cache.device
     ids = torch.tensor([tokens], device=device)  # (1, N)
-    out = target(ids, pos=tree_positions(parents, prefix, device), cache=cache,
-                 mask=tree_mask(parents, prefix, device), heads=heads)  # logits (1, N, V)
+    tree = len(tokens) > 1  # else the root alone, a plain step: a plain forward, nothing to compact after it
+    out = target(ids, pos=tree_positions(parents, prefix, device) if tree else None, cache=cache,
+                 mask=tree_mask(parents, prefix, device) if tree else None, heads=heads)  # logits (1, N, V)
     logits = out.logits[0]  # (N, V)
     if run.sampling.greedy:  # every rule is "follow the argmax"
         path, nxt = verify_tree_greedy(logits, tokens, parents)
     elif q_draft is not None and rule == "traversal":  # drawn children, judged from the leaves up
         path, nxt = verify_tree_traversal(warp(logits, *run.sampling), q_draft, tokens, parents, run.generator)
-    elif q_draft is not None:  # drawn children, judged root down against the q they came from
+    elif q_draft is not None and tree:  # drawn children, judged root down against the q they came from
         judged = verify_tree_without_replacement(warp(logits, *run.sampling), q_draft, tokens, parents, run.generator)
         path, nxt = host_path(*judged)  # one host read
     elif rule == "typical":
         path, nxt = host_path(*typical_accept(warp(logits, *run.sampling), tokens, parents, generator=run.generator))
     else:  # guesses not drawn: point masses, q = one_hot, judged as "draw y ~ p, step into the child holding y"
         path, nxt = verify_tree_descend(warp(logits, *run.sampling), tokens, parents, run.generator)
-    cache.compact(list(range(prefix)) + [prefix + n for n in [0] + path])  # the root, then the accepted path
+    if tree:
+        cache.compact(list(range(prefix)) + [prefix + n for n in [0] + path])  # the root, then the accepted path
     return [tokens[n] for n in path] + [nxt], path, out
