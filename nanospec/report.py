@@ -139,21 +139,24 @@ def ngram_repeats(context, out, n=4):
     return own, seen, total
 
 
-def acceptance_mle(per_prompt, k, max_new_tokens):
-    """Leviathan's per-token acceptance rate a from speculative's steps: each step accepts n of k guesses,
-    and n < k means one rejection. Under the model (each guess accepted with probability a, independently),
-    the maximum-likelihood a = accepted / (accepted + rejections). The prefill and steps with fewer than k
-    guesses (near the token budget, where draft_room shrinks k) are left out. Returns (a, tokens per step)."""
+def acceptance_mle(per_prompt):
+    """Leviathan's per-token acceptance rate a from speculative's steps: a step that checked d guesses accepted n
+    of them, and n < d means one rejection. Under the model (each guess accepted with probability a,
+    independently), the maximum-likelihood a = accepted / (accepted + rejections). The prefill and the plain
+    steps (d = 0: they say nothing of a) are left out; a step cut by the token budget (it kept fewer tokens than
+    it accepted) counts what it kept. Returns (a, tokens per step that drafted, the d of every step but the
+    prefill). Example: drafted [0, 2, 2, 0, 2], kept [1, 3, 1, 1, 2] -> a = 3/5 (2 + 0 + 1 accepted, 2
+    rejections), 6/3 tokens per drafting step."""
     accepted = rejections = steps = 0
+    ks = []
     for stats in per_prompt:
-        done = stats["accepted_per_step"][0]  # the prefill forward emits 1 token
-        for kept in stats["accepted_per_step"][1:]:
-            if max_new_tokens - done - 1 >= k:  # a full step of k guesses
+        for d, kept in zip(stats["drafted_per_step"][1:], stats["accepted_per_step"][1:]):
+            ks.append(d)
+            if d:
                 n = kept - 1  # the guesses it accepted (kept = accepted + the target's own token)
-                accepted, rejections, steps = accepted + n, rejections + (n < k), steps + 1
-            done += kept
+                accepted, rejections, steps = accepted + n, rejections + (n < d), steps + 1
     a = accepted / max(1, accepted + rejections)
-    return a, (accepted + steps) / max(1, steps)
+    return a, (accepted + steps) / max(1, steps), ks
 
 
 def leviathan(a, k, c, verify=1.0):
@@ -462,34 +465,38 @@ def drafting_section(m):
 
 def leviathan_section(m, summaries):
     """Leviathan's predicted speedup for `speculative` from its measured acceptance rate, next to the measured
-    one. m.step[(is_draft, temperature)]: seconds of one forward (temperature None) or decoding step."""
-    k = MODULES["speculative"].OPTIONS["draft_len"][1]
+    one, for the k each step checked (the cost rule chooses it; 0 is a plain step, 1 token for 1 forward).
+    m.step[(is_draft, temperature)]: seconds of one forward (temperature None) or decoding step."""
     cost, step = m.cost, m.step
     c_forward = step[True, None] / cost[1]
-    verify = cost[min(k + 1, max(cost))] / cost[1]
     rows = []
     for t in m.temperatures:
         c_step = step[True, t] / step[False, t]
         for group in m.categories + ["all"]:
             ids = [q["id"] for q in m.prompts if group in ("all", q["category"])]
             runs = [m.results[t]["speculative"][i]["stats"] for i in ids]
-            a, per_step = acceptance_mle(runs, k, m.args.max_new_tokens)
-            predicted_tokens = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
-            rows.append([f"{t:g}", group, f"{a:.2f}", f"{predicted_tokens:.2f}", f"{per_step:.2f}",
-                         f"{leviathan(a, k, c_forward):.2f}x", f"{c_step:.2f}",
-                         f"{leviathan(a, k, c_step, verify):.2f}x",
+            a, per_step, ks = acceptance_mle(runs)
+            drafted = [k for k in ks if k] or [0]
+            predicted = sum(k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a) for k in drafted) / len(drafted)
+            speedups = [sum(leviathan(a, k, c, verify(k)) * (k * c + verify(k)) for k in ks)
+                        / max(1e-9, sum(k * c + verify(k) for k in ks)) for c, verify in
+                        ((c_forward, lambda k: 1.0), (c_step, lambda k: cost[min(k + 1, max(cost))] / cost[1]))]
+            rows.append([f"{t:g}", group, f"{sum(ks) / max(1, len(ks)):.2f}", f"{a:.2f}", f"{predicted:.2f}",
+                         f"{per_step:.2f}", f"{speedups[0]:.2f}x", f"{c_step:.2f}", f"{speedups[1]:.2f}x",
                          f"{summaries[t]['speculative'][group]['speedup']:.2f}x"])
-    head = ["temperature", "category", "a", "tokens/step predicted", "measured", "speedup predicted (Leviathan)",
-            "c_step", "predicted (c_step, verify cost)", "measured"]
-    return [f"## speculative: predicted against measured (k = {k}, c_forward = bare draft forward / bare target "
-            f"forward = {c_forward:.2f}, {m.cost_path}; the header's c is the draft's whole pass in decoding)",
-            "", table(head, rows), "",
-            "a: acceptance rate per draft token (maximum likelihood from the accepted counts). Predicted "
-            "tokens/step: (1 - a^(k+1)) / (1 - a). Leviathan et al.'s speedup: that / (k c + 1), with c = c_forward, the "
-            "ratio of bare forwards over 1 token. The next prediction prices what the formula leaves out: "
-            "c_step is the ratio of whole decoding steps (forward + warp + sample: per token, the draft pays "
-            f"the same Python and sampling overhead as the target), and the verify forward over k+1 tokens "
-            f"costs cost({k + 1})/cost(1) = {verify:.2f}, not 1. Neither counts the prefill.", ""]
+    head = ["temperature", "category", "k per step", "a", "tokens/drafting step predicted", "measured",
+            "speedup predicted (Leviathan)", "c_step", "predicted (c_step, verify cost)", "measured"]
+    return [f"## speculative: predicted against measured (the k each step checked; c_forward = bare draft "
+            f"forward / bare target forward = {c_forward:.2f}, {m.cost_path}; the header's c is the draft's whole "
+            "pass in decoding)", "", table(head, rows), "",
+            "k per step: the guesses each step checked, on average (the cost rule chooses them; 0 is a plain "
+            "step). a: acceptance rate per draft token (maximum likelihood from the steps that drafted). Predicted "
+            "tokens per drafting step: (1 - a^(k+1)) / (1 - a), averaged over those steps. Leviathan et al.'s "
+            "speedup: the predicted tokens over the cost, k c + 1 per step (c = c_forward, the ratio of bare "
+            "forwards over 1 token), summed over every step (a plain step: 1 token for 1). The next prediction "
+            "prices what the formula leaves out: c_step is the ratio of whole decoding steps (forward + warp + "
+            "sample: per token, the draft pays the same Python and sampling overhead as the target), and the "
+            "verify forward over k+1 tokens costs cost(k+1)/cost(1), not 1. Neither counts the prefill.", ""]
 
 
 def build(m):

@@ -107,10 +107,12 @@ def test_helpers_on_literal_examples():
     assert report.first_difference([1, 2, 3], [1, 2, 3]) is None
     assert report.first_difference([1, 2, 3], [1, 5, 3]) == 1
     assert report.first_difference([1, 2], [1, 2, 3]) == 2
-    # k = 2, 10 tokens: prefill 1, then steps keeping 3 (2 accepted), 1 (0, a rejection), 2 (1, a rejection),
-    # 3 (2): 5 accepted, 2 rejections -> a = 5/7; 9 tokens in 4 steps
-    a, per_step = report.acceptance_mle([{"accepted_per_step": [1, 3, 1, 2, 3]}], k=2, max_new_tokens=10)
-    assert a == pytest.approx(5 / 7) and per_step == pytest.approx(9 / 4)
+    # k = 2 where a step drafted: prefill 1, then steps keeping 3 (2 accepted), 1 (a plain step: nothing to say
+    # of a), 1 (0 accepted, a rejection), 2 (1, a rejection): 3 accepted, 2 rejections -> a = 3/5; 6 tokens in
+    # the 3 steps that drafted
+    stats = {"drafted_per_step": [0, 2, 0, 2, 2], "accepted_per_step": [1, 3, 1, 1, 2]}
+    a, per_step, ks = report.acceptance_mle([stats])
+    assert a == pytest.approx(3 / 5) and per_step == pytest.approx(6 / 3) and ks == [2, 0, 2, 2]
     assert report.leviathan(0.0, 4, 0.5) == pytest.approx(1 / 3)  # nothing accepted: 1 token for 4c + 1
     assert report.leviathan(1.0, 4, 0.0) == pytest.approx(5.0)  # free draft, always right: k + 1
     assert report.leviathan(0.5, 1, 0.0) == pytest.approx(1.5)  # (1 - 0.25) / 0.5
