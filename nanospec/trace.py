@@ -676,12 +676,24 @@ def is_trace(path):
     return isinstance(doc, dict) and doc.get("format") == FORMAT
 
 
+def as_json(doc):
+    """The trace as compact JSON; a float that is not finite (a stat the run divided by zero) becomes null, which
+    every JSON reader takes (NaN is not JSON)."""
+    def finite(x):
+        if isinstance(x, float):
+            return x if math.isfinite(x) else None
+        if isinstance(x, dict):
+            return {k: finite(v) for k, v in x.items()}
+        return [finite(v) for v in x] if isinstance(x, (list, tuple)) else x
+    return json.dumps(finite(doc), separators=(",", ":"), allow_nan=False)
+
+
 def page(doc):
     """The self-contained page: trace_page.html with the trace in its data block. The JSON is escaped so that no
     '<' (hence no '</script>') can appear in it."""
     with open(PAGE, encoding="utf-8") as f:
         template = f.read()
-    data = json.dumps(doc, separators=(",", ":"))
+    data = as_json(doc)
     data = data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     return template.replace("__TRACE_JSON__", data)
 
@@ -689,7 +701,7 @@ def page(doc):
 def write(path, doc):
     """Write the trace to `path` (.html: the page; .json: the document), whole or not at all. Returns the bytes
     written; a one-line ValueError when the file cannot be written."""
-    data = page(doc) if path.lower().endswith(".html") else json.dumps(doc, separators=(",", ":"))
+    data = page(doc) if path.lower().endswith(".html") else as_json(doc)
     try:
         write_atomic(path, data)
     except OSError as e:
