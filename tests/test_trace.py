@@ -19,6 +19,7 @@ Tiny random models (test_host_reads.every_part), 32 new tokens."""
 import inspect
 import json
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -28,13 +29,16 @@ import pytest
 import torch
 
 import decode
-from nanospec import browser, calibration, trace, verify
+from nanospec import browser, calibration, figures, trace, verify
 from nanospec.decoding import METHODS, MODULES, verify_step
+from nanospec.parts import Models
 from nanospec.probes import Ledger, counting_host_reads, counting_ops, timed_models
 from nanospec.runtime import prepare
+from nanospec.tokenizer import Tokenizer
 from test_decode_inputs import ckpt, decode_error  # noqa: F401 (ckpt: a fixture, a tiny run folder)
+from test_eagle import random_head
 from test_host_reads import every_part
-from test_model import random_ids
+from test_model import random_ids, tiny_gpt
 
 NEW_TOKENS = 32
 PROMPT = random_ids(8, seed=1)
@@ -364,6 +368,16 @@ def test_the_browser_test_sees_a_broken_page(chromium, runs, tmp_path):
     dom, console = browser.dump_dom(path)
     assert any("Uncaught TypeError" in line for line in console), console
     assert "data-ready" not in Page(dom).body
+
+
+def test_make_figures_screenshots_the_page(chromium, tmp_path):
+    """`make figures` draws trace.png (the README's) the same way, from a run of eagle at temperature 1: here on
+    tiny random models over bytes, a 1400 x 1150 PNG."""
+    tokenizer = Tokenizer({bytes([b]): b for b in range(256)})
+    target = tiny_gpt(0, vocab_size=257, block_size=96, n_future=2)
+    figures.trace_figure(Models(target=target, eagle=random_head(target), tokenizer=tokenizer), tmp_path / "trace.png")
+    header = (tmp_path / "trace.png").read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", header[16:24]) == (1400, 1150)
 
 
 # ---------------------------------------------------------------------------------------------------------
