@@ -7,7 +7,8 @@ each one, the randomness that decided it, the token that came out and its law, t
   - it is the run: the steps' emitted tokens are the output, one step per target forward, the accepted and
     drafted counts are the stats';
   - every verdict follows from its recorded randomness and probabilities (trace.check), and a trace recorded from
-    a deliberately wrong rule (made from the real source by a one-line edit) is caught;
+    a deliberately wrong rule is caught (made from the real source by a one-line edit; the exercises' own
+    functions, whose bodies a handout blanks, by wrapping them);
   - tracing off costs nothing: no extra host read, no extra tensor operation, nothing left patched, and neither
     the methods nor a decode.py run without --trace load it;
   - the page opens in headless Chromium with no console error and shows one step per target forward and the
@@ -26,7 +27,6 @@ import textwrap
 from html.parser import HTMLParser
 
 import pytest
-import torch
 
 import decode
 from nanospec import browser, calibration, figures, trace, verify
