@@ -51,6 +51,7 @@ bench-quick:
 
 # The PNGs from out/ (CKPT=out-gpu: another run folder) and bench_results.json (needs matplotlib: pip install
 # matplotlib), into runs/figures/, which git ignores; `make figures OUT=docs/figures` replaces the README's own.
+# trace.png, the trace page's screenshot, needs chromium (apt-get install chromium), and is skipped without it.
 figures:
 	$(PYTHON) -m nanospec.figures $(if $(CKPT),--ckpt $(call quote,$(CKPT))) $(if $(OUT),--out $(call quote,$(OUT)))
 

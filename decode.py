@@ -5,15 +5,20 @@ Generate text with any decoding method and see which tokens each target forward 
     python decode.py --method list
     echo "import os" | python decode.py --method ar --json
     python decode.py --method speculative --prompts-file prompts.txt --batch-size 8   # one prompt per line
+    python decode.py --method eagle --temperature 1 --trace run.html   # every forward's decisions, as a page
 
 The continuation is printed with the tokens of each target forward grouped: in [brackets], or on a terminal
 (--color) in colour: green for the guesses the target accepted, then the target's own token on cyan or yellow,
 alternating from one forward to the next. A method that produces several tokens per forward shows longer groups.
+--trace FILE records every target forward's guesses and how the target judged them (nanospec/trace.py): .html is a
+page to open in a browser, .json the same for scripts.
 """
 import argparse
+import contextlib
 import json
 import os
 import re
+import shlex
 import sys
 import time
 
@@ -182,6 +187,12 @@ def check_request(args, options):
         raise ValueError(f"--{given[0].replace('_', '-')} only matters when sampling: greedy decoding (--temperature "
                          f"0, the default) takes the target's most likely token whatever it says; drop it, or give "
                          f"a --temperature above 0")
+    if args.trace is not None:
+        if batch_mode(args):
+            raise ValueError("--trace records the steps of one prompt's run: give one --prompt (a batch is decoded "
+                             "without a trace)")
+        from nanospec import trace  # only when asked for: decoding without --trace never loads it
+        trace.check_path(args.trace)  # before any model is loaded: a bad path costs nothing
     if batch_mode(args):
         if args.method not in BATCHED:
             several = len(args.prompt or []) > 1 or args.prompts_file is not None
@@ -263,11 +274,21 @@ def parse_args(argv=None):
     p.add_argument("--color", default="auto", choices=("auto", "always", "never"),
                    help="mark accepted guesses and the target's own tokens in colour: auto (default) = on a terminal, "
                         "unless NO_COLOR is set or TERM=dumb; else [brackets] per forward")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="record every target forward: the guesses, p(x) and q(x), the uniform drawn against "
+                        "min(1, p/q), the verdict, the token emitted and its law, the KV cache (nanospec/trace.py); "
+                        "FILE.html: a page to open in a browser, FILE.json: the same for scripts. One prompt; "
+                        "an existing file that is not a trace is never replaced")
     options = method_flags(p)
     args = p.parse_args(argv)
     args.changed = [a.option_strings[0] for a in p._actions  # the flags given other than at their defaults
                     if a.option_strings and a.dest != "help" and getattr(args, a.dest) != a.default]
     return args, options
+
+
+def command(argv):
+    """The command line that made this run, as one line to show and to paste."""
+    return "python decode.py " + shlex.join(sys.argv[1:] if argv is None else argv)
 
 
 def tell(line):
@@ -320,10 +341,24 @@ def main(argv=None):
         if batch:
             return decode_batches(args, kwargs, models, path, prompts, encoded)
         prompt = prompts[0][0]
-        t0 = time.perf_counter()  # timed from outside: the methods hold no clock
-        ids, stats = METHODS[args.method](models, encoded[0], args.max_new_tokens, temperature=args.temperature,
-                                          top_k=args.top_k, top_p=args.top_p, seed=args.seed, **kwargs)
-        stats["wall_time"] = time.perf_counter() - t0
+        recorder = None
+        if args.trace is not None:  # a layer around the models and the rules while the method runs (trace.py)
+            from nanospec import trace
+            recorder = trace.recording(models)
+        with recorder or contextlib.nullcontext() as traced:
+            t0 = time.perf_counter()  # timed from outside: the methods hold no clock
+            ids, stats = METHODS[args.method](traced.models if traced else models, encoded[0], args.max_new_tokens,
+                                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                              seed=args.seed, **kwargs)
+            stats["wall_time"] = time.perf_counter() - t0
+        if traced:
+            settings = {"method": args.method, "temperature": args.temperature, "top_k": args.top_k,
+                        "top_p": args.top_p, "seed": args.seed, "options": kwargs, "runtime": path,
+                        "max_new_tokens": args.max_new_tokens, "command": command(argv)}
+            doc = traced.document(models.tokenizer, encoded[0], ids, stats, settings)
+            size = trace.write(args.trace, doc)
+            problems = f"; {len(doc['problems'])} decisions do not add up (see the page)" if doc["problems"] else ""
+            tell(f"trace: {len(doc['steps'])} target forwards into {args.trace} ({size / 1024:.0f} KB){problems}")
     except (ValueError, CheckpointError) as e:
         sys.exit(f"error: {e}")
 
@@ -338,6 +373,8 @@ def main(argv=None):
         print(LEGEND)
     note = STOPS.get(stats["stop"], "")
     note += f" [runtime {path}]"  # which forwards ran: eager PyTorch, static, or static replayed from CUDA graphs
+    if args.trace is not None:
+        note += " [traced: the time includes the recording]"
     print(f"\n--- {args.method}: {stats['new_tokens']} tokens, {stats['target_forwards']} target forwards, "
           f"{stats['tokens_per_forward']:.2f} tokens/forward, {stats['wall_time']:.2f}s "
           f"({stats['new_tokens'] / max(stats['wall_time'], 1e-9):.1f} tokens/s){note}")

@@ -11,6 +11,8 @@
                           cost c per guess allows (Leviathan et al.: speedup = tokens per forward / (1 + k c))
     batch.png             batched decoding: tokens/s and speedup over batched `ar` against the batch size, the
                           crossover marked (from the bench's batch table, --batch-sizes)
+    trace.png             the trace page (nanospec/trace.py) of an `eagle` run at temperature 1 on the trained
+                          model, as headless Chromium shows it (nanospec/browser.py; skipped without chromium)
 
     python -m nanospec.figures                     # out/ and bench_results.json -> runs/figures/ (git ignores it)
     python -m nanospec.figures --out docs/figures  # the README's own (make figures OUT=docs/figures)
@@ -18,7 +20,7 @@
 matplotlib is the one optional dependency (pip install matplotlib): nothing else in nanospec needs it. A figure
 whose input is missing is skipped with a line saying which command makes it. Each PNG is written to a temporary
 file and renamed into place, so Ctrl-C never leaves half a picture; a reader that goes away (`| head -1`) stops
-the printing, not the drawing. The two figures from the trained model run it on one torch thread (--threads).
+the printing, not the drawing. The three figures from the trained model run it on one torch thread (--threads).
 """
 import argparse
 import json
@@ -241,6 +243,40 @@ def tree_figure(models, path, prompt="import os\n\n\ndef read(path):\n    with o
     draw_tree(path, [tok.decode([t]) for t in tokens], parents, {0, *kept}, tree_mask(parents, 0))
 
 
+TRACE_RUN = {"method": "eagle", "temperature": 1.0, "seed": 0, "max_new_tokens": 64, "prompt": "def fibonacci(n):"}
+
+
+@torch.inference_mode()
+def trace_figure(models, path, run=TRACE_RUN):
+    """The page `python decode.py --method eagle --temperature 1 --seed 0 --max-new-tokens 64 --prompt
+    "def fibonacci(n):" --trace run.html` writes, at the step with the most judged guesses among those that both
+    accept and reject one, in a 1400 x 1150 window of headless Chromium."""
+    import tempfile
+    from nanospec import browser, trace
+    from nanospec.decoding import METHODS
+    if browser.find() is None:
+        print(f"skipped trace.png: no chromium ({browser.INSTALL})", file=sys.stderr)
+        return
+    prompt = models.tokenizer.encode(run["prompt"])
+    with trace.recording(models) as recorder:
+        ids, stats = METHODS[run["method"]](recorder.models, prompt, run["max_new_tokens"],
+                                            temperature=run["temperature"], seed=run["seed"])
+    command = (f"python decode.py --method {run['method']} --temperature {run['temperature']:g} --seed {run['seed']} "
+               f"--max-new-tokens {run['max_new_tokens']} --prompt {run['prompt']!r} --trace run.html")
+    doc = recorder.document(models.tokenizer, prompt, ids, stats, {**run, "options": {}, "runtime": "eager",
+                                                                   "command": command})
+    verdicts = [{g["verdict"] for g in s.get("nodes", [])} for s in doc["steps"]]
+    mixed = [i for i, v in enumerate(verdicts) if {"accepted", "rejected"} <= v] or [0]
+    shown = max(mixed, key=lambda i: sum(g["verdict"] != "unused" for g in doc["steps"][i].get("nodes", [])))
+    with tempfile.TemporaryDirectory() as folder:
+        page = os.path.join(folder, "run.html")
+        trace.write(page, doc)
+        console = browser.screenshot(f"{page}#step={shown + 1}", path, size=(1400, 1150))
+    if console:
+        print(f"trace.png: the page printed to the console: {console[0]}", file=sys.stderr)
+    print(f"wrote {path}", flush=True)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Draw the figures of README.md and docs/ from nanospec's own runs.")
     p.add_argument("--ckpt", default="out", help="the trained run folder (make train)")
@@ -269,6 +305,11 @@ def main(argv=None):
         tree_figure(models, os.path.join(args.out, "tree_mask.png"))
     except Exception as e:  # noqa: BLE001 (any unreadable run folder: say so, draw the rest)
         print(f"skipped the step and tree figures: {type(e).__name__}: {e} (run `make train`)", file=sys.stderr)
+    try:
+        from nanospec.parts import load_models
+        trace_figure(load_models(args.ckpt, "cpu", ("eagle",)), os.path.join(args.out, "trace.png"))
+    except Exception as e:  # noqa: BLE001 (no eagle.pt, or chromium failed: say so, draw the rest)
+        print(f"skipped trace.png: {type(e).__name__}: {e} (run `make train`)", file=sys.stderr)
     if not os.path.exists(args.results):
         print(f"skipped the bench figures: no {args.results} (run `make bench`)", file=sys.stderr)
         return
