@@ -15,7 +15,8 @@ The trace is a layer, as the bench's timing is (nanospec/probes.py): no method k
 open, and only then, it wraps from outside:
   - the target (`Traced`, as probes.Timed): each target forward's length and the cache length before it;
   - run.Run.emit and Run.sample: a step ends when the method emits what its forward produced (`emit` counts the
-    forwards); a plain step's token comes from `Run.sample`;
+    forwards); a plain step's token comes from `Run.sample` (ar's), or from verify_step's `sample` (a step of a
+    drafting method that checked no guess);
   - chain_step and tree_step, where the methods hold them: the guesses sent, a chain or a tree;
   - the rules verify_step calls (RULES): each call runs inside `capturing`, which records what torch.rand returned
     (the uniforms the rule drew, not one more) and what the rule asked of verify.py's pieces (accept_prob, sample,
@@ -472,8 +473,16 @@ class Trace:
                 if policy.rule == "cost":
                     trace.step["adaptive"]["chances"] = [num(c, 3) for c in policy.price.chances()]
 
+        step_sample = verify_step.sample
+
+        def step_sample_(probs, generator=None):  # chain_step's plain step (no guesses): each row's token drawn
+            drawn = step_sample(probs, generator)  # from the target's law, probs (1, V), as Run.sample draws
+            if "rule" not in trace.step:  # (inside a rule, the rule's own record says it)
+                trace.step["law"] = law_of("p", probs[0], int(drawn[0]), drawn=int(drawn[0]))
+            return drawn
+
         patches = [(run_module.Run, "emit", emit_), (run_module.Run, "sample", sample_),
-                   (adaptive.DraftLength, "update", update_)]
+                   (adaptive.DraftLength, "update", update_), (verify_step, "sample", step_sample_)]
         for name, (rule, record) in RULES.items():
             patches.append((verify_step, name, self.judged(getattr(verify_step, name), rule, record)))
         for name, kind in (("chain_step", "chain"), ("tree_step", "tree")):

@@ -84,7 +84,7 @@ def generate(models, case, traced):
     parts = models[options.pop("runtime", "eager")]
     if options.get("adaptive") == "cost":
         name = calibration.key(method, SAMPLINGS[sampling].get("temperature", 0.0), options)
-        parts = type(parts)(**{**vars(parts), "step_costs": {name: COSTS}})
+        parts = type(parts)(**{**vars(parts), "step_costs": {name: {"seconds": COSTS}}})
     run = lambda m: METHODS[method](m, PROMPT, NEW_TOKENS, **SAMPLINGS[sampling], **options)  # noqa: E731
     if not traced:
         return (*run(parts), None)
