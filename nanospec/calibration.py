@@ -116,10 +116,9 @@ def machine(models, runtime_path):
     while not isinstance(target, torch.nn.Module):  # under probes.Timed or runtime.Fast: the model itself
         target = target.model
     weight = target.wte.weight
-    parts = ",".join(p for p in ("draft", "eagle", "parallelspec", "early_exit") if getattr(models, p) is not None)
     device = torch.cuda.get_device_name(weight.device) if weight.is_cuda else weight.device.type
     return (f"{device}|{weight.dtype}|threads {torch.get_num_threads()}|{runtime_path}|torch {torch.__version__}|"
-            f"target {target_fingerprint(target)}|{parts}")
+            f"target {target_fingerprint(target)}")
 
 
 def read(path):
