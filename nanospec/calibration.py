@@ -19,6 +19,7 @@ import json
 import os
 import statistics
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import torch
 
@@ -118,7 +119,14 @@ def machine(models, runtime_path):
     weight = target.wte.weight
     device = torch.cuda.get_device_name(weight.device) if weight.is_cuda else weight.device.type
     return (f"{device}|{weight.dtype}|threads {torch.get_num_threads()}|{runtime_path}|torch {torch.__version__}|"
-            f"target {target_fingerprint(target)}")
+            f"target {trunk_fingerprint(target)}")
+
+
+def trunk_fingerprint(target):
+    """The target's weights but its MTP heads (heads.pt, loaded for mtp and medusa only, changes none of the other
+    methods' steps), hashed: checkpoint.target_fingerprint of the trunk."""
+    trunk = {name: t for name, t in target.state_dict().items() if not name.startswith("heads.")}
+    return target_fingerprint(SimpleNamespace(state_dict=lambda: trunk))
 
 
 def read(path):

@@ -243,13 +243,14 @@ def tree_figure(models, path, prompt="import os\n\n\ndef read(path):\n    with o
     draw_tree(path, [tok.decode([t]) for t in tokens], parents, {0, *kept}, tree_mask(parents, 0))
 
 
-TRACE_RUN = {"method": "eagle", "temperature": 1.0, "seed": 0, "max_new_tokens": 64, "prompt": "def fibonacci(n):"}
+TRACE_RUN = {"method": "eagle", "temperature": 1.0, "seed": 0, "max_new_tokens": 64, "prompt": "def fibonacci(n):",
+             "options": {"adaptive": "off"}}  # every step drafts: on a CPU at t=1 the cost rule would take plain ones
 
 
 @torch.inference_mode()
 def trace_figure(models, path, run=TRACE_RUN):
     """The page `python decode.py --method eagle --temperature 1 --seed 0 --max-new-tokens 64 --prompt
-    "def fibonacci(n):" --trace run.html` writes, at the step with the most judged guesses among those that both
+    "def fibonacci(n):" --adaptive off --trace run.html` writes, at the step with the most judged guesses among those that both
     accept and reject one, in a 1400 x 1150 window of headless Chromium."""
     import tempfile
     from nanospec import browser, trace
@@ -260,11 +261,11 @@ def trace_figure(models, path, run=TRACE_RUN):
     prompt = models.tokenizer.encode(run["prompt"])
     with trace.recording(models) as recorder:
         ids, stats = METHODS[run["method"]](recorder.models, prompt, run["max_new_tokens"],
-                                            temperature=run["temperature"], seed=run["seed"])
+                                            temperature=run["temperature"], seed=run["seed"], **run["options"])
+    flags = "".join(f" --{name.replace('_', '-')} {value}" for name, value in run["options"].items())
     command = (f"python decode.py --method {run['method']} --temperature {run['temperature']:g} --seed {run['seed']} "
-               f"--max-new-tokens {run['max_new_tokens']} --prompt {run['prompt']!r} --trace run.html")
-    doc = recorder.document(models.tokenizer, prompt, ids, stats, {**run, "options": {}, "runtime": "eager",
-                                                                   "command": command})
+               f"--max-new-tokens {run['max_new_tokens']} --prompt {run['prompt']!r}{flags} --trace run.html")
+    doc = recorder.document(models.tokenizer, prompt, ids, stats, {**run, "runtime": "eager", "command": command})
     verdicts = [{g["verdict"] for g in s.get("nodes", [])} for s in doc["steps"]]
     mixed = [i for i, v in enumerate(verdicts) if {"accepted", "rejected"} <= v] or [0]
     shown = max(mixed, key=lambda i: sum(g["verdict"] != "unused" for g in doc["steps"][i].get("nodes", [])))
