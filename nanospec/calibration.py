@@ -25,7 +25,8 @@ import torch
 
 from nanospec.checkpoint import target_fingerprint
 from nanospec.decoding import METHODS, MODULES
-from nanospec.decoding.adaptive import DraftLength, costs_key
+from nanospec.decoding.adaptive import DraftLength
+from nanospec.decoding.pricing import costs_key
 from nanospec.decoding.options import Sampling, read_options
 from nanospec.probes import Ledger, timed_models
 from nanospec.tokenizer import write_atomic

@@ -18,7 +18,8 @@ import torch
 
 from nanospec import calibration
 from nanospec.decoding import METHODS, MODULES
-from nanospec.decoding.adaptive import DraftLength, Price, best_k, interpolate
+from nanospec.decoding.adaptive import DraftLength
+from nanospec.decoding.pricing import Price, best_k, interpolate
 from nanospec.parts import Models
 from test_early_exit_adaptive import exact_law, toy_gpt
 from test_host_reads import every_part
