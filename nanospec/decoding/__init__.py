@@ -12,7 +12,8 @@ The registry: every `--method` name maps to a module with the same three things,
 `decode.py`, the benchmark and the tests all go through `METHODS`. Beside the methods: options.py (the sampling
 settings and option tables), run.py (the run record), verify_step.py (the verify step over a chain or a tree of
 guesses), draft_chain.py (a drafter's chain of guesses), tree_guesses.py (which tokens fill a tree), adaptive.py
-(the draft-length rules) and pricing.py (the cost rule's books). A method never knows how its forwards run: nanospec/runtime.py wraps the models first.
+(the draft-length rules) and pricing.py (the cost rule's books). A method never knows how its forwards run:
+nanospec/runtime.py wraps the models first.
 """
 from nanospec.decoding import ar
 from nanospec.decoding import prompt_lookup, jacobi, lookahead
