@@ -29,10 +29,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from nanospec.course.impostors import reference_function as region_function
 from nanospec.course.registry import EXERCISES
 from nanospec.decoding import METHODS, verify_step
 from nanospec.runtime import prepare
-from test_course_teeth import reference_function as region_function
 from test_host_reads import every_part
 from test_model import random_ids
 
