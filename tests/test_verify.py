@@ -20,11 +20,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanospec.tree import depths, path_to
+from nanospec.tree import path_to
 from nanospec.verify import (
     accept_prob,
-    host_path,
-    point_mass,
     residual,
     sample,
     sample_without_replacement,
@@ -38,83 +36,15 @@ from nanospec.verify import (
     without_replacement_proposals,
 )
 from nanospec.verify_reference import verify_tree_point_mass, verify_tree_sampled
-from test_model import random_tree
-
-F64 = torch.float64
-DELTA = 1e-6  # allowed probability that a correct sampler fails one statistical test
-
-
-def verify_chain_point_mass(p_target, drafts, g=None):
-    """What chain_step runs for guesses not drawn: the chain rule with q = point_mass(x) = one_hot(x)."""
-    return verify_chain(p_target, point_mass(drafts, p_target), drafts, g)
-
-
-def on_host(result):
-    """One chain's (n, next) as ints, or one tree's (path, next) as (a list, an int): what the steps read."""
-    first, nxt = result
-    return (int(first), int(nxt)) if first.dim() == 0 else host_path(first, nxt)
-N_DRAWS = 100_000  # draws (or independent sequences) per statistical test
-EXACT = settings(max_examples=200, deadline=None)
-
-
-def dist(values):
-    t = torch.tensor(values, dtype=F64)
-    return t / t.sum(-1, keepdim=True)
-
-
-def one_hot(x, V):
-    return torch.nn.functional.one_hot(torch.as_tensor(x), V).to(F64)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Statistics
-
-
-def tv_bound(n_outcomes, n_draws, delta=DELTA):
-    """Distance the empirical law of n_draws i.i.d. draws stays within, with probability >= 1 - delta.
-
-    Bretagnolle-Huber-Carol: for K outcomes, P(sum_i |p_hat_i - p_i| >= t) <= 2^K exp(-n t^2 / 2).
-    TV is half that L1 sum, so P(TV >= eps) <= 2^K exp(-2 n eps^2), and solving for eps:
-        eps = sqrt((K ln 2 + ln(1/delta)) / (2 n)).
-    Example: K = 27 outcomes, n = 1e5 draws, delta = 1e-6 -> eps = 0.0128.
-    A correct sampler exceeds it with probability below delta; the seeds are fixed anyway.
-    """
-    return math.sqrt((n_outcomes * math.log(2) + math.log(1 / delta)) / (2 * n_draws))
-
-
-def tv(law_a, law_b):
-    return 0.5 * (law_a - law_b).abs().sum().item()
-
-
-def empirical_law(outcomes, n_outcomes):
-    """outcomes (n,) integer codes in [0, n_outcomes) -> frequencies (n_outcomes,)."""
-    return torch.bincount(outcomes, minlength=n_outcomes).to(F64) / outcomes.numel()
-
-
-def sequence_codes(seqs, V):
-    """seqs (n, L) tokens -> (n,) one integer per sequence, base V (first token most significant)."""
-    L = seqs.size(1)
-    weights = V ** torch.arange(L - 1, -1, -1)  # (L,)
-    return (seqs * weights).sum(-1)
+from laws import (DELTA, EXACT, F64, N_DRAWS, P_BIGRAM, PARENTS_SAMPLED, Q_BIGRAM, SEEDS, SINGLE_STEP_CASES, START,
+                  V3, V10, bigram_law, build_sampled_tree, dist, empirical_law, greedy_target, node_law, on_host,
+                  one_hot, ordered_draws, pairs, run_chain, sequence_codes, tree_tv, tv, tv_bound,
+                  verify_chain_point_mass)
+from toys import random_tree
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Exact laws, enumerated from the implementation's own accept_prob and residual
-
-
-def node_law(P, proposals, xs):
-    """Law of the token one node emits (the accepted child's token, or a sample of what is left) when
-    children xs, drawn from proposals, are tried in order from target P. Batched over leading dims:
-    P (..., V); proposals: one q (..., V) per child; xs: one token tensor (...) per child.
-    Returns (law (..., V), total acceptance probability (...))."""
-    law = torch.zeros_like(P)
-    reach = torch.ones(P.shape[:-1], dtype=P.dtype)  # probability that every earlier child was rejected
-    for q, x in zip(proposals, xs):
-        a = accept_prob(P, q, x)
-        law.scatter_add_(-1, x[..., None], (reach * a)[..., None])
-        reach = reach * (1 - a)
-        P = residual(P, q)
-    return law + reach[..., None] * P, 1 - reach
 
 
 def chain_step_law(p, q):
@@ -124,57 +54,6 @@ def chain_step_law(p, q):
     a = accept_prob(p.expand(V, V), q.expand(V, V), xs)  # (V,) acceptance of each possible draft
     accepted = q * a  # (V,) P(draft is x and accepted)
     return accepted + (1 - accepted.sum()) * residual(p, q), accepted.sum().item()
-
-
-def bigram_law(P, start, L):
-    """Exact law of L tokens from the bigram table P (V, V) after token `start`, indexed by sequence_codes."""
-    V = P.size(0)
-    law = torch.zeros(V**L, dtype=F64)
-    for seq in itertools.product(range(V), repeat=L):
-        prob, prev = 1.0, start
-        for x in seq:
-            prob, prev = prob * P[prev, x].item(), x
-        law[sequence_codes(torch.tensor([seq]), V)] = prob
-    return law
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Hypothesis strategies: distributions with zeros, equal pairs, disjoint supports, one-hots, extreme ratios
-
-weight = st.one_of(st.just(0.0), st.just(1e-12), st.just(1.0), st.floats(0.0, 1.0))
-
-
-@st.composite
-def distributions(draw, V, support=None):
-    """A distribution over V tokens, nonzero only on `support` (default: anywhere)."""
-    support = list(range(V)) if support is None else support
-    w = [0.0] * V
-    for i in support:
-        w[i] = draw(weight)
-    if sum(w) == 0:
-        w[draw(st.sampled_from(support))] = 1.0
-    return dist(w)
-
-
-@st.composite
-def pairs(draw):
-    """(p, q) over V = 2..6 of one of several shapes, chosen to hit the rule's edge cases."""
-    V = draw(st.integers(2, 6))
-    kind = draw(st.sampled_from(["free", "equal", "disjoint", "one_hot_p", "one_hot_q", "extreme"]))
-    if kind == "equal":
-        p = draw(distributions(V))
-        return p, p.clone()
-    if kind == "disjoint":
-        cut = draw(st.integers(1, V - 1))
-        perm = draw(st.permutations(range(V)))
-        return draw(distributions(V, perm[:cut])), draw(distributions(V, perm[cut:]))
-    if kind == "one_hot_p":
-        return one_hot(draw(st.integers(0, V - 1)), V), draw(distributions(V))
-    if kind == "one_hot_q":
-        return draw(distributions(V)), one_hot(draw(st.integers(0, V - 1)), V)
-    if kind == "extreme":  # ratios of 1e-12 and 1e12 side by side
-        return dist([1.0, 1e-12] + [0.5] * (V - 2)), dist([1e-12, 1.0] + [0.5] * (V - 2))
-    return draw(distributions(V)), draw(distributions(V))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -293,49 +172,6 @@ def test_emitted_count_law_sampled():
 # ---------------------------------------------------------------------------------------------------------
 # Statistical tests through the real functions, with toy bigram "models"
 
-V3 = 3
-START = 0  # the token before the first emitted one
-P_BIGRAM = dist([[0.6, 0.3, 0.1], [0.2, 0.5, 0.3], [0.3, 0.2, 0.5]])  # target p(x_t | x_{t-1}), (V, V)
-Q_BIGRAM = dist([[0.3, 0.5, 0.2], [0.5, 0.3, 0.2], [0.2, 0.1, 0.7]])  # draft q(x_t | x_{t-1}), (V, V)
-
-
-def append(out, length, emitted, n_new, active):
-    """Write emitted[b, :n_new[b]] into out[b] after its length[b] tokens, for active rows only."""
-    pos = torch.arange(emitted.size(1))
-    keep = (pos[None] < n_new[:, None]) & active[:, None]  # (n, w)
-    rows, j = keep.nonzero(as_tuple=True)
-    out[rows, length[rows] + j] = emitted[rows, j]
-    length += torch.where(active, n_new, 0)
-
-
-def run_chain(verify, L=4, k=3, n=N_DRAWS, seed=0, greedy_drafts=False):
-    """The speculative loop on n independent sequences at once, until each has L tokens.
-
-    Each step: the draft proposes k tokens from Q_BIGRAM (sampled, or its top-1 chain with greedy_drafts),
-    the target's distributions come from P_BIGRAM, `verify(p_target (n, k+1, V), q_draft (n, k+1, V),
-    drafts (n, k), generator)` returns (n_accepted, next_token) and the emitted tokens are appended.
-    q_draft has k+1 rows: the last is the draft's distribution after its last token (only a broken
-    verifier uses it). Returns (n, L) tokens.
-    """
-    g = torch.Generator().manual_seed(seed)
-    out = torch.zeros(n, L + k, dtype=torch.long)
-    length = torch.zeros(n, dtype=torch.long)
-    last = torch.full((n,), START)
-    while (active := length < L).any():
-        context = [last]  # the token before each draft position, then the last draft
-        for _ in range(k):
-            q = Q_BIGRAM[context[-1]]  # (n, V)
-            context.append(q.argmax(-1) if greedy_drafts else sample(q, g))
-        context = torch.stack(context, 1)  # (n, k+1)
-        drafts = context[:, 1:]  # (n, k)
-        n_acc, nxt = verify(P_BIGRAM[context], Q_BIGRAM[context], drafts, g)
-        emitted = torch.cat([drafts, nxt[:, None]], 1)  # (n, k+1)
-        emitted[torch.arange(n), n_acc] = nxt
-        append(out, length, emitted, n_acc + 1, active)
-        last = torch.where(active, nxt, last)
-    return out[:, :L]
-
-
 def chain_tv(verify, L=4, **kw):
     seqs = run_chain(verify, L=L, **kw)
     law = empirical_law(sequence_codes(seqs, V3), V3**L)
@@ -348,15 +184,6 @@ def real_chain(p_target, q_draft, drafts, g):
 
 def real_chain_point_mass(p_target, q_draft, drafts, g):
     return verify_chain_point_mass(p_target, drafts, g)
-
-
-SINGLE_STEP_CASES = {
-    "generic": (dist([0.5, 0.3, 0.2, 0.0]), dist([0.1, 0.2, 0.3, 0.4])),
-    "q_misses_tokens": (dist([0.4, 0.3, 0.2, 0.1]), dist([0.0, 0.5, 0.5, 0.0])),
-    "disjoint": (dist([0.7, 0.3, 0.0, 0.0]), dist([0.0, 0.0, 0.5, 0.5])),
-    "equal": (dist([0.25, 0.25, 0.4, 0.1]), dist([0.25, 0.25, 0.4, 0.1])),
-    "extreme_ratios": (dist([1.0, 1e-12, 0.5, 0.5]), dist([1e-12, 1.0, 0.5, 0.5])),
-}
 
 
 @pytest.mark.parametrize("case", SINGLE_STEP_CASES)
@@ -385,18 +212,8 @@ def test_chain_point_mass_joint_law_sampled():
 
 
 # Trees: every node's children are proposed from Q_BIGRAM at the node's token. Depth 2.
-PARENTS_SAMPLED = [-1, 0, 0, 1, 1, 2, 2]  # 2 children per node, drawn i.i.d. from q
 PARENTS_TOPK = [-1, 0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]  # 3 guesses per node: top-1, top-2, top-1 again
 TOP_GUESSES = Q_BIGRAM.argsort(-1, descending=True)[:, [0, 1, 0]]  # (V, 3) guesses after each token
-
-
-def build_sampled_tree(root, g):
-    """root (n,) -> tokens (n, N): children drawn i.i.d. from q at their parent's token."""
-    tokens = torch.zeros(root.size(0), len(PARENTS_SAMPLED), dtype=torch.long)
-    tokens[:, 0] = root
-    for c in range(1, len(PARENTS_SAMPLED)):
-        tokens[:, c] = sample(Q_BIGRAM[tokens[:, PARENTS_SAMPLED[c]]], g)
-    return tokens
 
 
 def build_topk_tree(root, g):
@@ -408,32 +225,6 @@ def build_topk_tree(root, g):
         if children:
             tokens[:, children] = TOP_GUESSES[tokens[:, u]]
     return tokens
-
-
-def run_tree(verify, build, parents, L=3, n=N_DRAWS, seed=0):
-    """Tree speculative decoding on n sequences at once, until each has L tokens. Each step builds a tree
-    rooted at the last token, gets p_target (n, N, V) and q_draft (n, N, V) from the bigram tables, and
-    `verify(p_target, q_draft, tokens, parents, generator)` returns (path (n, D), next_token (n,))."""
-    g = torch.Generator().manual_seed(seed)
-    D = max(depths(parents))
-    out = torch.zeros(n, L + D, dtype=torch.long)
-    length = torch.zeros(n, dtype=torch.long)
-    last = torch.full((n,), START)
-    while (active := length < L).any():
-        tokens = build(last, g)  # (n, N)
-        path, nxt = verify(P_BIGRAM[tokens], Q_BIGRAM[tokens], tokens, parents, g)
-        n_acc = (path >= 0).sum(-1)  # (n,)
-        emitted = torch.cat([tokens.gather(1, path.clamp(min=0)), nxt[:, None]], 1)  # (n, D+1)
-        emitted[torch.arange(n), n_acc] = nxt
-        append(out, length, emitted, n_acc + 1, active)
-        last = torch.where(active, nxt, last)
-    return out[:, :L]
-
-
-def tree_tv(verify, build, parents, L=3, **kw):
-    seqs = run_tree(verify, build, parents, L=L, **kw)
-    law = empirical_law(sequence_codes(seqs, V3), V3**L)
-    return tv(law, bigram_law(P_BIGRAM, START, L)), tv_bound(V3**L, seqs.size(0))
 
 
 def real_tree_sampled(p_target, q_draft, tokens, parents, g):
@@ -554,14 +345,6 @@ def test_tree_negative_controls_fail(broken):
 
 # ---------------------------------------------------------------------------------------------------------
 # Greedy: one-hot targets give the literal argmax-match answers, whatever the randomness
-
-V10 = 10
-SEEDS = range(5)
-
-
-def greedy_target(argmaxes):
-    return one_hot(argmaxes, V10)  # (len, V)
-
 
 @pytest.mark.parametrize(
     "draft, argmaxes, expected",
@@ -781,14 +564,6 @@ def test_greedy_fast_path_equals_both_chain_rules_on_one_hot_distributions(seed)
 # ---------------------------------------------------------------------------------------------------------
 # Children drawn WITHOUT replacement (Jeon et al. 2024): sample_without_replacement draws them, and
 # verify_tree_without_replacement checks child j against q without the siblings drawn before it.
-
-
-def ordered_draws(q, m):
-    """Every ordered tuple of m distinct tokens with its probability under m sequential draws without
-    replacement from q: (tuples (T, m), probabilities (T,)), computed from without_replacement_proposals."""
-    tuples = torch.tensor(list(itertools.permutations(range(q.numel()), m)), dtype=torch.long).reshape(-1, m)
-    proposals = without_replacement_proposals(q.expand(len(tuples), -1), tuples)  # (T, m, V)
-    return tuples, proposals.gather(-1, tuples[..., None]).squeeze(-1).prod(-1)
 
 
 def test_without_replacement_proposals_literal():
