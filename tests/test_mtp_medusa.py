@@ -282,7 +282,7 @@ def test_sampling_follows_the_target_law(method, draft_sampling, L, sampling, n,
     for 25 outcomes and n = 1500, 0.140 for n = 800. (medusa's drawn tree drew 2500, bound 0.141: at 1500 a
     correct run comes out near 0.10 and typical acceptance near 0.96, and a subtler bias, draws with half the
     Gumbel noise, stays under both bounds alike.) (Lossless verification itself is tested far
-    more tightly in test_verify.py; this checks that the methods wire it up right: drawing, warping, tree, cache,
+    more tightly in test_chain_rules.py and test_tree_rules.py; this checks that the methods wire it up right: drawing, warping, tree, cache,
     bonus token.) Both kinds of guesses must be accepted often, or the test would check only the target's tokens.
     mtp's sampled guesses run on the static path (runtime.prepare's models, forwards replayed), which
     test_runtime.py holds to the eager path's tokens: one law test for both (medusa's on the static path:

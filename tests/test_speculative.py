@@ -142,7 +142,7 @@ def sampled_tv(k, sampling, n, prompt=(1, 3)):
 
 
 # n is set by the time budget (about 2.5 ms a run). What the bounds can see was checked by swapping in the
-# broken rules of test_verify.py: a residual not renormalised, a fresh sample of p after a rejection, q rows
+# broken rules of test_chain_rules.py: a residual not renormalised, a fresh sample of p after a rejection, q rows
 # off by one (k = 2) and a bonus drawn from q (k = 1) give TV 0.22-0.44, above every bound here.
 @pytest.mark.parametrize("k, sampling, n", [
     (1, (1.0, None, None), 2000),  # the 2nd token is a verified guess, the 3rd the bonus (bound 0.159)
