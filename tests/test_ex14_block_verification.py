@@ -5,8 +5,8 @@ paper's example, one draft = the token rule, greedy = the argmax match, p = q, r
 exact enumeration of every draft and every outcome on random context-dependent laws, where the output must follow
 the target's law to 1e-12 and accept in expectation at least as many drafts as the token rule (11/9 against 10/9
 on the paper's example), and a speculative loop verified by `verify_block` that keeps a bigram target's
-law. The enumeration is tests/test_block_verification.py's, whose negative controls show it catches a weight off
-by one position, the token rule's residual and an uncapped weight. The law tests are gates
+law. The enumeration is tests/laws.py's block_law; tests/test_block_verification.py's negative controls show it
+catches a weight off by one position, the token rule's residual and an uncapped weight. The law tests are gates
 (nanospec/course/registry.py): if one fails the exercise scores zero.
 Run: python -m pytest -m ex14 -x"""
 import itertools
