@@ -3,9 +3,12 @@ threads only fight each other: one thread per test process.
 
 The course's graded tests carry one marker per exercise (`ex1` .. `ex14`), registered here from the one
 registry, nanospec/course/registry.py; pytest runs with --strict-markers, so a misspelt marker is an error.
-Each graded test also records its exercise in the JUnit XML that the autograder reads. `toy_run`: the toy
-checkpoints the bench's and gpu-check's tests share, trained once; `fresh_imports`: what a fresh interpreter
-imports to decode."""
+Each graded test also records its exercise in the JUnit XML that the autograder reads.
+
+The fixtures several test files share: `toy_run` (and `toy_out`, the same folder), the toy checkpoints the
+bench's and gpu-check's tests share, trained once; `ckpt`, a tiny run folder decode.py reads; `fresh_imports`:
+what a fresh interpreter imports to decode. The helpers the tests import live in tests/toys.py (the models and
+run folders) and tests/laws.py (the laws and their statistics); no test file imports another."""
 import json
 import os
 import subprocess
@@ -18,6 +21,7 @@ from nanospec import verify
 from nanospec.course.registry import EXERCISES
 
 torch.set_num_threads(1)
+pytest.register_assert_rewrite("laws", "toys")  # their asserts explain a failure as a test file's do
 
 
 def pytest_configure(config):
@@ -34,10 +38,23 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def toy_run(tmp_path_factory):
-    """One toy run folder for the whole session (test_bench.train_toy: the tokenizer, the target and every drafter,
+    """One toy run folder for the whole session (toys.train_toy: the tokenizer, the target and every drafter,
     5 steps each): the tests that bench or check it only read it; one that damages a part copies it first."""
-    from test_bench import train_toy
+    from toys import train_toy
     return train_toy(tmp_path_factory.mktemp("toy"))
+
+
+@pytest.fixture(scope="module")
+def toy_out(toy_run):
+    return toy_run  # the bench's tests' name for it
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """A run folder decode.py can read (toys.tiny_run_folder): a byte-level tokenizer and a random target with MTP
+    heads, context 64; one per test file."""
+    from toys import tiny_run_folder
+    return tiny_run_folder(tmp_path_factory.mktemp("run"))
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ import pytest
 from nanospec.parts import Models
 from nanospec.decoding import METHODS, check_method
 from nanospec.decoding.ar import generate_nocache
-from test_model import random_ids, tiny_gpt
+from toys import random_ids, tiny_gpt
 
 
 @pytest.mark.parametrize("seed", range(4))

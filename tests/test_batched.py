@@ -6,7 +6,7 @@ at once, each row its own number of accepted guesses.
     static runtime (replayed: graphs captured); a negative control (every row written at one row's length, the
     classic padding bug) breaks it;
   - sampling: the rows of one batch are independent draws, so a batch of many rows of one prompt gives the law of
-    its first L tokens; it must match the target's exact law within tv_bound (test_verify.py, delta 1e-6), for
+    its first L tokens; it must match the target's exact law within tv_bound (tests/laws.py, delta 1e-6), for
     two prompts of different lengths in the same batch, for `ar`, `speculative` and `prompt-lookup` (whose rows
     copy guesses of different lengths); the negative control (a row that accepted all its k_b guesses taking the
     rule's token from past its padding instead of a fresh draw) must exceed the bound;
@@ -24,9 +24,8 @@ from nanospec.decoding.batched import generate
 from nanospec.model import KVCache
 from nanospec.parts import Models
 from nanospec.runtime import prepare
-from test_model import random_ids, tiny_gpt
-from test_speculative import exact_law, toy_gpt
-from test_verify import empirical_law, sequence_codes, tv, tv_bound
+from laws import empirical_law, exact_law, sequence_codes, tv, tv_bound
+from toys import random_ids, tiny_gpt, toy_gpt
 
 PROMPTS = [random_ids(n, seed=n) for n in (3, 8, 5, 12, 1, 20, 7, 9)]
 

@@ -3,16 +3,13 @@ wrapper (nanospec/probes.py's Timed) files every call of every method under draf
 quick run on a toy model (trained here, in seconds) gives a row per registered method with greedy outputs equal
 to ar's. No timing is asserted: the machine is shared (the wrapper's laws run on a fake clock)."""
 import json
-import random
 import re
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-import train_tiny
 from nanospec import bench, corpus, report
 from nanospec.decoding import METHODS, MODULES
 from nanospec.decoding.early_exit import default_exit_layer
@@ -20,47 +17,10 @@ from nanospec.model import KVCache
 from nanospec.presets import PRESETS
 from nanospec.probes import Ledger, Timed, timed_models
 from nanospec.runtime import prepare
-from test_host_reads import every_part
-from test_model import random_ids
+from toys import ROOT, every_part, random_ids, write_toy_corpus
 
-ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_prompts  # noqa: E402  (a script, not a package module)
-
-WORDS = ("buffer reader stream codec frame socket header record table parser token value index offset cache "
-         "window queue worker timer event signal handler client server packet field option module").split()
-
-
-def toy_document(rng, d):
-    """Python-like text with docstrings, comments, varied code and methods that repeat a pattern."""
-    def sentence():
-        return " ".join(rng.choice(WORDS) for _ in range(9)).capitalize() + "."
-
-    def name():
-        return f"{rng.choice(WORDS)}_{rng.choice(WORDS)}"
-
-    parts = [f'"""Module {d}: {sentence()}\n\n{sentence()}\n{sentence()}\n{sentence()}\n"""\n\nimport os\n']
-    for f in range(6):
-        a, b, c = name(), name(), name()
-        parts.append(f"def {a}({b}, {c}=None):\n    \"\"\"{sentence()}\n\n    {sentence()}\n    {sentence()}\n"
-                     f"    {sentence()}\n    \"\"\"\n    # {sentence()}\n    # {sentence()}\n    # {sentence()}\n"
-                     f"    {c} = {b}.{name()}({rng.randrange(100)})\n    if {c} > {rng.randrange(100)}:\n"
-                     f"        {b} = os.{name()}({c}, {b})\n    for {name()} in range({c}):\n"
-                     f"        {b}.{name()}({c} + {rng.randrange(9)})\n    return {name()}({b}, {c})\n")
-    methods = "".join(f"    def get_{w}(self, key):\n        if key not in self._{w}s:\n"
-                      f"            raise KeyError(key)\n        return self._{w}s[key]\n\n"
-                      for w in rng.sample(WORDS, 5))
-    parts.append(f"class {name().title().replace('_', '')}:\n{methods}")
-    return "\n\n".join(parts)
-
-
-def write_toy_corpus(folder, n_docs=12, seed=0):
-    rng = random.Random(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    for d in range(n_docs):
-        (folder / f"mod{d:02d}.py").write_text(toy_document(rng, d))
-    return folder
-
 
 # ----------------------------------------------------------------------------- prompts
 
@@ -249,15 +209,6 @@ def test_timed_passes_the_model_through(parts):
 
 
 # ----------------------------------------------------------------------------- the whole bench, quick
-
-def train_toy(folder):
-    """A toy run folder, folder/out, with the tokenizer, the target and every drafter (5 steps each, seconds):
-    useless text, but every method runs on it. conftest.py's toy_run is one, for the whole session."""
-    src = write_toy_corpus(folder / "src")
-    train_tiny.main(["--preset", "toy", "--max-iters", "5", "--corpus", str(src), "--device", "cpu",
-                     "--data-dir", str(folder / "data"), "--out-dir", str(folder / "out")])
-    return folder / "out"
-
 
 def test_quick_bench_on_a_toy_model(toy_run, tmp_path, capsys):
     results = tmp_path / "bench_results.md"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from nanospec import bench, bench_batch
-from test_bench import train_toy
+from toys import train_toy
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -3,22 +3,13 @@ setting is a one-line error before anything runs; a damaged optional part, or a 
 warm-up, becomes a '- skipped' line with its reason while the rest is benched; --quick does not override a
 flag given explicitly; the forward-cost timing makes every tensor and generator on the model's device."""
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
 from nanospec import bench
 from nanospec.parts import load_models
-
-
-ROOT = Path(__file__).resolve().parent.parent
-PROMPTS = str(ROOT / "data" / "prompts.json")
-
-
-@pytest.fixture(scope="module")
-def toy_out(toy_run):
-    return toy_run  # conftest.py's, trained once for the session
+from toys import PROMPTS
 
 
 def quick(ckpt, out, *flags):

@@ -4,8 +4,6 @@ path ran; comparing runtimes (the default on CUDA, --compare-runtimes anywhere) 
 path with an eager row "name (eager)" beside it, speedups against the static `ar`, drafter cost c and the
 forward-cost table both ways. On the CPU the static path is replayed by the emulation (graphs.Emulated): these
 tests check the logic, not the gain."""
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -13,15 +11,7 @@ from nanospec import bench
 from nanospec.decoding import MODULES
 from nanospec.probes import Timed
 from nanospec.runtime import Fast, prepare
-
-
-ROOT = Path(__file__).resolve().parent.parent
-PROMPTS = str(ROOT / "data" / "prompts.json")
-
-
-@pytest.fixture(scope="module")
-def toy_out(toy_run):
-    return toy_run  # conftest.py's, trained once for the session
+from toys import PROMPTS
 
 
 def quick(ckpt, out, *flags):

@@ -24,80 +24,12 @@ from nanospec.parts import Models
 from nanospec.tree import children, depths, path_to
 from nanospec.verify import (block_acceptance, traverse_tree, verify_block,
                              verify_chain_greedy, verify_tree_traversal, without_replacement_proposals)
-from test_mtp_medusa import SAMPLING_MODEL, exact_law, method_law
-from test_model import tiny_gpt
-from test_verify import empirical_law, run_chain, tv, tv_bound, V3, bigram_law, P_BIGRAM, START, sequence_codes
-
-F64 = torch.float64
-
-
-def laws(V, depth, seed, sharpness=2.0, q_by_depth=False):
-    """Random target and draft laws for every prefix up to `depth` tokens: {prefix: (p, q)}, each (V,).
-    q_by_depth: the draft's law depends on the prefix's length only (MTP heads, ParallelSpec's masks)."""
-    g = torch.Generator().manual_seed(seed)
-    out, q_of_depth = {}, {}
-    for n in range(depth + 1):
-        for prefix in itertools.product(range(V), repeat=n):
-            p, q = (torch.softmax(sharpness * torch.randn(V, generator=g, dtype=F64), -1) for _ in range(2))
-            out[prefix] = p, q_of_depth.setdefault(n, q) if q_by_depth else q
-    return out
-
-
-def target_law(table, V, L):
-    """The target's own law of L tokens: {sequence: probability}."""
-    law = {}
-    for seq in itertools.product(range(V), repeat=L):
-        law[seq] = torch.tensor([table[seq[:i]][0][seq[i]] for i in range(L)], dtype=F64).prod().item()
-    return law
-
-
-def finish(law, seq, prob, table, V, L):
-    """Add to `law` the sequences that start with `seq` (prob), finished with the target's continuation to L."""
-    if len(seq) == L:
-        law[seq] = law.get(seq, 0.0) + prob
-        return
-    for z in range(V):
-        finish(law, seq + (z,), prob * table[seq][0][z].item(), table, V, L)
-
-
-def gap(law, reference):
-    return max(abs(law.get(s, 0.0) - p) for s, p in reference.items())
-
+from laws import (F64, P_BIGRAM, PAPER_P, PAPER_Q, START, V3, bigram_law, block_law, chain_rows, empirical_law,
+                  exact_law, finish, gap, method_law, prefix_laws, run_chain, sequence_codes, target_law, tv, tv_bound)
+from toys import SAMPLING_MODEL, tiny_gpt
 
 # ---------------------------------------------------------------------------------------------------------
 # Block verification of a chain
-
-
-PAPER_P, PAPER_Q = torch.tensor([1 / 3, 2 / 3], dtype=F64), torch.tensor([2 / 3, 1 / 3], dtype=F64)
-
-
-def chain_rows(table, drafts):
-    """p_target (1, k+1, V) and q_draft (1, k, V) along a chain of drafts."""
-    k = len(drafts)
-    p = torch.stack([table[tuple(drafts[:i])][0] for i in range(k + 1)])[None]
-    q = torch.stack([table[tuple(drafts[:i])][1] for i in range(k)])[None]
-    return p, q
-
-
-def block_law(rule, table, V, k):
-    """(law of the first k+1 tokens, expected accepted drafts, the token rule's expected accepted) of one block
-    step by `rule` (block_acceptance or an edit of it), every draft enumerated."""
-    law, accepted, token_accepted = {}, 0.0, 0.0
-    for drafts in itertools.product(range(V), repeat=k):
-        p, q = chain_rows(table, drafts)
-        p_draft = torch.tensor([q[0, i, x] for i, x in enumerate(drafts)], dtype=F64).prod().item()
-        h, emit = rule(p, q, torch.tensor([drafts]))
-        h, emit = h[0], emit[0]
-        reach = 1.0
-        for i in range(k):  # the token rule: accept draft i with min(1, p/q) while all before it were accepted
-            reach *= min(1.0, (p[0, i, drafts[i]] / q[0, i, drafts[i]]).item())
-            token_accepted += p_draft * reach
-        for j in range(k + 1):  # stop after j drafts: test j passes, every longer one failed (h_0 = 1)
-            stop = (h[j] if j else 1.0) * torch.prod(1 - h[j + 1:]).item()
-            accepted += p_draft * stop * j
-            for y in range(V):
-                finish(law, tuple(drafts[:j]) + (y,), p_draft * stop * emit[j, y].item(), table, V, k + 1)
-    return law, accepted, token_accepted
 
 
 def test_the_papers_example():
@@ -117,7 +49,7 @@ def test_block_law_is_the_targets_and_never_accepts_fewer(V, k):
     and the expected accepted drafts are at least the token rule's, strictly more somewhere once k >= 2."""
     better = 0.0
     for seed in range(3):
-        table = laws(V, k, seed)
+        table = prefix_laws(V, k, seed)
         law, accepted, token_accepted = block_law(block_acceptance, table, V, k)
         assert gap(law, target_law(table, V, k + 1)) < 1e-12, (seed, gap(law, target_law(table, V, k + 1)))
         assert accepted >= token_accepted - 1e-12, (seed, accepted, token_accepted)
@@ -149,7 +81,7 @@ BROKEN_BLOCKS = {
 def test_the_enumeration_catches_a_broken_block_rule(name):
     broken = edited(block_acceptance, *BROKEN_BLOCKS[name])
     worst = max(gap(block_law(broken, table, 3, 2)[0], target_law(table, 3, 3))
-                for table in (laws(3, 2, seed) for seed in range(3)))
+                for table in (prefix_laws(3, 2, seed) for seed in range(3)))
     assert worst > 1e-3, f"{name}: law within {worst:.2g} of the target's, the enumeration cannot see it"
 
 
@@ -168,7 +100,7 @@ def test_greedy_block_is_the_argmax_match():
 def test_the_sampler_follows_its_exact_probabilities():
     """verify_block on 200000 copies of one step against the law block_acceptance gives (bound from
     tv_bound over the (k+1) * V outcomes (n_accepted, next token), failure probability 1e-6)."""
-    table = laws(3, 2, 1)
+    table = prefix_laws(3, 2, 1)
     drafts = (0, 2)
     p, q = chain_rows(table, drafts)
     h, emit = (t[0] for t in block_acceptance(p, q, torch.tensor([drafts])))
@@ -180,8 +112,8 @@ def test_the_sampler_follows_its_exact_probabilities():
 
 
 def test_a_block_verified_chain_loop_keeps_the_law():
-    """test_verify.py's speculative loop (bigram target and draft, 4 tokens) with the block rule; and the same
-    statistic sees the token rule's residual inside a block."""
+    """tests/laws.py's speculative loop (run_chain: bigram target and draft, 4 tokens) with the block rule; and
+    the same statistic sees the token rule's residual inside a block."""
     def block(p_target, q_draft, drafts, g):
         return verify_block(p_target, q_draft[:, :-1], drafts, g)
 
@@ -311,7 +243,7 @@ def test_traversal_law_is_the_targets_and_never_accepts_fewer(shape):
     are at least the root-down rule's (verify_tree_without_replacement), the same when the tree is one level."""
     parents = SHAPES[shape]
     for seed in range(3):
-        table = laws(3, max(depths(parents)) + 1, seed)
+        table = prefix_laws(3, max(depths(parents)) + 1, seed)
         law, accepted, top_down = traversal_law(traverse_tree, table, parents, 3)
         assert gap(law, target_law(table, 3, max(depths(parents)) + 1)) < 1e-12
         assert accepted >= top_down - 1e-12, (seed, accepted, top_down)
@@ -321,7 +253,7 @@ def test_traversal_law_is_the_targets_and_never_accepts_fewer(shape):
 
 def test_on_a_chain_traversal_is_block_verification():
     """A chain of k drafts: the chance of stopping after j is the same under both rules, for every draft."""
-    table = laws(3, 3, 4)
+    table = prefix_laws(3, 3, 4)
     parents = [-1, 0, 1, 2]
     for drafts in itertools.product(range(3), repeat=3):
         p, q = chain_rows(table, drafts)
@@ -349,7 +281,7 @@ def test_the_enumeration_catches_a_broken_walk(name):
     broken = edited(traverse_tree, *BROKEN_WALKS[name])
     parents = SHAPES["one deep"]
     worst = max(gap(traversal_law(broken, table, parents, 3)[0], target_law(table, 3, 3))
-                for table in (laws(3, 3, seed) for seed in range(3)))
+                for table in (prefix_laws(3, 3, seed) for seed in range(3)))
     assert worst > 1e-3, f"{name}: law within {worst:.2g} of the target's"
 
 
@@ -358,7 +290,7 @@ def test_draws_shared_between_subtrees_break_the_law():
     trees, whose nodes of one depth shared one set of draws, the second sibling's subtree is tried after the
     first's failed with the same tokens, and the law is off."""
     parents = [-1, 0, 0, 1, 2]
-    tables = [laws(3, 3, seed, q_by_depth=True) for seed in range(3)]
+    tables = [prefix_laws(3, 3, seed, q_by_depth=True) for seed in range(3)]
     assert max(gap(traversal_law(traverse_tree, t, parents, 3)[0], target_law(t, 3, 3)) for t in tables) < 1e-12
     worst = max(gap(traversal_law(traverse_tree, t, parents, 3, shared=True)[0], target_law(t, 3, 3)) for t in tables)
     assert worst > 1e-3, worst
@@ -367,7 +299,7 @@ def test_draws_shared_between_subtrees_break_the_law():
 def test_the_tree_sampler_follows_its_exact_law():
     """verify_tree_traversal (uniforms from the generator, the next token by inverse CDF) against the enumerated
     law of (path, next token) for one drawn tree, 40000 runs."""
-    table, parents = laws(3, 3, 2), SHAPES["two deep"]
+    table, parents = prefix_laws(3, 3, 2), SHAPES["two deep"]
     tokens, _ = drawn_trees(table, parents)[5]
     P, Q = tree_rows(table, tokens, parents)
     keys, exact = {}, {}

@@ -21,11 +21,8 @@ from nanospec.decoding import METHODS, MODULES
 from nanospec.decoding.adaptive import DraftLength
 from nanospec.decoding.pricing import Price, best_k, interpolate
 from nanospec.parts import Models
-from test_early_exit_adaptive import exact_law, toy_gpt
-from test_host_reads import every_part
-from test_model import random_ids, tiny_gpt
-from test_mtp_medusa import SAMPLING_MODEL, method_law
-from test_verify import empirical_law, sequence_codes, tv, tv_bound
+from laws import empirical_law, exact_law, method_law, sequence_codes, tv, tv_bound
+from toys import SAMPLING_MODEL, every_part, random_ids, tiny_gpt, toy_gpt
 
 PRICED = [name for name, module in MODULES.items() if "cost" in (module.OPTIONS.get("adaptive") or [()] * 6)[5]]
 CHEAP = {k: 1.0 + 0.01 * k for k in range(300)}  # a guess costs 1% of a step: drafting pays

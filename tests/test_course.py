@@ -14,7 +14,7 @@ Instructor-only: handouts leave this file out.
   - The autograder's rules (the count check, collection errors, partial credit, Gradescope's format) on a
     literal JUnit report, and the generator's one-line errors on malformed markers.
   - No function anywhere in a one-exercise handout passes that exercise in place of its blanked functions
-    (the impostor search of test_course_teeth.py), and the search has power: asked about exercise 3 in
+    (the impostor search, nanospec/course/impostors.py), and the search has power: asked about exercise 3 in
     exercise 4's handout, which keeps exercise 3, it finds it.
 The all-exercise handout is built and graded once per session, the one-exercise handouts once each, and the
 grading and the impostor search run side by side in two processes.
@@ -49,7 +49,7 @@ def files_under(folder):
 def handouts(tmp_path_factory):
     """Every handout this file looks at, made once, and the two slow runs over them started at once, each in a
     process of its own (two cores, half the wait): the autograder over the handout with every exercise blanked,
-    and the impostor search of test_course_teeth.py over each one-exercise handout."""
+    and the impostor search (nanospec/course/impostors.py) over each one-exercise handout."""
     base = tmp_path_factory.mktemp("course")
     out = base / "handout"
     summary = make_handout(ROOT, out, list(EXERCISES))
@@ -67,10 +67,9 @@ def handouts(tmp_path_factory):
     # the impostor search: (exercise 3 asked of exercise 4's handout, which keeps it, is the power check)
     jobs = [[str(alone[ex.id]), ex.id] for ex in GRADED] + [[str(alone[4]), 3]]
     (base / "jobs.json").write_text(json.dumps(jobs))
-    searching = subprocess.Popen([sys.executable, str(ROOT / "tests" / "test_course_teeth.py"), str(base / "jobs.json"),
+    searching = subprocess.Popen([sys.executable, "-m", "nanospec.course.impostors", str(base / "jobs.json"),
                                   str(base / "found.json")], cwd=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True, stdin=subprocess.DEVNULL,
-                                 env={**env, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])})
+                                 text=True, stdin=subprocess.DEVNULL, env={**env, "PYTHONPATH": str(ROOT)})
     stdout, stderr = grading.communicate(timeout=600)
     run = subprocess.CompletedProcess(grading.args, grading.returncode, stdout, stderr)
     blank = SimpleNamespace(path=out, summary=summary, files=files, run=run,
@@ -139,6 +138,7 @@ def test_the_copy_holds_only_what_students_should_have(all_blanked):
     assert not [f for f in files if f.startswith((".git/", "out/")) or "__pycache__" in f or f.endswith(".pyc")
                 or (f.startswith("data/") and f.endswith(".txt"))]
     assert not [f for f in files if f.startswith("tests/test_course")] and "EXERCISES.md" in files
+    assert "nanospec/course/impostors.py" not in files and "nanospec/course/grade.py" in files  # the kit's own search
     withheld = {f for ex in GRADED for f in ex.reference}  # every exercise blanked: no working copy ships
     assert withheld and not withheld & set(files)
     assert set(files) == set(handout.source_files(ROOT)) - withheld | {"handout.json"}
@@ -237,8 +237,8 @@ def test_each_exercise_alone_blanks_exactly_its_functions(alone):
 @pytest.mark.parametrize("ex", GRADED, ids=[f"ex{ex.id}" for ex in GRADED])
 def test_no_function_in_a_handout_passes_the_exercise_it_blanks(alone, impostors, ex):
     """Every function defined anywhere in the handout of ex alone (the package, the scripts, every test file
-    and helper), put in place of each blanked function in turn, fails ex's graded tests (test_course_teeth.py's
-    in-process runner). Exercise 4's tests once carried a complete exercise 3; that copy now stays out."""
+    and helper), put in place of each blanked function in turn, fails ex's graded tests (run in process by
+    nanospec/course/impostors.py). Exercise 4's tests once carried a complete exercise 3; that copy now stays out."""
     assert impostors(str(alone[ex.id]), ex.id) == set()
 
 

@@ -32,9 +32,8 @@ import torch
 from nanospec.course.registry import EXERCISES
 from nanospec.decoding import METHODS, verify_step
 from nanospec.runtime import prepare
-from test_course_teeth import reference_function as region_function
-from test_host_reads import every_part
-from test_model import random_ids
+from nanospec.course.impostors import reference_function as region_function
+from toys import every_part, random_ids
 
 NEW_TOKENS = 12
 HOOK = "__course_runs_calls__"  # the module global the trampolines call through

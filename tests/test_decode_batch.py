@@ -1,12 +1,12 @@
 """decode.py's batches: --prompt several times, or --prompts-file with one prompt per line, and --batch-size. Each
 row's text equals what decode.py prints for that prompt alone (greedy); bad input is a one-line error. The run folder
-is test_decode_inputs.py's: a byte-level tokenizer and a random tiny target."""
+is conftest.py's `ckpt`: a byte-level tokenizer and a random tiny target."""
 import json
 
 import pytest
 
 import decode
-from test_decode_inputs import ckpt, decode_error  # noqa: F401 (ckpt: a fixture)
+from toys import decode_error
 
 ARGS = ["--device", "cpu", "--max-new-tokens", "8"]
 

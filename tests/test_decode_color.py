@@ -1,11 +1,10 @@
 """decode.py --color: each target forward's accepted guesses in green, then the target's own token (cyan or yellow,
 alternating), checked against the method's own stats; plain [brackets] when not asked for or not on a terminal.
-The run folder is test_decode_inputs.py's (a byte-level tokenizer, a random tiny target with MTP heads)."""
+The run folder is conftest.py's `ckpt` (a byte-level tokenizer, a random tiny target with MTP heads)."""
 import json
 import re
 
 import decode
-from test_decode_inputs import ckpt  # noqa: F401 (a fixture)
 
 ARGS = ["--device", "cpu", "--max-new-tokens", "24", "--prompt", "def f(x):\n    return x"]
 SPAN = re.compile(r"\x1b\[30;(4[236])m(.*?)\x1b\[0m", re.S)  # (background, text) of each coloured span

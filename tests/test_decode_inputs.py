@@ -13,32 +13,14 @@ import pytest
 import torch
 
 import decode
-from nanospec.checkpoint import gpt_checkpoint, save_atomic
 from nanospec.decoding import METHODS
-from nanospec.model import GPT, GPTConfig
-from nanospec.tokenizer import Tokenizer, save_tokenizer
-from test_device import models  # noqa: F401 (a fixture: every part, tiny and random)
+from toys import decode_error, every_part
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    """A run folder decode.py can read: tokenizer.tiktoken and a random target.pt with MTP heads, context 64."""
-    out = tmp_path_factory.mktemp("run")
-    ranks = {bytes([b]): b for b in range(256)}
-    save_tokenizer(ranks, out / "tokenizer")
-    torch.manual_seed(0)
-    target = GPT(GPTConfig(vocab_size=257, block_size=64, n_layer=2, n_head=2, n_embd=16, n_future=2))
-    save_atomic(gpt_checkpoint(target, Tokenizer(ranks).identity), str(out / "target.pt"))
-    return str(out)
-
-
-def decode_error(ckpt, *args):
-    """Run decode.main and return its one-line error (it must exit with one)."""
-    with pytest.raises(SystemExit) as exit_info:
-        decode.main(["--ckpt", ckpt, "--device", "cpu", "--max-new-tokens", "4", *args])
-    message = exit_info.value.code
-    assert isinstance(message, str) and message.startswith("error: ") and "\n" not in message, message
-    return message
+def models():
+    """Every part every method can use, tiny and random, on the CPU (context 48)."""
+    return every_part(block_size=48)
 
 
 def test_the_run_folder_decodes(ckpt, capsys):
@@ -93,7 +75,7 @@ def test_lookahead_tree_must_fit_the_context(ckpt):
     assert "exceeds the model's context of 64" in message
 
 
-def test_lookahead_tree_larger_than_the_context_is_refused(models):  # noqa: F811
+def test_lookahead_tree_larger_than_the_context_is_refused(models):
     """The same check in generate, which every caller goes through; a tree of exactly the context is fine."""
     METHODS["lookahead"](models, [1, 2, 3], 5, window=10, ngram=5, guesses=2)  # 1 + 9 + 30 + 8 = 48
     block = models.target.config.block_size  # 48
@@ -110,7 +92,7 @@ def test_lookahead_tree_larger_than_the_context_is_refused(models):  # noqa: F81
 
 @pytest.mark.parametrize("temperature", [float("nan"), float("inf"), 1e-40, -1.0])
 @pytest.mark.parametrize("method", METHODS)
-def test_bad_temperature_is_a_clear_error_in_every_method(models, method, temperature):  # noqa: F811
+def test_bad_temperature_is_a_clear_error_in_every_method(models, method, temperature):
     """Before: nan and 1e-40 gave tracebacks, inf sampled uniform noise."""
     with pytest.raises(ValueError, match="temperature"):
         METHODS[method](models, [1, 2, 3], 5, temperature=temperature, seed=0)
@@ -121,7 +103,7 @@ def test_bad_temperature_in_decode(ckpt, value):
     assert "temperature" in decode_error(ckpt, "--prompt", "x", "--temperature", value)
 
 
-def test_smallest_temperature_samples(models):  # noqa: F811
+def test_smallest_temperature_samples(models):
     """The documented floor, 1e-4, still samples (and is all but greedy)."""
     ids, _ = METHODS["ar"](models, [1, 2, 3], 5, temperature=1e-4, seed=0)
     assert ids == METHODS["ar"](models, [1, 2, 3], 5)[0]
@@ -172,7 +154,7 @@ def test_utf8_prompt_from_stdin_still_works(ckpt, monkeypatch, capfd):
     assert message is None and json.loads(out)["prompt"] == "def f(ü):"
 
 
-def test_confidence_needs_adaptive_confidence(ckpt, models):  # noqa: F811
+def test_confidence_needs_adaptive_confidence(ckpt, models):
     """Before: --confidence without --adaptive confidence was silently ignored."""
     assert "--adaptive confidence" in decode_error(ckpt, "--method", "early-exit", "--prompt", "x", "--confidence", "0.3")
     for method in ("speculative", "early-exit", "mtp", "parallelspec"):
@@ -186,7 +168,7 @@ def test_show_tree_with_json_is_refused(ckpt):
     assert "--show-tree" in decode_error(ckpt, "--method", "medusa", "--prompt", "x", "--show-tree", "--json")
 
 
-def test_unknown_option_of_a_method_is_a_clear_error(models):  # noqa: F811
+def test_unknown_option_of_a_method_is_a_clear_error(models):
     with pytest.raises(ValueError, match="unknown option"):
         METHODS["jacobi"](models, [1, 2, 3], 5, blocks=4)
 

@@ -19,12 +19,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 from nanospec.decoding import METHODS
-from nanospec.parts import Models
 from nanospec.runtime import prepare
-from test_early_exit_adaptive import random_adapter
-from test_eagle import random_head
-from test_model import random_ids, tiny_gpt
-from test_parallelspec import tiny_drafter
+from toys import every_part, random_ids, tiny_gpt
 
 SAMPLINGS = {"greedy": dict(temperature=0.0), "t1": dict(temperature=1.0),
              "t0.7-p0.9": dict(temperature=0.7, top_p=0.9)}
@@ -44,10 +40,8 @@ class on_meta_fails(TorchFunctionMode):
 
 @pytest.fixture(scope="module")
 def models():
-    """Every part every method can use, tiny and random, on the CPU."""
-    target = tiny_gpt(0, n_layer=3)
-    return Models(target=target, draft=tiny_gpt(5, n_layer=1, n_future=0), eagle=random_head(target).double(),
-                  parallelspec=tiny_drafter(target), early_exit=random_adapter(target))
+    """Every part every method can use, tiny and random, on the CPU (context 48)."""
+    return every_part(block_size=48)
 
 
 @pytest.mark.parametrize("runtime", ["eager", "static"])

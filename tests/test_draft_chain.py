@@ -15,7 +15,6 @@ on either runtime:
 import pytest
 import torch
 
-import test_early_exit_adaptive as ee
 from nanospec.decoding import METHODS
 from nanospec.decoding import draft_chain as draft_chain_module
 from nanospec.decoding.draft_chain import draft_chain
@@ -23,9 +22,9 @@ from nanospec.decoding.options import Sampling
 from nanospec.parts import Models
 from nanospec.runtime import Fast, prepare
 from nanospec.verify import sample, warp
-from test_host_reads import counting_host_reads
-from test_model import random_ids, tiny_gpt
-from test_verify import empirical_law, sequence_codes, tv, tv_bound
+from nanospec.probes import counting_host_reads
+from laws import empirical_law, exact_law, sequence_codes, tv, tv_bound
+from toys import random_adapter, random_ids, tiny_gpt, toy_gpt
 
 # A bigram drafter over 4 tokens: row a = its logits for the token after a. Argmax: 0 -> 2, 2 -> 1, 1 -> 3, 3 -> 0.
 LOGITS = torch.tensor([[1.0, 2.0, 6.0, 1.0], [1.0, 1.0, 2.0, 6.0], [2.0, 5.0, 2.0, 1.0], [6.0, 1.0, 2.0, 1.0]],
@@ -157,28 +156,30 @@ def test_a_chain_that_reseeds_before_each_draw_is_caught(monkeypatch):
 # ---------------------------------------------------------------------------------------------------------
 # End to end on the static path: the first tokens follow the target's law
 
+L = 3  # the prefill's token, then two tokens that went through a verify step
+
 
 def first_tokens_tv(method, models, n, sampling, prompt=(1, 3), **options):
-    """TV between the law of the first ee.L = 3 tokens of n seeded runs of `method` on the static path and the
+    """TV between the law of the first L = 3 tokens of n seeded runs of `method` on the static path and the
     target's exact law, and the bound a correct sampler stays under (tv_bound over the 125 outcomes, delta 1e-6).
     The budget lets the first verify step draft every guess (the run keeps one token for the target)."""
     wrapped, _ = prepare(models, "static")
     temperature, top_k, top_p = sampling
-    seqs = torch.tensor([METHODS[method](wrapped, list(prompt), ee.L + options["draft_len"] - 1,
+    seqs = torch.tensor([METHODS[method](wrapped, list(prompt), L + options["draft_len"] - 1,
                                          temperature=temperature, top_k=top_k, top_p=top_p, seed=s,
-                                         **options)[0][:ee.L] for s in range(n)])  # (n, L)
-    law = ee.exact_law(models.target, list(prompt), ee.L, sampling)
-    return tv(empirical_law(sequence_codes(seqs, 5), 5 ** ee.L), law), tv_bound(5 ** ee.L, n)
+                                         **options)[0][:L] for s in range(n)])  # (n, L)
+    law = exact_law(models.target, list(prompt), L, sampling)
+    return tv(empirical_law(sequence_codes(seqs, 5), 5 ** L), law), tv_bound(5 ** L, n)
 
 
 def speculative_models():
     """test_speculative's pair: 5-token GPTs with random unembeddings, which disagree about half the time."""
-    return Models(target=ee.toy_gpt(0), draft=ee.toy_gpt(50))
+    return Models(target=toy_gpt(0), draft=toy_gpt(50))
 
 
 def early_exit_models():
-    target = ee.toy_gpt(0, n_layer=2)
-    return Models(target=target, early_exit=ee.random_adapter(target, 1, scale=0.3))
+    target = toy_gpt(0, n_layer=2)
+    return Models(target=target, early_exit=random_adapter(target, 1, scale=0.3))
 
 
 @pytest.mark.parametrize("method, models, sampling, n", [

@@ -20,19 +20,10 @@ from nanospec.model import GPTConfig, KVCache, Output
 from nanospec.drafters.eagle import Eagle, eagle_config
 from nanospec.drafters.losses import eagle_losses
 from nanospec.runtime import prepare
-from nanospec.tree import draw_rank_paths, frontier_mask, tree_from_paths
+from nanospec.tree import draw_rank_paths, frontier_mask, path_to, tree_from_paths
 from nanospec.verify import warp
-from test_model import TOL, random_ids, tiny_gpt
-from test_mtp_medusa import exact_law, trained_tiny
-from test_verify import empirical_law, tv, tv_bound
-
-
-def random_head(target, seed=0):
-    torch.manual_seed(seed)
-    head = Eagle(eagle_config(target.config)).to(target.wte.weight.dtype)
-    for p in head.parameters():  # larger than the init, so the random head's guesses differ from node to node
-        p.data.add_(0.3 * torch.randn_like(p))
-    return head.eval()
+from laws import empirical_law, exact_law, tv, tv_bound
+from toys import TOL, random_head, random_ids, slow_tree, tiny_gpt, trained_tiny
 
 
 def toy_windows(B, T, V, g):
@@ -112,42 +103,6 @@ def test_stops_at_eot_budget_and_context_like_ar(models):
 
 # ---------------------------------------------------------------------------------------------------------
 # The tree and the head's cache against slow paths
-
-
-def slow_tree(head, target, prefix_tokens, prefix_features, root, depth, width, total_tokens):
-    """EAGLE-2's tree the obvious way: every node's children come from a plain head forward, without cache
-    or mask, over the accepted slots followed by the node's own path (tokens with their parents' f̂)."""
-    def head_at(path):  # path: candidates from depth 1 down -> the head's Output at the path's end
-        x, f = list(prefix_tokens), [prefix_features]
-        for c in path:
-            h = head(target, tensor(x, "cpu"), torch.cat(f, 0)[None]).hidden[0, -1:]  # (1, C) f̂ at the end
-            x, f = x + [tok[c]], f + [h]
-        out = head(target, tensor(x, "cpu"), torch.cat(f, 0)[None])
-        return torch.log_softmax(out.logits[0, -1], -1)  # (V,)
-
-    tok, parent, score = [], [], []
-    frontier = [None]  # None = the root
-    for d in range(depth):
-        children = []
-        for c in frontier:
-            path = [] if c is None else ancestors(parent, c)
-            base = 0.0 if c is None else score[c]
-            s, t = head_at(path).topk(width)
-            for si, ti in zip(s.tolist(), t.tolist()):
-                tok.append(ti), parent.append(-1 if c is None else c), score.append(base + si)
-                children.append(len(tok) - 1)
-        frontier = sorted(children, key=lambda i: -score[i])[:width]
-    keep = sorted(sorted(range(len(tok)), key=lambda i: (-score[i], i))[:total_tokens - 1])
-    node = {c: i + 1 for i, c in enumerate(keep)}
-    return [root] + [tok[c] for c in keep], [-1] + [node.get(parent[c], 0) for c in keep]
-
-
-def ancestors(parent, c):
-    path = []
-    while c >= 0:
-        path.append(c)
-        c = parent[c]
-    return path[::-1]
 
 
 @torch.no_grad()
@@ -287,7 +242,7 @@ def test_grow_sampled_tree_draws_from_the_slow_oracles_q(seed):
         children = [c for c in range(len(tokens)) if parents[c] == u]
         if not children:
             continue
-        path = [c for c in ancestors(parents, u)[1:]]  # nodes below the root down to u
+        path = [c for c in path_to(parents, u)[1:]]  # nodes below the root down to u
         x, f = list(seq[1:]), [features]
         for c in path:  # the slow way: the head re-reads the whole path, each node with its parent's f̂
             h = head(target, tensor(x, "cpu"), torch.cat(f, 0)[None]).hidden[0, -1:]

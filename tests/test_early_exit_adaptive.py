@@ -22,10 +22,8 @@ from nanospec.decoding.adaptive import DraftLength
 from nanospec.drafters.early_exit import ExitAdapter, exit_logits
 from nanospec.drafters.losses import exit_losses
 from nanospec.model import GPT
-from nanospec.verify import warp
-from test_model import TOL, full_logits, random_ids, tiny_gpt
-from test_parallelspec import tiny_drafter
-from test_verify import empirical_law, sequence_codes, tv, tv_bound
+from laws import empirical_law, exact_law, sequence_codes, tv, tv_bound
+from toys import TOL, full_logits, random_adapter, random_ids, tiny_drafter, tiny_gpt, toy_gpt
 
 
 @pytest.fixture(autouse=True)
@@ -35,15 +33,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-
-
-def random_adapter(target, seed=0, scale=0.1):
-    """Adapters with random weights (a trained one starts as the identity, which would test nothing)."""
-    torch.manual_seed(seed)
-    adapter = ExitAdapter(target.config).double().eval()
-    for p in adapter.parameters():
-        p.data.add_(scale * torch.randn_like(p))
-    return adapter
 
 
 def first_layers(model, E):
@@ -222,27 +211,6 @@ def test_every_chain_method_with_every_rule_greedy_equals_ar(method, rule, extra
 
 # ---------------------------------------------------------------------------------------------------------
 # Sampling with adaptive stopping: the target's law
-
-
-def toy_gpt(seed, n_layer=1):
-    """A 5-token GPT with a random untied unembedding, so next-token laws are far from uniform and the draft's
-    confidence crosses the thresholds below both ways (confidence stops some chains, not all)."""
-    model = tiny_gpt(seed, vocab_size=5, n_layer=n_layer, n_future=0)
-    g = torch.Generator().manual_seed(seed)
-    model.lm_head.weight = torch.nn.Parameter(0.3 * torch.randn(5, 16, generator=g, dtype=torch.float64))
-    return model
-
-
-@torch.inference_mode()
-def exact_law(target, prompt, L, sampling):
-    """The target's own law of its first L tokens (V^L,), indexed like `sequence_codes`: one batched forward
-    over every continuation, the warped conditionals multiplied."""
-    V = target.config.vocab_size
-    conts = torch.cartesian_prod(*[torch.arange(V)] * L).reshape(-1, L)  # (V^L, L)
-    x = torch.cat([torch.tensor(prompt).expand(len(conts), -1), conts], dim=1)  # (V^L, P+L)
-    P = len(prompt)
-    p = warp(target(x).logits[:, P - 1:P + L - 1], *sampling)  # (V^L, L, V) p(x_{P+i} | x_<P+i)
-    return p.gather(-1, conts[..., None]).squeeze(-1).prod(-1)  # (V^L,)
 
 
 L = 3  # the prefill's token, then two tokens that went through a verify step

@@ -1,7 +1,7 @@
 """Every edge a user meets in the bench (issues 32 and 33): a bad setting is one line before anything is measured;
 a method that fails is a FAILED row and the others still run, `ar` failing included, and the report is always
 written; Ctrl-C writes what finished, marked partial; a closed pipe loses nothing. The run folder is a toy trained
-in seconds (test_bench.train_toy)."""
+in seconds (toys.train_toy)."""
 import json
 import os
 import signal
@@ -13,7 +13,7 @@ import pytest
 from nanospec import bench, bench_batch
 from nanospec.device import MAX_SEED
 
-from test_bench_inputs import PROMPTS, ROOT, toy_out  # noqa: F401 (toy_out: a fixture)
+from toys import PROMPTS, ROOT
 
 
 def small(ckpt, out, *flags):

@@ -1,6 +1,6 @@
 """Every edge a user meets in decode.py (issue 33): each bad input is one line that says what to do, each edge
 case gives correct output; Ctrl-C and a closed pipe go through real subprocesses and signals. The run folder is
-test_decode_inputs.py's: a byte-level tokenizer and a random tiny target (context 64) that decodes in
+conftest.py's `ckpt`: a byte-level tokenizer and a random tiny target (context 64) that decodes in
 milliseconds."""
 import io
 import json
@@ -15,7 +15,7 @@ import torch
 
 import decode
 from nanospec.device import MAX_SEED, seeded_generator
-from test_decode_inputs import ckpt, decode_error  # noqa: F401 (ckpt: a fixture)
+from toys import decode_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARGS = ["--device", "cpu", "--max-new-tokens", "4"]

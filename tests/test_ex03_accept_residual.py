@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from nanospec.verify import accept_prob, residual
+from laws import empirical_law, tv, tv_bound
 from teach import expect, expect_close, expect_equal, expect_law
-from test_verify import empirical_law, tv, tv_bound
 
 pytestmark = pytest.mark.ex3
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from nanospec.verify import verify_chain
+from laws import empirical_law, sequence_codes, tv, tv_bound
 from teach import expect, expect_equal, expect_law
-from test_verify import empirical_law, sequence_codes, tv, tv_bound
 
 pytestmark = [pytest.mark.ex4, pytest.mark.usefixtures("exercise_3_stand_ins")]  # tests/conftest.py
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nanospec.model import GPTConfig, KVCache
-from test_model import TOL, full_logits, random_ids, tiny_gpt
+from toys import TOL, full_logits, random_ids, tiny_gpt
 
 pytestmark = pytest.mark.ex5
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nanospec.tree import path_to, tree_mask, tree_positions
-from test_model import TOL, full_logits, random_ids, tiny_gpt
+from toys import TOL, full_logits, random_ids, tiny_gpt
 
 pytestmark = pytest.mark.ex6
 

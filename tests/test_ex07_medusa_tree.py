@@ -8,7 +8,7 @@ import torch
 
 from nanospec.decoding.tree_guesses import TREES, medusa_tree
 from nanospec.tree import path_to, tree_from_paths
-from test_model import random_ids, tiny_gpt
+from toys import random_ids, tiny_gpt
 
 pytestmark = pytest.mark.ex7
 

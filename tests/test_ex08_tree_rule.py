@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from nanospec.verify import _descend, verify_tree_descend, verify_tree_greedy
+from laws import empirical_law, tv, tv_bound
 from teach import expect, expect_equal, expect_law
-from test_verify import empirical_law, tv, tv_bound
 
 pytestmark = pytest.mark.ex8
 

@@ -1,8 +1,8 @@
 """Exercise 9 (EXERCISES.md): `grow_tree` in nanospec/decoding/eagle.py, EAGLE-2's tree of guesses grown by
 confidence. A scripted head (its law depends only on the token it is fed) makes every step readable: the
 docstring's example, a deeper tree with the exact tokens, positions, masks and features the head must be fed,
-the rerank and its ties, the cache left as it was. Then a random head against the slow sequential oracle of
-tests/test_eagle.py.
+the rerank and its ties, the cache left as it was. Then a random head against the slow sequential oracle,
+tests/toys.py's slow_tree.
 
 The head's cache here is a stand-in (`ScriptedCache`, or a KVCache with its own rollback), so these tests
 grade exercise 9 alone, whether or not exercise 5 (KVCache.rollback) is done.
@@ -14,8 +14,7 @@ from nanospec.decoding.eagle import grow_tree
 from nanospec.drafters.eagle import eagle_config
 from nanospec.model import KVCache, Output
 from nanospec.decoding.run import tensor
-from test_eagle import random_head, slow_tree
-from test_model import random_ids, tiny_gpt
+from toys import random_head, random_ids, slow_tree, tiny_gpt
 
 pytestmark = pytest.mark.ex9
 
@@ -147,7 +146,7 @@ class OneLayerCache(KVCache):
 @pytest.mark.parametrize("seed", range(2), ids=lambda s: f"seed-{s}")
 def test_random_head_grows_the_slow_oracles_tree(seed):
     """A random EAGLE head on a random tiny GPT: the batched, masked passes must grow exactly the tree that
-    tests/test_eagle.py's slow_tree grows one plain forward per node (no cache, no mask)."""
+    tests/toys.py's slow_tree grows one plain forward per node (no cache, no mask)."""
     target = tiny_gpt(seed)
     head = random_head(target, seed)
     seq = random_ids(5 + seed, seed=seed)  # x_0..x_L, x_L = the root

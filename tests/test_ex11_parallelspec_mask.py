@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from nanospec.drafters.parallelspec import group_layout
-from test_model import TOL, random_ids, tiny_gpt
-from test_parallelspec import tiny_drafter
+from toys import TOL, random_ids, tiny_drafter, tiny_gpt
 
 pytestmark = pytest.mark.ex11
 

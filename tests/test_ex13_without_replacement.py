@@ -18,8 +18,8 @@ import torch
 from nanospec import verify
 from nanospec.verify import sample_without_replacement, verify_tree_without_replacement, \
     without_replacement_proposals
+from laws import empirical_law, tv, tv_bound
 from teach import expect, expect_close, expect_law
-from test_verify import empirical_law, tv, tv_bound
 
 pytestmark = [pytest.mark.ex13, pytest.mark.usefixtures("exercise_3_stand_ins")]  # tests/conftest.py
 

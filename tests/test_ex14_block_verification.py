@@ -5,8 +5,8 @@ paper's example, one draft = the token rule, greedy = the argmax match, p = q, r
 exact enumeration of every draft and every outcome on random context-dependent laws, where the output must follow
 the target's law to 1e-12 and accept in expectation at least as many drafts as the token rule (11/9 against 10/9
 on the paper's example), and a speculative loop verified by `verify_block` that keeps a bigram target's
-law. The enumeration is tests/test_block_verification.py's, whose negative controls show it catches a weight off
-by one position, the token rule's residual and an uncapped weight. The law tests are gates
+law. The enumeration is tests/laws.py's block_law; tests/test_block_verification.py's negative controls show it
+catches a weight off by one position, the token rule's residual and an uncapped weight. The law tests are gates
 (nanospec/course/registry.py): if one fails the exercise scores zero.
 Run: python -m pytest -m ex14 -x"""
 import itertools
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from nanospec.verify import block_acceptance, verify_block
+from laws import (P_BIGRAM, PAPER_P, PAPER_Q, START, V3, bigram_law, block_law, empirical_law, gap, prefix_laws,
+                  run_chain, sequence_codes, target_law, tv, tv_bound)
 from teach import expect, expect_close
-from test_block_verification import PAPER_P, PAPER_Q, block_law, gap, laws, target_law
-from test_verify import V3, P_BIGRAM, START, bigram_law, empirical_law, run_chain, sequence_codes, tv, tv_bound
 
 pytestmark = pytest.mark.ex14
 
@@ -101,7 +101,7 @@ def test_the_law_is_the_targets_and_never_fewer_accepted():
     tokens is the target's to 1e-12, and the expected accepted drafts are at least the token rule's."""
     for V, k in ((2, 2), (3, 2), (2, 3)):
         for seed in range(3):
-            table = laws(V, k, seed)
+            table = prefix_laws(V, k, seed)
             law, accepted, token_accepted = block_law(block_acceptance, table, V, k)
             worst = gap(law, target_law(table, V, k + 1))
             expect(worst < 1e-12, f"V = {V}, k = {k}, seed {seed}: a sequence's probability is off by {worst:.3g}")

@@ -14,10 +14,10 @@ import torch
 from nanospec import figures
 from nanospec.parts import Models
 from nanospec.tokenizer import Tokenizer
-from test_model import tiny_gpt
+from toys import tiny_gpt
 
 # A marker, not a module-level importorskip: that raises Skipped at import, and the course's impostor search
-# (tests/test_course_teeth.py) imports every test module of a handout.
+# (nanospec/course/impostors.py) imports every test module of a handout.
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
                                 reason="matplotlib is optional: pip install matplotlib")
 PNG = b"\x89PNG\r\n\x1a\n"

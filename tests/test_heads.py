@@ -14,7 +14,7 @@ from nanospec.decoding import METHODS
 from nanospec.drafters.heads import head_losses, rollouts
 from nanospec.drafters.training import train_heads as train_stage
 from nanospec.trainer import TrainConfig
-from test_model import random_ids, tiny_gpt
+from toys import random_ids, tiny_gpt
 
 
 def test_rollouts_are_the_targets_greedy_text_row_by_row():

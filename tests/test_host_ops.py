@@ -18,8 +18,7 @@ from nanospec.decoding import METHODS
 from nanospec.decoding.run import Run
 from nanospec.probes import Ledger, Timed, counting_ops, timed_models
 from nanospec.runtime import prepare
-from test_host_reads import every_part
-from test_model import random_ids
+from toys import every_part, random_ids
 
 SAMPLINGS = {"greedy": 0.0, "t=1": 1.0}
 NEW_TOKENS = 48

@@ -11,13 +11,9 @@ import pytest
 import torch
 
 from nanospec.decoding import METHODS, MODULES, speculative
-from nanospec.parts import Models
 from nanospec.probes import READS, counting_host_reads
 from nanospec.runtime import prepare
-from test_early_exit_adaptive import random_adapter
-from test_eagle import random_head
-from test_model import random_ids, tiny_gpt
-from test_parallelspec import tiny_drafter
+from toys import every_part, random_ids
 
 SAMPLINGS = {"greedy": 0.0, "t=1": 1.0}
 NEW_TOKENS = 48
@@ -34,14 +30,6 @@ LIMITS = {"ar": (1.0, 1.0), "prompt-lookup": (1.0, 1.0), "jacobi": (2.0, 2.0), "
 OTHER_MODE = {"sample": "topk", "topk": "sample"}  # a --draft-sampling method also runs in its other mode
 RUNS = [(m, {}) for m in METHODS] + [(m, {"draft_sampling": OTHER_MODE[MODULES[m].OPTIONS["draft_sampling"][1]]})
                                      for m in METHODS if "draft_sampling" in MODULES[m].OPTIONS]
-
-
-def every_part():
-    """Every part every method can use, tiny and random, with room for a prompt and 48 new tokens."""
-    target = tiny_gpt(0, n_layer=3, block_size=96)
-    return Models(target=target, draft=tiny_gpt(5, n_layer=1, n_future=0, block_size=96),
-                  eagle=random_head(target).double(), parallelspec=tiny_drafter(target),
-                  early_exit=random_adapter(target))
 
 
 @pytest.fixture(scope="module")

@@ -5,29 +5,8 @@ import random
 import pytest
 import torch
 
-from nanospec.model import GPT, GPTConfig
 from nanospec.tree import path_to, tree_mask, tree_positions
-
-TOL = 1e-10
-
-
-def tiny_gpt(seed=0, **kw):
-    torch.manual_seed(seed)
-    cfg = dict(vocab_size=11, block_size=48, n_layer=2, n_head=2, n_embd=16, n_future=2)
-    cfg.update(kw)
-    model = GPT(GPTConfig(**cfg)).double().eval()
-    for p in model.heads.parameters():  # heads start as identity; perturb so they differ from the main head
-        p.data.add_(0.1 * torch.randn_like(p))
-    return model
-
-
-def full_logits(model, ids):
-    return model(torch.tensor([ids])).logits[0]  # (T, V)
-
-
-def random_ids(n, vocab=11, seed=0):
-    rng = random.Random(seed)
-    return [rng.randrange(vocab) for _ in range(n)]
+from toys import TOL, full_logits, random_ids, random_tree, tiny_gpt
 
 
 @torch.no_grad()
@@ -66,14 +45,6 @@ def test_rollback_then_reappend_equals_recomputation():
     cache.rollback(8)
     got = model(torch.tensor([ids[8:]]), cache=cache).logits[0]
     assert torch.allclose(got, full_logits(model, ids)[8:], atol=TOL)
-
-
-def random_tree(n, vocab, rng):
-    parents, tokens = [-1], [rng.randrange(vocab)]
-    for i in range(1, n):
-        parents.append(rng.randrange(i))
-        tokens.append(rng.randrange(vocab))
-    return tokens, parents
 
 
 @torch.no_grad()

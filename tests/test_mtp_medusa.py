@@ -19,10 +19,9 @@ from nanospec.decoding.tree_guesses import fill_tree, medusa_tree, parse_tree
 from nanospec.decoding.verify_step import tree_step
 from nanospec.tree import format_tree, leaf_paths, path_to, print_verified_tree, tree_from_paths, tree_positions
 from nanospec.verify import sample, warp
-from test_model import TOL, random_ids, random_tree, tiny_gpt
-from test_verify import empirical_law, tv, tv_bound
 from nanospec.runtime import prepare
-from nanospec.stages import lm_losses
+from laws import exact_law, method_law, tv, tv_bound
+from toys import SAMPLING_MODEL, SAMPLING_TREE, TOL, random_ids, random_tree, tiny_gpt, trained_tiny
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import medusa_tree as tree_script  # noqa: E402  (a script, not a package module)
@@ -125,26 +124,6 @@ def test_show_tree_prints_the_first_two_trees_with_the_kept_path_marked(capsys):
 
 # ---------------------------------------------------------------------------------------------------------
 # Greedy: exactly `ar`
-
-
-def trained_tiny(n_future, steps=150, lr=0.5, seed=0):
-    """A tiny model trained for a second on a toy language (x -> 3x + 1 mod 11, one token in eight random),
-    so that its heads guess well and long paths get accepted, which random models rarely do.
-    Plain SGD written out: torch.optim's first step costs seconds of imports."""
-    torch.manual_seed(seed)
-    model = tiny_gpt(seed, n_future=n_future).float().train()  # float32 to train, float64 to test
-    for _ in range(steps):
-        w = torch.empty(16, 16 + n_future, dtype=torch.long)  # (B, T+1+n_future) training windows
-        w[:, 0] = torch.randint(0, 11, (16,))
-        for t in range(1, w.size(1)):
-            noise = torch.rand(16) < 1 / 8
-            w[:, t] = torch.where(noise, torch.randint(0, 11, (16,)), (3 * w[:, t - 1] + 1) % 11)
-        model.zero_grad()
-        sum(lm_losses(model, w).values()).backward()
-        with torch.no_grad():
-            for p in model.parameters():
-                p -= lr * p.grad
-    return model.double().eval()
 
 
 MODELS = {  # name -> Models; built once
@@ -291,35 +270,6 @@ def test_tree_step_accepts_long_paths_and_keeps_the_cache_exact(models):
 # Sampling: the target's law, exactly
 
 
-def exact_law(target, prompt, L, sampling):
-    """The target's law of its next L tokens after `prompt`, (V**L,) indexed by the base-V code of the
-    sequence: one batched forward over every possible continuation, no cache, no method."""
-    V = target.config.vocab_size
-    conts = torch.cartesian_prod(*[torch.arange(V)] * L).reshape(-1, L)  # (V**L, L) every continuation
-    x = torch.cat([torch.tensor(prompt).expand(len(conts), -1), conts], dim=1)  # (V**L, P+L)
-    P = len(prompt)
-    p = warp(target(x).logits[:, P - 1:P + L - 1], *sampling)  # (V**L, L, V) p(x_{P+i} | x_<P+i)
-    return p.gather(-1, conts[..., None]).squeeze(-1).prod(-1)  # (V**L,) product of the L conditionals
-
-
-def method_law(models, prompt, L, n, method, sampling, **options):
-    """Empirical law of the first L tokens over n seeded runs, and the guesses accepted in all. The budget is
-    L + 1 so that the first step after the prefill may guess L - 1 tokens deep (a method never guesses past its
-    budget)."""
-    V = models.target.config.vocab_size
-    codes, accepted = [], 0
-    for seed in range(n):
-        ids, stats = METHODS[method](models, prompt, L + 1, temperature=sampling[0], top_k=sampling[1],
-                                     top_p=sampling[2], seed=seed, **options)
-        codes.append(sum(t * V ** (L - 1 - i) for i, t in enumerate(ids[:L])))
-        accepted += stats["new_tokens"] - stats["target_forwards"]  # every forward emits 1 + its accepted guesses
-    return empirical_law(torch.tensor(codes), V ** L), accepted
-
-
-SAMPLING_MODEL = dict(vocab_size=5, n_future=2, n_layer=1, n_embd=8, block_size=16)
-SAMPLING_TREE = "0;1;2;0,0;0,1;1,0"  # 3 guesses for the first token after the root, 3 for the second
-
-
 @pytest.mark.parametrize("method, draft_sampling, L, sampling, n, runtime", [
     ("medusa", "sample", 3, (0.9, None, 0.9), 1500, "eager"),  # top-p leaves some depths fewer tokens than ranks
     ("medusa", "topk", 3, (1.0, None, None), 1500, "eager"),
@@ -332,7 +282,7 @@ def test_sampling_follows_the_target_law(method, draft_sampling, L, sampling, n,
     for 25 outcomes and n = 1500, 0.140 for n = 800. (medusa's drawn tree drew 2500, bound 0.141: at 1500 a
     correct run comes out near 0.10 and typical acceptance near 0.96, and a subtler bias, draws with half the
     Gumbel noise, stays under both bounds alike.) (Lossless verification itself is tested far
-    more tightly in test_verify.py; this checks that the methods wire it up right: drawing, warping, tree, cache,
+    more tightly in test_chain_rules.py and test_tree_rules.py; this checks that the methods wire it up right: drawing, warping, tree, cache,
     bonus token.) Both kinds of guesses must be accepted often, or the test would check only the target's tokens.
     mtp's sampled guesses run on the static path (runtime.prepare's models, forwards replayed), which
     test_runtime.py holds to the eager path's tokens: one law test for both (medusa's on the static path:

@@ -8,52 +8,17 @@
 Everything in float64 on tiny random targets, so equalities are tight and argmax ties do not happen.
 """
 import functools
-import itertools
 from dataclasses import asdict
 
-import numpy as np
 import pytest
 import torch
 
 from nanospec.checkpoint import save_atomic
 from nanospec.parts import Models, load_parallelspec
 from nanospec.decoding import METHODS, check_method
-from nanospec.drafters.losses import mask_losses
-from nanospec.drafters.parallelspec import ParallelSpec, ParallelSpecConfig, group_layout
-from nanospec.verify import warp
-from test_model import random_ids, tiny_gpt
-from test_verify import empirical_law, sequence_codes, tv, tv_bound
-
-TOL = 1e-10
-
-
-def tiny_drafter(target, seed=0, n_masks=3, **kw):
-    torch.manual_seed(seed)
-    c = target.config
-    cfg = ParallelSpecConfig(vocab_size=c.vocab_size, block_size=c.block_size, n_embd=c.n_embd, n_head=c.n_head,
-                             n_masks=n_masks, **kw)
-    drafter = ParallelSpec(cfg).double().eval()
-    for p in drafter.blocks.parameters():  # a random drafter worth the name: not a near-identity block
-        p.data.add_(0.1 * torch.randn_like(p))
-    return drafter
-
-
-def briefly_trained(target, steps=40, seed=0):
-    """A drafter distilled from the target for a few Adam steps on random text: better than random."""
-    drafter = tiny_drafter(target, seed).train()
-    opt = torch.optim.Adam(drafter.parameters(), lr=3e-3)
-    rng = np.random.default_rng(seed)
-    target.requires_grad_(False)
-    T = min(20, target.config.block_size - 3)  # real tokens per window; 3 more for the last masks' labels
-    for _ in range(steps):
-        w = torch.from_numpy(rng.integers(0, target.config.vocab_size, size=(4, T + 3)))
-        loss = mask_losses(drafter, target, w, torch.arange(0, T, 2))["loss"]
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    target.requires_grad_(True)
-    return drafter.eval()
-
+from nanospec.drafters.parallelspec import group_layout
+from laws import exact_law, parallelspec_sampled_law, tv, tv_bound
+from toys import TOL, briefly_trained, parallelspec_sampling_models, random_ids, tiny_drafter, tiny_gpt
 
 # ---------------------------------------------------------------------------------------------------------
 # The training layout
@@ -220,37 +185,7 @@ def test_trained_drafter_accepts_more_than_a_random_one():
 
 
 V = 5  # sampling tests: a tiny vocabulary, so the law of 3 tokens has only 125 outcomes
-SAMPLING_MODEL = dict(vocab_size=V, n_layer=1, n_embd=8, block_size=16)
 PROMPT = [1, 3, 2]
-
-
-@functools.lru_cache
-def sampling_models():
-    """A briefly trained drafter, so that its guesses are often accepted and every branch of the rule runs."""
-    target = tiny_gpt(3, **SAMPLING_MODEL)
-    return Models(target=target, parallelspec=briefly_trained(target, seed=3))
-
-
-@torch.no_grad()
-def exact_law(target, prompt, L, sampling):
-    """P(first L tokens) under the warped target, (V**L,) in base-V order (first token most significant):
-    every continuation in one batched forward, no cache, no method."""
-    conts = torch.tensor(list(itertools.product(range(V), repeat=L)))  # (V**L, L)
-    x = torch.cat([torch.tensor(prompt).expand(len(conts), -1), conts], dim=1)  # (V**L, P+L)
-    p = warp(target(x).logits[:, len(prompt) - 1:-1], *sampling)  # (V**L, L, V) each token's conditional
-    return p.gather(-1, conts[..., None]).squeeze(-1).prod(-1)  # (V**L,)
-
-
-def sampled_law(models, prompt, L, n, sampling, **options):
-    """Empirical law of the first L tokens of n seeded runs, and the guesses accepted in all. The budget is
-    L + 1, so the first step after the prefill verifies L - 1 guesses (x2..xL) and may add the bonus token."""
-    seqs, accepted = [], 0
-    for seed in range(n):
-        ids, stats = METHODS["parallelspec"](models, prompt, L + 1, temperature=sampling[0], top_k=sampling[1],
-                                             top_p=sampling[2], seed=seed, **options)
-        seqs.append(ids[:L])
-        accepted += stats["accepted"]
-    return empirical_law(sequence_codes(torch.tensor(seqs), V), V ** L), accepted
 
 
 @pytest.mark.parametrize("tree, draft_sampling, sampling, n", [
@@ -261,11 +196,11 @@ def sampled_law(models, prompt, L, n, sampling, **options):
 ])
 def test_sampling_first_tokens_follow_the_target_law(tree, draft_sampling, sampling, n):
     """First 3 tokens, 125 outcomes. A correct sampler's empirical law is within tv_bound(125, n) of the
-    exact law with probability 1 - 1e-6 (Bretagnolle-Huber-Carol, test_verify.py): 0.158 for n = 2000, 0.224
+    exact law with probability 1 - 1e-6 (Bretagnolle-Huber-Carol, tests/laws.py): 0.158 for n = 2000, 0.224
     for n = 1000 (a correct run comes out near half that). Guesses must be accepted often, or the test would
     only check the target's own tokens."""
-    models = sampling_models()
-    law, accepted = sampled_law(models, PROMPT, 3, n, sampling, tree=tree, draft_sampling=draft_sampling)
+    models = parallelspec_sampling_models()
+    law, accepted = parallelspec_sampled_law(models, PROMPT, 3, n, sampling, tree=tree, draft_sampling=draft_sampling)
     assert tv(law, exact_law(models.target, PROMPT, 3, sampling)) < tv_bound(V ** 3, n)
     assert accepted > n / 4, accepted
 
@@ -281,8 +216,8 @@ def test_sampling_test_sees_a_biased_rule(monkeypatch):
         return torch.tensor([k]), torch.multinomial(p_target[0, k], 1, generator=generator)
 
     monkeypatch.setattr(verify_step_module, "verify_chain", accept_all)
-    models, n, sampling = sampling_models(), 300, (1.0, None, None)
-    law, _ = sampled_law(models, PROMPT, 3, n, sampling, tree="chain", draft_sampling="topk")
+    models, n, sampling = parallelspec_sampling_models(), 300, (1.0, None, None)
+    law, _ = parallelspec_sampled_law(models, PROMPT, 3, n, sampling, tree="chain", draft_sampling="topk")
     assert tv(law, exact_law(models.target, PROMPT, 3, sampling)) > tv_bound(V ** 3, n)
 
 

@@ -21,9 +21,7 @@ from nanospec import runtime
 from nanospec.decoding import METHODS
 from nanospec.runtime import Fast, prepare
 
-from test_model import random_ids, tiny_gpt
-from test_parallelspec import tiny_drafter
-from test_runtime import all_models, ids, random_head
+from toys import all_models, ids, random_head, random_ids, tiny_drafter, tiny_gpt
 
 
 @pytest.mark.parametrize("method", ["ar", "prompt-lookup", "jacobi", "speculative", "mtp"])

@@ -28,8 +28,6 @@ from dataclasses import fields
 import pytest
 import torch
 
-import test_mtp_medusa
-import test_parallelspec
 from nanospec import graphs
 from nanospec.decoding import METHODS
 from nanospec.decoding.eagle import grow_tree, refresh
@@ -37,17 +35,11 @@ from nanospec.model import Output
 from nanospec.parts import Models
 from nanospec.runtime import RUNTIMES, Fast, fast, prepare, runtime_path
 from nanospec.tree import frontier_mask, tree_mask, tree_positions
-from test_early_exit_adaptive import random_adapter
-from test_eagle import random_head
-from test_model import TOL, random_ids, tiny_gpt
-from test_parallelspec import tiny_drafter
-from test_verify import tv, tv_bound
+from laws import exact_law, method_law, parallelspec_sampled_law, tv, tv_bound
+from toys import (SAMPLING_MODEL, SAMPLING_TREE, TOL, all_models, ids, parallelspec_sampling_models, random_adapter,
+                  random_head, random_ids, tiny_drafter, tiny_gpt)
 
 F64 = torch.float64  # the tiny models' dtype: equal to TOL = 1e-10
-
-
-def ids(values):
-    return torch.tensor([values], dtype=torch.long)  # (1, T)
 
 
 def same_output(got, expected):
@@ -380,14 +372,6 @@ def test_a_failed_capture_warns_once_and_runs_eager(monkeypatch, capsys):
 # Every method on the static path: ar's tokens greedy, the eager path's tokens when sampling
 
 
-def all_models(seed, block_size=64):
-    """A 3-layer target with 3 MTP heads and every drafter, tiny and random."""
-    target = tiny_gpt(seed, n_layer=3, n_future=3, block_size=block_size)
-    return Models(target=target, draft=tiny_gpt(seed + 10, n_layer=1, n_future=0, block_size=block_size),
-                  eagle=random_head(target, seed), parallelspec=tiny_drafter(target, seed),
-                  early_exit=random_adapter(target, seed))
-
-
 CASES = [
     ("ar", {}),
     ("prompt-lookup", {}),
@@ -509,17 +493,17 @@ TRUNCATED = (1.0, 2, None)  # top-k 2: a tree with 3 ranks at depth 1 has a node
 
 
 def medusa_law(n):
-    models = Models(target=tiny_gpt(3, **test_mtp_medusa.SAMPLING_MODEL))
-    law, accepted = test_mtp_medusa.method_law(prepare(models, "static")[0], [1, 2], 2, n, "medusa", TRUNCATED,
-                                               tree=test_mtp_medusa.SAMPLING_TREE)  # "0;1;2;...": rank 2 at depth 1
-    return law, test_mtp_medusa.exact_law(models.target, [1, 2], 2, TRUNCATED), accepted
+    models = Models(target=tiny_gpt(3, **SAMPLING_MODEL))
+    law, accepted = method_law(prepare(models, "static")[0], [1, 2], 2, n, "medusa", TRUNCATED,
+                               tree=SAMPLING_TREE)  # "0;1;2;...": rank 2 at depth 1
+    return law, exact_law(models.target, [1, 2], 2, TRUNCATED), accepted
 
 
 def parallelspec_law(n):
-    models = test_parallelspec.sampling_models()
-    law, accepted = test_parallelspec.sampled_law(prepare(models, "static")[0], test_parallelspec.PROMPT, 2, n,
-                                                  TRUNCATED, tree="0;1;2;0,0;1,0;0,1")
-    return law, test_parallelspec.exact_law(models.target, test_parallelspec.PROMPT, 2, TRUNCATED), accepted
+    models, prompt = parallelspec_sampling_models(), [1, 3, 2]  # test_parallelspec.py's
+    law, accepted = parallelspec_sampled_law(prepare(models, "static")[0], prompt, 2, n, TRUNCATED,
+                                             tree="0;1;2;0,0;1,0;0,1")
+    return law, exact_law(models.target, prompt, 2, TRUNCATED), accepted
 
 
 @pytest.mark.parametrize("law_of", [medusa_law, parallelspec_law], ids=["medusa", "parallelspec"])

@@ -5,7 +5,7 @@
     end-of-text falling inside an accepted run of drafts;
   - sampling: the empirical joint law of the first 3 generated tokens matches the target's exact law, which
     we enumerate by running the target over every prefix, within a total-variation bound derived from the
-    number of draws (`tv_bound` in test_verify.py, delta = 1e-6); a negative control (each guess verified
+    number of draws (`tv_bound` in tests/laws.py, delta = 1e-6); a negative control (each guess verified
     against the wrong row of q) must exceed the same bound;
   - a draft equal to the target accepts every guess even when sampling: only possible if the draft cache
     holds exactly the sequence at every step;
@@ -19,9 +19,8 @@ from nanospec.parts import Models
 from nanospec.decoding import METHODS, check_method
 from nanospec.decoding import speculative as speculative_module
 from nanospec.decoding.verify_step import chain_step
-from nanospec.verify import warp
-from test_model import random_ids, tiny_gpt
-from test_verify import empirical_law, sequence_codes, tv, tv_bound
+from laws import empirical_law, exact_law, sequence_codes, tv, tv_bound
+from toys import random_ids, tiny_gpt, toy_gpt
 
 ar, speculative = METHODS["ar"], METHODS["speculative"]
 
@@ -123,30 +122,6 @@ def test_budget_and_draft_length_longer_than_the_budget():
 # Sampling: the law of the output is the target's
 
 
-def toy_gpt(seed):
-    """A 5-token GPT with a random untied unembedding, so next-token laws are far from uniform and a target
-    and a draft of different seeds disagree often (acceptance about 0.5): every branch of the rule is used."""
-    model = tiny_gpt(seed, vocab_size=5, n_layer=1, n_future=0)
-    g = torch.Generator().manual_seed(seed)
-    model.lm_head.weight = torch.nn.Parameter(0.3 * torch.randn(5, 16, generator=g, dtype=torch.float64))
-    return model
-
-
-@torch.inference_mode()
-def exact_law(target, prompt, L, sampling):
-    """The target's own law of its first L tokens, (V^L,) indexed like `sequence_codes`: run the target over
-    every prefix (V^j of them for the j-th token, in one batched forward) and chain the warped conditionals."""
-    V = target.config.vocab_size
-    law = torch.ones(1, dtype=torch.float64)  # (V^j,) over prefixes of length j
-    prefixes = torch.tensor([prompt])  # (V^j, P + j)
-    for _ in range(L):
-        p_target = warp(target(prefixes).logits[:, -1], *sampling)  # (V^j, V)
-        law = (law[:, None] * p_target).reshape(-1)  # (V^(j+1),) prefix i then token t -> i * V + t
-        nxt = torch.arange(V).repeat(len(prefixes))[:, None]  # (V^(j+1), 1)
-        prefixes = torch.cat([prefixes.repeat_interleave(V, 0), nxt], dim=1)
-    return law
-
-
 L = 3  # judge the first 3 generated tokens: the prefill's token, then tokens that went through verification
 
 
@@ -167,7 +142,7 @@ def sampled_tv(k, sampling, n, prompt=(1, 3)):
 
 
 # n is set by the time budget (about 2.5 ms a run). What the bounds can see was checked by swapping in the
-# broken rules of test_verify.py: a residual not renormalised, a fresh sample of p after a rejection, q rows
+# broken rules of test_chain_rules.py: a residual not renormalised, a fresh sample of p after a rejection, q rows
 # off by one (k = 2) and a bonus drawn from q (k = 1) give TV 0.22-0.44, above every bound here.
 @pytest.mark.parametrize("k, sampling, n", [
     (1, (1.0, None, None), 2000),  # the 2nd token is a verified guess, the 3rd the bonus (bound 0.159)

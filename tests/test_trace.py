@@ -16,7 +16,7 @@ each one, the randomness that decided it, the token that came out and its law, t
   - decode.py: one line for a bad path (a folder, an extension other than .html or .json, a folder that is a file,
     a write that fails), a file that is not a trace is never replaced, a batch is refused; 64 tokens of any method
     make a page under 1 MB.
-Tiny random models (test_host_reads.every_part), 32 new tokens."""
+Tiny random models (toys.every_part), 32 new tokens."""
 import inspect
 import json
 import os
@@ -35,10 +35,7 @@ from nanospec.parts import Models
 from nanospec.probes import Ledger, counting_host_reads, counting_ops, timed_models
 from nanospec.runtime import prepare
 from nanospec.tokenizer import Tokenizer
-from test_decode_inputs import ckpt, decode_error  # noqa: F401 (ckpt: a fixture, a tiny run folder)
-from test_eagle import random_head
-from test_host_reads import every_part
-from test_model import random_ids, tiny_gpt
+from toys import decode_error, every_part, random_head, random_ids, tiny_gpt
 
 NEW_TOKENS = 32
 PROMPT = random_ids(8, seed=1)
@@ -384,7 +381,7 @@ def test_make_figures_screenshots_the_page(chromium, tmp_path):
 # decode.py --trace
 
 
-def test_decode_writes_a_trace_with_the_same_tokens(ckpt, tmp_path, capsys):  # noqa: F811
+def test_decode_writes_a_trace_with_the_same_tokens(ckpt, tmp_path, capsys):
     args = ["--ckpt", ckpt, "--device", "cpu", "--max-new-tokens", "12", "--prompt", "def f(x):", "--method", "mtp",
             "--temperature", "1", "--seed", "4", "--json"]
     decode.main(args)
@@ -399,7 +396,7 @@ def test_decode_writes_a_trace_with_the_same_tokens(ckpt, tmp_path, capsys):  # 
     assert doc["settings"]["command"].startswith("python decode.py --ckpt")
 
 
-def test_decode_refuses_a_bad_trace_path_in_one_line(ckpt, tmp_path, monkeypatch):  # noqa: F811
+def test_decode_refuses_a_bad_trace_path_in_one_line(ckpt, tmp_path, monkeypatch):
     run = lambda *more: decode_error(ckpt, "--prompt", "def f(", *more)  # noqa: E731
     assert "is a folder" in run("--trace", str(tmp_path))
     assert "not '.txt'" in run("--trace", str(tmp_path / "run.txt"))

@@ -10,7 +10,7 @@ earlier outputs, nothing trained, and the output must be the target's.
   - edge cases: one-token prompts, a pool with no candidates, the context limit and end-of-text falling
     inside an accepted run of guesses;
   - sampling: the empirical joint law of the first 3 tokens matches the target's exact law within
-    `tv_bound` (test_verify.py, delta = 1e-6), and a classic broken rule (resample after a mismatch) fails it.
+    `tv_bound` (tests/laws.py, delta = 1e-6), and a classic broken rule (resample after a mismatch) fails it.
 Tiny float64 models, so argmax ties do not happen.
 """
 import random
@@ -25,9 +25,8 @@ from nanospec.decoding.lookahead import build_tree
 from nanospec.decoding.prompt_lookup import lookup
 from nanospec.tree import path_to, tree_mask, tree_positions
 from nanospec.verify import sample
-from test_model import full_logits, random_ids, tiny_gpt
-from test_speculative import exact_law
-from test_verify import empirical_law, sequence_codes, tv, tv_bound
+from laws import empirical_law, exact_law, sequence_codes, tv, tv_bound
+from toys import full_logits, random_ids, tiny_gpt
 
 TOL = 1e-10
 ar = METHODS["ar"]

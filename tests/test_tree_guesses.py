@@ -7,7 +7,7 @@ EAGLE's head), held to slow host oracles and, drawn, to the target's law once ve
     the same q_draft rows, whatever top-k / top-p leave of q: a rank beyond q's support has no draw, and its node
     is left out with everything under it; a shape that skips a rank is a one-line ValueError; one host read per
     level;
-  - law: leaving an undrawn node out is exactly what keeps the law. Exactly, by enumeration at one node (test_verify's
+  - law: leaving an undrawn node out is exactly what keeps the law. Exactly, by enumeration at one node (laws.py's
     node_law over every ordered draw); and in law, first two tokens of a thousand truncated trees from both
     builders through verify_tree_without_replacement and verify_tree_traversal against a bigram target. The
     negative control keeps the undrawn nodes in the tree (a builder that trusts every draw, even one q could not
@@ -22,8 +22,8 @@ from nanospec.decoding.tree_guesses import draw_tree, fill_tree
 from nanospec.tree import children, tree_from_paths
 from nanospec.verify import (gumbel_top_k, host_path, verify_tree_traversal, verify_tree_without_replacement, warp,
                              without_replacement_proposals)
-from test_host_reads import counting_host_reads
-from test_verify import empirical_law, node_law, ordered_draws, tv, tv_bound
+from nanospec.probes import counting_host_reads
+from laws import empirical_law, node_law, ordered_draws, tv, tv_bound
 
 F64 = torch.float64
 V = 5

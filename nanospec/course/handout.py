@@ -15,9 +15,9 @@ A solution is marked once in the source, by a comment pair inside the function's
 
 How it works, and what it checks:
   - the copy holds the files git tracks, and only those (a file not yet added, say a stray notes.txt, is not
-    one): so no .git, no bytecode, no out/ or data/*.txt; and not the instructor's own tests
-    (tests/test_course*.py), nor the `reference` files of a blanked exercise (the course's working copy that
-    later exercises' tests use in its place);
+    one): so no .git, no bytecode, no out/ or data/*.txt; and not the instructor's own tests and tools
+    (tests/test_course*.py, nanospec/course/impostors.py), nor the `reference` files of a blanked exercise (the
+    course's working copy that later exercises' tests use in its place);
   - README.md and EXERCISES.md are rewritten for the students: EXERCISES.md keeps only the handed-out
     exercises (their order, points, how to grade them locally), README.md's section for instructors gives way
     to one for students (`student_docs`);
@@ -64,8 +64,8 @@ from dataclasses import dataclass
 from nanospec.course.registry import EXERCISES, VERSION, parse_selection
 
 MARKER = re.compile(r"#\s*(BEGIN|END) SOLUTION ex(\d+)\s*$")
-INSTRUCTOR_ONLY = re.compile(r"tests/test_course[^/]*\.py|docs/course\.md")  # the kit's own tests (they need the
-# full source) and the instructors' page
+INSTRUCTOR_ONLY = re.compile(r"tests/test_course[^/]*\.py|nanospec/course/impostors\.py|docs/course\.md")  # the
+# kit's own tests and its impostor search (they need the full source) and the instructors' page
 STAMP = "handout.json"  # written at the copy's root: version, exercises, source commit (the grader reads it)
 MIN_FRAGMENT = 16  # shorter pieces of a removed body (`n = 0`, `return path`) say nothing about it
 

@@ -19,8 +19,8 @@ function, pin its rules (the docstring's examples, each rule EXERCISES.md names,
 oracle): if one of them fails, the exercise scores zero automatic points whatever its other tests say, since a
 sampler with the wrong law, or a mask that lets a node see a cousin, is wrong however many cases it gets right. `reference` files hold a working copy of the exercise that
 later exercises' tests use in its place (so exercise 4 is graded alone); a handout that blanks the exercise
-leaves them out, and the grader of the full project brings them back (tests/test_course_teeth.py proves that no
-function anywhere in a handout passes a blanked exercise).
+leaves them out, and the grader of the full project brings them back (the impostor search, impostors.py, proves
+that no function anywhere in a handout passes a blanked exercise; tests/test_course.py runs it).
 
 Bump VERSION and add a line to EXERCISES.md's changelog whenever an exercise, its tests or its points change.
 """
