@@ -43,7 +43,7 @@ test: deps
 bench:  # CKPT=out-gpu: the gpu preset's checkpoints
 	$(PYTHON) -m nanospec.bench $(if $(CKPT),--ckpt $(call quote,$(CKPT)))
 
-bench-batch:  # batched ar, speculative and prompt-lookup at B = 1..32 (nanospec/bench_batch.py)
+bench-batch:  # batched ar, speculative and prompt-lookup at B = 1..32 (nanospec/bench/batch.py)
 	$(PYTHON) -m nanospec.bench --batch-sizes 1,2,4,8,16,32 $(if $(CKPT),--ckpt $(call quote,$(CKPT)))
 
 bench-quick:
@@ -53,10 +53,10 @@ bench-quick:
 # matplotlib), into runs/figures/, which git ignores; `make figures OUT=docs/figures` replaces the README's own.
 # trace.png, the trace page's screenshot, needs chromium (apt-get install chromium), and is skipped without it.
 figures:
-	$(PYTHON) -m nanospec.figures $(if $(CKPT),--ckpt $(call quote,$(CKPT))) $(if $(OUT),--out $(call quote,$(OUT)))
+	$(PYTHON) -m nanospec.bench.figures $(if $(CKPT),--ckpt $(call quote,$(CKPT))) $(if $(OUT),--out $(call quote,$(OUT)))
 
 # Every method at greedy, temperature 1 and 0.7 + top-p 0.9 on CUDA, greedy = ar, and the quick bench (needs out/).
-# Without a GPU: the same checks on the CPU, the static path's CUDA-graph replay emulated (nanospec/graphs.py).
+# Without a GPU: the same checks on the CPU, the static path's CUDA-graph replay emulated (nanospec/fast/graphs.py).
 gpu-check:
 	$(PYTHON) -m nanospec.gpu_check $(if $(CKPT),--ckpt $(call quote,$(CKPT)))
 

@@ -10,7 +10,7 @@ Generate text with any decoding method and see which tokens each target forward 
 The continuation is printed with the tokens of each target forward grouped: in [brackets], or on a terminal
 (--color) in colour: green for the guesses the target accepted, then the target's own token on cyan or yellow,
 alternating from one forward to the next. A method that produces several tokens per forward shows longer groups.
---trace FILE records every target forward's guesses and how the target judged them (nanospec/trace.py): .html is a
+--trace FILE records every target forward's guesses and how the target judged them (nanospec/trace/record.py): .html is a
 page to open in a browser, .json the same for scripts.
 """
 import argparse
@@ -26,14 +26,14 @@ if __name__ == "__main__":  # first, before torch loads: Ctrl-C, a closed pipe a
     from nanospec.device import plain_exits
     plain_exits()
 
-from nanospec.checkpoint import CheckpointError, train_hint
+from nanospec.model.checkpoint import CheckpointError, train_hint
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.decoding.batched import BATCHED, generate as generate_batch
-from nanospec.decoding.options import MIN_TEMPERATURE, Sampling, read_options
+from nanospec.steps.options import MIN_TEMPERATURE, Sampling, read_options
 from nanospec.device import add_threads_flag, check_seed, pick_device, set_threads
-from nanospec import calibration
-from nanospec.parts import load_models
-from nanospec.runtime import RUNTIMES, prepare
+from nanospec.bench import calibration
+from nanospec.model.load import load_models
+from nanospec.fast.runtime import RUNTIMES, prepare
 
 GUESS = "\033[30;42m"  # black on green: a guess the target accepted
 OWN = ("\033[30;46m", "\033[30;43m")  # black on cyan, black on yellow: the target's own token, forward by forward
@@ -191,7 +191,7 @@ def check_request(args, options):
         if batch_mode(args):
             raise ValueError("--trace records the steps of one prompt's run: give one --prompt (a batch is decoded "
                              "without a trace)")
-        from nanospec import trace  # only when asked for: decoding without --trace never loads it
+        from nanospec.trace import record as trace  # only when asked for: decoding without --trace never loads it
         trace.check_path(args.trace)  # before any model is loaded: a bad path costs nothing
     if batch_mode(args):
         if args.method not in BATCHED:
@@ -265,7 +265,7 @@ def parse_args(argv=None):
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or mps")
     add_threads_flag(p)
     p.add_argument("--runtime", default="auto", choices=RUNTIMES,
-                   help="how the models' forwards run (nanospec/runtime.py): eager = plain PyTorch; static = "
+                   help="how the models' forwards run (nanospec/fast/runtime.py): eager = plain PyTorch; static = "
                         "shape-static forwards, replayed from CUDA graphs on CUDA; auto (default) = static on CUDA, "
                         "eager elsewhere")
     p.add_argument("--json", action="store_true",
@@ -276,7 +276,7 @@ def parse_args(argv=None):
                         "unless NO_COLOR is set or TERM=dumb; else [brackets] per forward")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="record every target forward: the guesses, p(x) and q(x), the uniform drawn against "
-                        "min(1, p/q), the verdict, the token emitted and its law, the KV cache (nanospec/trace.py); "
+                        "min(1, p/q), the verdict, the token emitted and its law, the KV cache (nanospec/trace/record.py); "
                         "FILE.html: a page to open in a browser, FILE.json: the same for scripts. One prompt; "
                         "an existing file that is not a trace is never replaced")
     options = method_flags(p)
@@ -343,7 +343,7 @@ def main(argv=None):
         prompt = prompts[0][0]
         recorder = None
         if args.trace is not None:  # a layer around the models and the rules while the method runs (trace.py)
-            from nanospec import trace
+            from nanospec.trace import record as trace
             recorder = trace.recording(models)
         with recorder or contextlib.nullcontext() as traced:
             t0 = time.perf_counter()  # timed from outside: the methods hold no clock

@@ -1,6 +1,6 @@
 """
 Train everything nanospec decodes with, in stages, each skipped when its output already exists (the stages and
-what each writes: nanospec/stages.py):
+what each writes: nanospec/training/pipeline.py):
 
     corpus, tokenizer, target, heads, draft, eagle, parallelspec, early_exit
 
@@ -21,9 +21,9 @@ if __name__ == "__main__":  # first, before torch loads: Ctrl-C ends in one line
     from nanospec.device import plain_exits
     plain_exits(keep_going=True)
 
-from nanospec.presets import PRESETS
-from nanospec.stages import STAGES, run
-from nanospec.trainer import PRECISIONS
+from nanospec.training.presets import PRESETS
+from nanospec.training.pipeline import STAGES, run
+from nanospec.training.trainer import PRECISIONS
 
 SEED_LIMIT = 2 ** 63  # torch.manual_seed takes a signed 64-bit integer
 

@@ -39,7 +39,7 @@ def pick_device(name="auto"):
 # threads of each operation wait on each other. Measured on a 2-core EPYC VM, two `python -c "while 1: pass"`
 # beside it: one target forward took 0.45 s with torch's default (2 threads) and 0.0035 s with one; quiet, the
 # README's first example took 0.10 s either way. The bench fixes one thread too; training adapts to the load
-# (nanospec/trainer.py, threads_for), since its large batches do gain from a second core.
+# (nanospec/training/trainer.py, threads_for), since its large batches do gain from a second core.
 DECODE_THREADS = 1
 THREADS_HELP = ("torch CPU threads, 0..this machine's cores (default 1: a model this size decodes fastest on one, "
                 "and on a busy machine more threads wait on each other; 0 = torch's default, one per core)")

@@ -43,13 +43,13 @@ if __name__ == "__main__":  # first, before torch loads: Ctrl-C and a closed pip
 
 import torch
 
-from nanospec import bench
-from nanospec.checkpoint import CheckpointError, train_hint
+from nanospec.bench import compare as bench
+from nanospec.model.checkpoint import CheckpointError, train_hint
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.decoding.batched import BATCHED, generate as generate_batch
 from nanospec.device import add_threads_flag, pick_device, set_threads
-from nanospec.parts import PARTS
-from nanospec.runtime import Fast, prepare
+from nanospec.model.load import PARTS
+from nanospec.fast.runtime import Fast, prepare
 
 # (column label, sampling keywords every method's generate takes)
 SETTINGS = (

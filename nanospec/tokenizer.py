@@ -27,7 +27,7 @@ from pathlib import Path
 
 import tiktoken
 
-EOT = "<|endoftext|>"  # the end-of-text special token: separates documents in the corpus (nanospec/corpus.py)
+EOT = "<|endoftext|>"  # the end-of-text special token: separates documents in the corpus (nanospec/training/corpus.py)
 
 def write_atomic(path, data):
     """Write str/bytes to path so that readers never see half a file: temp file in the same dir, then rename."""
@@ -301,6 +301,10 @@ class Tokenizer:
 
     def decode_bytes(self, ids):
         return self.enc.decode_bytes(ids)
+
+    def show(self, token):
+        """One token id as readable text (`render`): how the tree printouts label a guess."""
+        return render(self.decode_bytes([token]))
 
     def decode(self, ids):
         """ids -> str; a token sequence that ends inside a UTF-8 character shows U+FFFD there."""

@@ -17,9 +17,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from nanospec.bench import load_prompts, timed, tokenize  # noqa: E402
+from nanospec.bench.compare import load_prompts, timed, tokenize  # noqa: E402
 from nanospec.decoding import METHODS, check_method, parts_for  # noqa: E402
-from nanospec.parts import load_models  # noqa: E402
+from nanospec.model.load import load_models  # noqa: E402
 
 # (row label, method, token-rule options, joint-rule options)
 PAIRS = [

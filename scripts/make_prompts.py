@@ -37,7 +37,7 @@ import re
 import sys
 from pathlib import Path
 
-EOT = "<|endoftext|>"  # the document separator of train.txt / val.txt (nanospec/corpus.py)
+EOT = "<|endoftext|>"  # the document separator of train.txt / val.txt (nanospec/training/corpus.py)
 MIN_CHARS, MAX_CHARS = 180, 360  # ~3 bytes per token with the tiny preset's tokenizer: ~60-150 tokens
 NEXT_CHARS = 250  # how much of what follows the cut decides the category
 MAX_LINE = 160  # longer lines are data, not code or prose
@@ -183,7 +183,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="seeds the order in which documents are visited")
     args = p.parse_args(argv)
     if not Path(args.val).exists():
-        sys.exit(f"error: no {args.val}: run `make train` (its corpus stage) or `python -m nanospec.corpus` first")
+        sys.exit(f"error: no {args.val}: run `make train` (its corpus stage) or `python -m nanospec.training.corpus` first")
     texts = Path(args.val).read_text(encoding="utf-8").split(EOT)
     names, corpus = [f"document {i}" for i in range(len(texts))], {}
     if Path(args.corpus_json).exists():

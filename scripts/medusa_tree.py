@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from nanospec.parts import load_models  # noqa: E402
+from nanospec.model.load import load_models  # noqa: E402
 from nanospec.decoding import METHODS  # noqa: E402
 
 K = 10  # ranks counted per head: a tree node never asks for more than head i's top-10
@@ -197,7 +197,7 @@ def main():
     # timings on a shared machine wobble by about 5%: among the trees that fast, take the one that guesses most
     quickest = min(sec for _, sec in timed.values())
     chosen = max(size for size, (_, sec) in timed.items() if sec <= 1.05 * quickest)
-    print(f"\nthe largest tree within 5% of the fastest, for DEFAULT_TREE in nanospec/decoding/tree_guesses.py "
+    print(f"\nthe largest tree within 5% of the fastest, for DEFAULT_TREE in nanospec/steps/tree_guesses.py "
           f"({chosen} paths): {show(best[:chosen])}")
 
 

@@ -31,10 +31,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import train_tiny  # noqa: E402
-from nanospec import stages  # noqa: E402
-from nanospec.presets import PRESETS  # noqa: E402
-from nanospec.checkpoint import load_checkpoint  # noqa: E402
-from nanospec.trainer import PRECISIONS  # noqa: E402
+from nanospec.training import pipeline as stages  # noqa: E402
+from nanospec.training.presets import PRESETS  # noqa: E402
+from nanospec.model.checkpoint import load_checkpoint  # noqa: E402
+from nanospec.training.trainer import PRECISIONS  # noqa: E402
 
 # name -> overrides: "target" (GPTConfig fields), "train" (TrainConfig fields of target_train), or preset keys.
 # Every variant but the issue-35 ones trains with AdamW's rate of before issue 35 (2e-3; `tiny` now has 2e-2), so

@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from nanospec import verify
+from nanospec.rules import verify
 from nanospec.course.registry import EXERCISES
 
 torch.set_num_threads(1)
@@ -80,7 +80,7 @@ def fresh_imports(toy_run):
 @pytest.fixture
 def exercise_3_stand_ins(monkeypatch):
     """Grade an exercise that builds on exercise 3 (4 and 13) alone: the course's own accept_prob and residual
-    (tests/reference_ex03.py) replace nanospec/verify.py's. A handout that blanks exercise 3 leaves that file
+    (tests/reference_ex03.py) replace nanospec/rules/verify.py's. A handout that blanks exercise 3 leaves that file
     out (it is the answer): there your own exercise 3 is used."""
     try:
         from reference_ex03 import slow_accept_prob, slow_residual

@@ -20,8 +20,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from nanospec.decoding import METHODS
-from nanospec.tree import depths
-from nanospec.verify import accept_prob, host_path, point_mass, residual, sample, verify_chain, warp, \
+from nanospec.rules.tree import depths
+from nanospec.rules.verify import accept_prob, host_path, point_mass, residual, sample, verify_chain, warp, \
     without_replacement_proposals
 
 F64 = torch.float64

@@ -1,6 +1,6 @@
 """The course's own copy of exercise 3 (`accept_prob` and `residual`), written the slow, plain way.
 
-Later exercises' graded tests (4 and 13) put these in place of nanospec/verify.py's, so that each exercise is
+Later exercises' graded tests (4 and 13) put these in place of nanospec/rules/verify.py's, so that each exercise is
 graded alone: a gap in exercise 3 costs no points in exercise 4. A handout that blanks exercise 3 leaves this
 file out (it IS the answer); there the tests of 4 and 13 use your own exercise 3, and the course's grader,
 which runs the full project's tests, brings this file back. Not a graded test file: it holds no tests."""

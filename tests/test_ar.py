@@ -2,7 +2,7 @@
 end-of-text and at the context limit; sampling is seeded; bad requests are one-line errors."""
 import pytest
 
-from nanospec.parts import Models
+from nanospec.model.load import Models
 from nanospec.decoding import METHODS, check_method
 from nanospec.decoding.ar import generate_nocache
 from toys import random_ids, tiny_gpt

@@ -19,11 +19,11 @@ import torch
 
 from nanospec.decoding import METHODS
 from nanospec.decoding import batched
-from nanospec.decoding import verify_step
+from nanospec.steps import verify_step
 from nanospec.decoding.batched import generate
-from nanospec.model import KVCache
-from nanospec.parts import Models
-from nanospec.runtime import prepare
+from nanospec.model.gpt import KVCache
+from nanospec.model.load import Models
+from nanospec.fast.runtime import prepare
 from laws import empirical_law, exact_law, sequence_codes, tv, tv_bound
 from toys import random_ids, tiny_gpt, toy_gpt
 

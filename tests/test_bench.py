@@ -1,5 +1,5 @@
 """The benchmark: its prompts come from validation text only, its helpers compute what they claim, the timing
-wrapper (nanospec/probes.py's Timed) files every call of every method under drafting or target forwards, and a
+wrapper (nanospec/bench/timing.py's Timed) files every call of every method under drafting or target forwards, and a
 quick run on a toy model (trained here, in seconds) gives a row per registered method with greedy outputs equal
 to ar's. No timing is asserted: the machine is shared (the wrapper's laws run on a fake clock)."""
 import json
@@ -10,13 +10,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nanospec import bench, corpus, report
+from nanospec.bench import compare as bench
+from nanospec.training import corpus
+from nanospec.bench import report
 from nanospec.decoding import METHODS, MODULES
 from nanospec.decoding.early_exit import default_exit_layer
-from nanospec.model import KVCache
-from nanospec.presets import PRESETS
-from nanospec.probes import Ledger, Timed, timed_models
-from nanospec.runtime import prepare
+from nanospec.model.gpt import KVCache
+from nanospec.training.presets import PRESETS
+from nanospec.bench.timing import Ledger, Timed, timed_models
+from nanospec.fast.runtime import prepare
 from toys import ROOT, every_part, random_ids, write_toy_corpus
 
 sys.path.insert(0, str(ROOT / "scripts"))

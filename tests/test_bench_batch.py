@@ -1,4 +1,4 @@
-"""The bench's batch table (nanospec/bench_batch.py): its helpers on literal examples, and a run on a toy model
+"""The bench's batch table (nanospec/bench/batch.py): its helpers on literal examples, and a run on a toy model
 (trained here, in seconds) with a row per batch size and setting, greedy rows equal to batched ar's, and the
 figures' numbers merged into bench_results.json beside those of the method table. No timing is asserted."""
 import json
@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from nanospec import bench, bench_batch
+from nanospec.bench import compare as bench
+from nanospec.bench import batch as bench_batch
 from toys import train_toy
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,8 +7,8 @@ import shutil
 import pytest
 import torch
 
-from nanospec import bench
-from nanospec.parts import load_models
+from nanospec.bench import compare as bench
+from nanospec.model.load import load_models
 from toys import PROMPTS
 
 

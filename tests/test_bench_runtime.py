@@ -7,10 +7,10 @@ tests check the logic, not the gain."""
 import pytest
 import torch
 
-from nanospec import bench
+from nanospec.bench import compare as bench
 from nanospec.decoding import MODULES
-from nanospec.probes import Timed
-from nanospec.runtime import Fast, prepare
+from nanospec.bench.timing import Timed
+from nanospec.fast.runtime import Fast, prepare
 from toys import PROMPTS
 
 
@@ -109,7 +109,7 @@ def test_compare_with_eager_only_is_a_one_line_error(toy_out, tmp_path):
 
 def test_static_forward_costs_run_on_the_static_path(toy_out):
     """Every tensor on the model's device (a tensor made without naming it lands on `meta` and fails)."""
-    from nanospec.parts import load_models
+    from nanospec.model.load import load_models
     models = load_models(str(toy_out), "cpu")
     torch.set_default_device("meta")
     try:

@@ -18,11 +18,11 @@ import textwrap
 import pytest
 import torch
 
-from nanospec import verify
+from nanospec.rules import verify
 from nanospec.decoding import METHODS
-from nanospec.parts import Models
-from nanospec.tree import children, depths, path_to
-from nanospec.verify import (block_acceptance, traverse_tree, verify_block,
+from nanospec.model.load import Models
+from nanospec.rules.tree import children, depths, path_to
+from nanospec.rules.verify import (block_acceptance, traverse_tree, verify_block,
                              verify_chain_greedy, verify_tree_traversal, without_replacement_proposals)
 from laws import (F64, P_BIGRAM, PAPER_P, PAPER_Q, START, V3, bigram_law, block_law, chain_rows, empirical_law,
                   exact_law, finish, gap, method_law, prefix_laws, run_chain, sequence_codes, target_law, tv, tv_bound)

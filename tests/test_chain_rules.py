@@ -1,5 +1,5 @@
 """
-The chain rule (nanospec/verify.py: accept_prob, residual, verify_chain, and verify_chain_greedy, its fast path at
+The chain rule (nanospec/rules/verify.py: accept_prob, residual, verify_chain, and verify_chain_greedy, its fast path at
 temperature 0) reproduces the target's law p exactly, for guesses drawn from q and for guesses not drawn (the
 point-mass rule, q = one_hot(x)).
 
@@ -22,7 +22,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nanospec.verify import accept_prob, residual, sample, verify_chain, verify_chain_greedy, warp
+from nanospec.rules.verify import accept_prob, residual, sample, verify_chain, verify_chain_greedy, warp
 from laws import (DELTA, EXACT, F64, N_DRAWS, P_BIGRAM, SEEDS, SINGLE_STEP_CASES, START, V3, V10, bigram_law, dist,
                   empirical_law, greedy_target, node_law, on_host, one_hot, pairs, run_chain, sequence_codes, tv,
                   tv_bound, verify_chain_point_mass)

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 import train_tiny
-from nanospec.checkpoint import (CheckpointError, clean_orphans, gpt_checkpoint, load_checkpoint, load_gpt,
+from nanospec.model.checkpoint import (CheckpointError, clean_orphans, gpt_checkpoint, load_checkpoint, load_gpt,
                                  save_atomic, target_fingerprint)
-from nanospec.drafters.eagle import Eagle, eagle_config
-from nanospec.drafters.early_exit import ExitAdapter
-from nanospec.drafters.parallelspec import ParallelSpec, ParallelSpecConfig
-from nanospec.model import GPT, GPTConfig
-from nanospec.parts import load_models
+from nanospec.model.drafters.eagle import Eagle, eagle_config
+from nanospec.model.drafters.early_exit import ExitAdapter
+from nanospec.model.drafters.parallelspec import ParallelSpec, ParallelSpecConfig
+from nanospec.model.gpt import GPT, GPTConfig
+from nanospec.model.load import load_models
 from nanospec.tokenizer import Tokenizer, save_tokenizer, train_bpe
 
 
@@ -163,7 +163,7 @@ def test_ctrl_c_then_resume_is_bit_identical_to_an_unbroken_run(tmp_path, optimi
     import numpy as np
     from torch.nn import functional as F
 
-    from nanospec.trainer import TrainConfig, batch_rng, train, windows
+    from nanospec.training.trainer import TrainConfig, batch_rng, train, windows
     tokens = np.random.default_rng(0).integers(0, 300, size=400).astype(np.uint16)
     cfg = TrainConfig(max_iters=9, eval_interval=4, batch_size=2, warmup_iters=2, optimizer=optimizer)
 

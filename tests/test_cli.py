@@ -19,9 +19,9 @@ import torch
 
 import decode
 import train_tiny
-from nanospec import checkpoint
-from nanospec.checkpoint import CheckpointError, load_checkpoint
-from nanospec.parts import load_models
+from nanospec.model import checkpoint
+from nanospec.model.checkpoint import CheckpointError, load_checkpoint
+from nanospec.model.load import load_models
 from nanospec.decoding.ar import generate_nocache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -147,15 +147,15 @@ def test_bad_runtime_is_a_one_line_error(toy, capfd, monkeypatch):
     assert all(runtime in last for runtime in ("auto", "eager", "static")), last
 
 
-TRAINING_MODULES = ("nanospec.corpus", "nanospec.trainer", "nanospec.stages", "nanospec.drafters.training",
-                    "nanospec.drafters.losses", "nanospec.muon")
+TRAINING_MODULES = ("nanospec.training.corpus", "nanospec.training.trainer", "nanospec.training.pipeline", "nanospec.training.drafters",
+                    "nanospec.training.drafter_losses", "nanospec.training.muon")
 
 
 def test_decode_ar_imports_no_training_code(fresh_imports):
     """Decoding needs the models and the methods, not the corpus builder, the trainer or the losses: a fresh
     interpreter runs `decode.py --method ar` and none of those modules may have been imported (conftest.py's
     fresh_imports)."""
-    assert "nanospec.parts" in fresh_imports["decode"]  # the check sees our modules
+    assert "nanospec.model.load" in fresh_imports["decode"]  # the check sees our modules
     training = sorted(set(TRAINING_MODULES) & set(fresh_imports["decode"]))
     assert training == [], f"training code imported: {training}"
 
@@ -163,7 +163,7 @@ def test_decode_ar_imports_no_training_code(fresh_imports):
 def test_the_methods_hold_no_clock_and_no_speed_layer(fresh_imports):
     """Timing and speed are layers around the methods (docs/design.md): no file of nanospec/decoding imports
     `time`, the probes, the runtime or the graphs, and importing every method loads none of those modules."""
-    banned = {"time", "nanospec.probes", "nanospec.runtime", "nanospec.graphs"}
+    banned = {"time", "nanospec.bench.timing", "nanospec.fast.runtime", "nanospec.fast.graphs"}
     for path in sorted(pathlib.Path(ROOT, "nanospec", "decoding").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
@@ -171,7 +171,7 @@ def test_the_methods_hold_no_clock_and_no_speed_layer(fresh_imports):
                 names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
             assert not banned & set(names), f"{path.name} imports {sorted(banned & set(names))}"
     assert "nanospec.decoding.speculative" in fresh_imports["methods"]  # the check sees the methods
-    speed = sorted({"nanospec.probes", "nanospec.runtime", "nanospec.graphs"} & set(fresh_imports["methods"]))
+    speed = sorted({"nanospec.bench.timing", "nanospec.fast.runtime", "nanospec.fast.graphs"} & set(fresh_imports["methods"]))
     assert speed == [], f"importing the methods loaded {speed}"
 
 
@@ -233,7 +233,7 @@ def test_method_list(capfd, monkeypatch):
 
 
 def test_a_crash_while_saving_leaves_the_old_checkpoint_intact(tmp_path, monkeypatch):
-    from nanospec import checkpoint
+    from nanospec.model import checkpoint
     path = str(tmp_path / "x.pt")
     checkpoint.save_atomic({"config": {}, "model": {}, "step": 1}, path)
 
@@ -271,7 +271,7 @@ def test_sigterm_mid_training_saves_a_checkpoint_that_resumes(toy, tmp_path):
 
 
 def test_precision_flag_chooses_the_autocast_dtype(capfd, monkeypatch):
-    from nanospec.trainer import autocast_dtype, fast_bf16
+    from nanospec.training.trainer import autocast_dtype, fast_bf16
     assert autocast_dtype("cpu", "fp32") is None  # the reference, on every machine
     assert autocast_dtype("cpu", "bf16") is torch.bfloat16
     assert autocast_dtype("cpu", "auto") is (torch.bfloat16 if fast_bf16("cpu") else None)

@@ -1,11 +1,11 @@
-"""Tests for nanospec/corpus.py: small corpora built from temp folders, and a 200 KB slice of the stdlib."""
+"""Tests for nanospec/training/corpus.py: small corpora built from temp folders, and a 200 KB slice of the stdlib."""
 
 import json
 
 import pytest
 
-from nanospec import corpus
-from nanospec.corpus import EOT, build_corpus, print_stats, split_at_blank_lines
+from nanospec.training import corpus
+from nanospec.training.corpus import EOT, build_corpus, print_stats, split_at_blank_lines
 
 
 def doc(i):

@@ -1,5 +1,5 @@
-"""`--adaptive cost` (nanospec/decoding/adaptive.py): each step drafts the k that maximises expected tokens per
-second, E(k) / T(k), from the step costs nanospec/calibration.py measures, and nothing when no draft pays.
+"""`--adaptive cost` (nanospec/steps/adaptive.py): each step drafts the k that maximises expected tokens per
+second, E(k) / T(k), from the step costs nanospec/bench/calibration.py measures, and nothing when no draft pays.
 
   - the rule's arithmetic, literal: best_k on the docstring's example, interpolate, the chances it learns;
   - every method that drafts takes it: greedy it is `ar` token for token, whether drafting pays (it drafts) or
@@ -16,11 +16,11 @@ import os
 import pytest
 import torch
 
-from nanospec import calibration
+from nanospec.bench import calibration
 from nanospec.decoding import METHODS, MODULES
-from nanospec.decoding.adaptive import DraftLength
-from nanospec.decoding.pricing import Price, best_k, interpolate
-from nanospec.parts import Models
+from nanospec.steps.adaptive import DraftLength
+from nanospec.steps.pricing import Price, best_k, interpolate
+from nanospec.model.load import Models
 from laws import empirical_law, exact_law, method_law, sequence_codes, tv, tv_bound
 from toys import SAMPLING_MODEL, every_part, random_ids, tiny_gpt, toy_gpt
 
@@ -140,7 +140,7 @@ def test_speculative_with_the_cost_rule_follows_the_targets_law():
 def test_the_law_test_sees_a_broken_rule_with_the_cost_rule_on(monkeypatch):
     """The negative control: the same runs with the residual left out (a rejection draws from p again) fail the
     same bound, so the test above has the power to see a rule that loses the law."""
-    from nanospec import verify
+    from nanospec.rules import verify
     monkeypatch.setattr(verify, "residual", lambda p, q: p)
     distance, bound, _ = speculative_law_distance()
     assert distance > bound, f"TV {distance:.4f} within the bound {bound:.4f}"

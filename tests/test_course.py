@@ -246,8 +246,8 @@ def test_the_impostor_search_finds_an_answer_that_is_there(alone, impostors):
     """Power: the handout of exercise 4 keeps exercise 3 (verify.py's own and tests/reference_ex03.py); the
     search finds both when asked about exercise 3."""
     found = {(rel, fn) for rel, fn, _ in impostors(str(alone[4]), 3)}
-    assert {("nanospec/verify.py", "accept_prob"), ("tests/reference_ex03.py", "slow_accept_prob"),
-            ("nanospec/verify.py", "residual"), ("tests/reference_ex03.py", "slow_residual")} <= found, found
+    assert {("nanospec/rules/verify.py", "accept_prob"), ("tests/reference_ex03.py", "slow_accept_prob"),
+            ("nanospec/rules/verify.py", "residual"), ("tests/reference_ex03.py", "slow_residual")} <= found, found
 
 
 def test_what_needs_no_exercise_still_runs_in_the_handout(all_blanked):
@@ -255,8 +255,8 @@ def test_what_needs_no_exercise_still_runs_in_the_handout(all_blanked):
     (exactly the slow loop's tokens); `decode.py --method list` lists the methods."""
     code = """
 import torch, decode, train_tiny, nanospec.bench
-from nanospec.model import GPT, GPTConfig
-from nanospec.parts import Models
+from nanospec.model.gpt import GPT, GPTConfig
+from nanospec.model.load import Models
 from nanospec.decoding import METHODS
 from nanospec.decoding.ar import generate_nocache
 torch.manual_seed(0)
@@ -284,8 +284,8 @@ REPORT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="p
 <testcase classname="tests.test_ex01_prompt_lookup" name="test_a"><properties><property name="exercise" value="1"/></properties></testcase>
 <testcase classname="tests.test_ex01_prompt_lookup" name="test_b"><properties><property name="exercise" value="1"/></properties><failure message="AssertionError: assert [9] == [9, 4]">...</failure></testcase>
 <testcase classname="" name="tests.test_ex02_greedy_chain"><error message="collection failure">tests/test_ex02_greedy_chain.py:10: in &lt;module&gt;
-    from nanospec.verify import verify_chain_greedy
-E     File "/course/nanospec/verify.py", line 76
+    from nanospec.rules.verify import verify_chain_greedy
+E     File "/course/nanospec/rules/verify.py", line 76
 E       def accept_prob(p, q, x)
 E                               ^
 E   SyntaxError: expected ':'</error></testcase>
@@ -310,7 +310,7 @@ def test_the_autograder_rules_on_a_literal_report(tmp_path):
     assert "failed: assert [9] == [9, 4]" in r1.notes[0] and "test_b" in r1.notes[0]
     # a test file that does not import: 0 points, the error shown
     assert (r2.score, r2.status) == (0, "not collected")
-    assert r2.notes == ["tests/test_ex02_greedy_chain.py could not be imported: nanospec/verify.py, line 76: "
+    assert r2.notes == ["tests/test_ex02_greedy_chain.py could not be imported: nanospec/rules/verify.py, line 76: "
                         "SyntaxError: expected ':'"]
     # 1 test ran where the registry expects more: an error, never points
     assert (r3.score, r3.status) == (0, "registry mismatch") and f"expects {ex3.tests}" in r3.notes[0]

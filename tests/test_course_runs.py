@@ -1,11 +1,11 @@
 """
 The course grades what runs: every function a student writes (a registry `region`) is called when the methods
-that need it decode, on the eager and on the static runtime (nanospec/runtime.py). A graded exercise whose
+that need it decode, on the eager and on the static runtime (nanospec/fast/runtime.py). A graded exercise whose
 function no method calls would teach a rule the project does not use; EXERCISES.md's "Which methods run" table
 promises these calls. Instructor-only: handouts leave this file out (tests/test_course*.py).
 
 How a call is seen: each exercise function's code is swapped for a trampoline that counts the call and runs
-the original (`counting`), so a call counts wherever the caller found the function (`from nanospec.verify
+the original (`counting`), so a call counts wherever the caller found the function (`from nanospec.rules.verify
 import verify_chain_greedy` in verify_step.py, `cache.rollback(...)` on a KVCache, `expand` looked up in
 eagle.py). Then one seeded generation per run below, on each runtime, must have called every function the run
 names, e.g.
@@ -30,8 +30,9 @@ import pytest
 import torch
 
 from nanospec.course.registry import EXERCISES
-from nanospec.decoding import METHODS, verify_step
-from nanospec.runtime import prepare
+from nanospec.decoding import METHODS
+from nanospec.steps import verify_step
+from nanospec.fast.runtime import prepare
 from nanospec.course.impostors import reference_function as region_function
 from toys import every_part, random_ids
 
@@ -172,7 +173,7 @@ def test_the_method_calls_its_exercises(runtimes, runtime, run):
 
 def test_the_trampolines_count_and_change_nothing(runtimes):
     """The counting is invisible: tokens as without it, every function back in place after the block."""
-    from nanospec.verify import verify_chain_greedy
+    from nanospec.rules.verify import verify_chain_greedy
     code = verify_chain_greedy.__code__
     for run in ("speculative", "eagle-t1"):
         method, temperature, options, _ = RUNS[run]

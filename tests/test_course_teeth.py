@@ -67,7 +67,7 @@ def score_of(ex, cases):
 # ---------------------------------------------------------------------------------------------------------
 # The gallery: (exercise, region function, name, source). Written as they would stand in the reference file.
 
-V = "nanospec/verify.py"
+V = "nanospec/rules/verify.py"
 GALLERY = [
     # exercise 3
     (3, "residual", "residual = p (the fallback drawn from the target again)", """
@@ -447,8 +447,8 @@ def test_a_failing_gate_scores_zero_and_says_why():
 
 @pytest.mark.parametrize("raw, words", [
     ("AssertionError: residual row 0: expected [0.5], got [nan]\nassert False", "residual row 0: expected [0.5], got [nan]"),
-    ("NotImplementedError: exercise 3: implement accept_prob in nanospec/verify.py, see EXERCISES.md",
-     "NotImplementedError: exercise 3: implement accept_prob in nanospec/verify.py, see EXERCISES.md"),
+    ("NotImplementedError: exercise 3: implement accept_prob in nanospec/rules/verify.py, see EXERCISES.md",
+     "NotImplementedError: exercise 3: implement accept_prob in nanospec/rules/verify.py, see EXERCISES.md"),
     ("AssertionError: verify_chain: expected (2, 7),\n got (1, 9)\nassert (1, 9) == (2, 7)",
      "verify_chain: expected (2, 7), got (1, 9)"),
 ], ids=["assertion-with-introspection", "stub", "two-line-message"])
@@ -492,7 +492,7 @@ def test_regenerating_over_a_git_repository_keeps_both(tmp_path):
     # a generated file the student edited is not overwritten without --overwrite
     verify_py = out / "nanospec" / "verify.py"
     verify_py.write_text(verify_py.read_text() + "# my work\n")
-    with pytest.raises(HandoutError, match="changed since the last handout .first: nanospec/verify.py"):
+    with pytest.raises(HandoutError, match="changed since the last handout .first: nanospec/rules/verify.py"):
         make_handout(ROOT, out, parse_selection("3"))
     assert verify_py.read_text().endswith("# my work\n")
     make_handout(ROOT, out, parse_selection("3"), overwrite=True)

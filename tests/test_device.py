@@ -9,7 +9,7 @@ or a gather with meta indices and CPU weights returns garbage on the CPU), so `o
 torch call that takes or makes a meta tensor into an error: the models are on the CPU, so no tensor of a correct
 run is ever on meta. Which tensors are made depends on the path a run takes (a tree with drawn children, an
 empty draft, a rejection), so each setting runs over a few seeds, on both runtime paths: the models as they are
-(eager) and wrapped by nanospec/runtime.py (static: its masks, slots and buffers are made there too).
+(eager) and wrapped by nanospec/fast/runtime.py (static: its masks, slots and buffers are made there too).
 
 A `torch.Generator()` is not a factory the default device reaches, so generators get their own check: every
 generator made during a run must name the model's device."""
@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 from nanospec.decoding import METHODS
-from nanospec.runtime import prepare
+from nanospec.fast.runtime import prepare
 from toys import every_part, random_ids, tiny_gpt
 
 SAMPLINGS = {"greedy": dict(temperature=0.0), "t1": dict(temperature=1.0),

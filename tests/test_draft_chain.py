@@ -1,4 +1,4 @@
-"""A drafter's chain of guesses (nanospec/decoding/draft_chain.py), the one way `speculative` and `early-exit` draft,
+"""A drafter's chain of guesses (nanospec/steps/draft_chain.py), the one way `speculative` and `early-exit` draft,
 on either runtime:
 
   - greedy, the chain is the argmax chain, each guess fed back (literal, on a bigram drafter; and a tiny draft
@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from nanospec.decoding import METHODS
-from nanospec.decoding import draft_chain as draft_chain_module
-from nanospec.decoding.draft_chain import draft_chain
-from nanospec.decoding.options import Sampling
-from nanospec.parts import Models
-from nanospec.runtime import Fast, prepare
-from nanospec.verify import sample, warp
-from nanospec.probes import counting_host_reads
+from nanospec.steps import draft_chain as draft_chain_module
+from nanospec.steps.draft_chain import draft_chain
+from nanospec.steps.options import Sampling
+from nanospec.model.load import Models
+from nanospec.fast.runtime import Fast, prepare
+from nanospec.rules.verify import sample, warp
+from nanospec.bench.timing import counting_host_reads
 from laws import empirical_law, exact_law, sequence_codes, tv, tv_bound
 from toys import random_adapter, random_ids, tiny_gpt, toy_gpt
 

@@ -11,17 +11,17 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from nanospec.checkpoint import save_atomic
-from nanospec.parts import Models, load_eagle
+from nanospec.model.checkpoint import save_atomic
+from nanospec.model.load import Models, load_eagle
 from nanospec.decoding import METHODS, check_method
 from nanospec.decoding import eagle as eagle_method
-from nanospec.decoding.run import tensor
-from nanospec.model import GPTConfig, KVCache, Output
-from nanospec.drafters.eagle import Eagle, eagle_config
-from nanospec.drafters.losses import eagle_losses
-from nanospec.runtime import prepare
-from nanospec.tree import draw_rank_paths, frontier_mask, path_to, tree_from_paths
-from nanospec.verify import warp
+from nanospec.steps.run import tensor
+from nanospec.model.gpt import GPTConfig, KVCache, Output
+from nanospec.model.drafters.eagle import Eagle, eagle_config
+from nanospec.training.drafter_losses import eagle_losses
+from nanospec.fast.runtime import prepare
+from nanospec.rules.tree import draw_rank_paths, frontier_mask, path_to, tree_from_paths
+from nanospec.rules.verify import warp
 from laws import empirical_law, exact_law, tv, tv_bound
 from toys import TOL, random_head, random_ids, slow_tree, tiny_gpt, trained_tiny
 
@@ -294,9 +294,9 @@ def test_train_stage_trains_skips_and_retrains_for_a_new_target(tmp_path, capsys
 
     import numpy as np
 
-    from nanospec.checkpoint import gpt_checkpoint, load_checkpoint
-    from nanospec.drafters.training import train_eagle as train_stage
-    from nanospec.trainer import TrainConfig
+    from nanospec.model.checkpoint import gpt_checkpoint, load_checkpoint
+    from nanospec.training.drafters import train_eagle as train_stage
+    from nanospec.training.trainer import TrainConfig
 
     def save_target(seed):
         save_atomic(gpt_checkpoint(tiny_gpt(seed, block_size=16).float(), "tok", done=True), tmp_path / "target.pt")

@@ -16,12 +16,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from nanospec.parts import Models
+from nanospec.model.load import Models
 from nanospec.decoding import METHODS, MODULES
-from nanospec.decoding.adaptive import DraftLength
-from nanospec.drafters.early_exit import ExitAdapter, exit_logits
-from nanospec.drafters.losses import exit_losses
-from nanospec.model import GPT
+from nanospec.steps.adaptive import DraftLength
+from nanospec.model.drafters.early_exit import ExitAdapter, exit_logits
+from nanospec.training.drafter_losses import exit_losses
+from nanospec.model.gpt import GPT
 from laws import empirical_law, exact_law, sequence_codes, tv, tv_bound
 from toys import TOL, full_logits, random_adapter, random_ids, tiny_drafter, tiny_gpt, toy_gpt
 

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from nanospec import bench, bench_batch
+from nanospec.bench import compare as bench
+from nanospec.bench import batch as bench_batch
 from nanospec.device import MAX_SEED
 
 from toys import PROMPTS, ROOT

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nanospec import figures
+from nanospec.bench import figures
 from nanospec.course import grade, handout as handout_kit
 from nanospec.course.handout import make_handout
 from nanospec.course.registry import BY_ID, parse_selection
@@ -304,12 +304,12 @@ def test_make_passes_each_value_as_one_word(out):
 def test_make_grade_takes_a_timeout_and_figures_an_out():
     grade_args = make("grade", f"PYTHON={ARGV}", "EX=1", "TIMEOUT=30").splitlines()[-1]
     assert grade_args == str(['-m', 'nanospec.course.grade', '--ex', '1', '--timeout', '30'])
-    assert make("figures", f"PYTHON={ARGV}").splitlines()[-1] == str(['-m', 'nanospec.figures'])
+    assert make("figures", f"PYTHON={ARGV}").splitlines()[-1] == str(['-m', 'nanospec.bench.figures'])
     assert make("figures", f"PYTHON={ARGV}", "OUT=docs/figures").splitlines()[-1] == str(
-        ['-m', 'nanospec.figures', '--out', 'docs/figures'])
+        ['-m', 'nanospec.bench.figures', '--out', 'docs/figures'])
     # issue 40: CKPT= reaches the figures (before, they were drawn from out/ whatever CKPT said)
     assert make("figures", f"PYTHON={ARGV}", "CKPT=out-gpu").splitlines()[-1] == str(
-        ['-m', 'nanospec.figures', '--ckpt', 'out-gpu'])
+        ['-m', 'nanospec.bench.figures', '--ckpt', 'out-gpu'])
 
 
 @needs_make

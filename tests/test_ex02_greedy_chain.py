@@ -1,4 +1,4 @@
-"""Exercise 2 (EXERCISES.md): `verify_chain_greedy` in nanospec/verify.py: accept guesses while they equal the
+"""Exercise 2 (EXERCISES.md): `verify_chain_greedy` in nanospec/rules/verify.py: accept guesses while they equal the
 target's argmax, then emit the argmax after the last accepted one. Literal cases at every place a guess can
 fail, all accepted plus the bonus, no guesses, ties, then random chains.
 Run: python -m pytest -m ex2"""
@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from nanospec.verify import verify_chain_greedy
+from nanospec.rules.verify import verify_chain_greedy
 
 pytestmark = pytest.mark.ex2
 

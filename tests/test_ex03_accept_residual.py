@@ -1,4 +1,4 @@
-"""Exercise 3 (EXERCISES.md): `accept_prob` and `residual` in nanospec/verify.py, the two pieces of every lossless
+"""Exercise 3 (EXERCISES.md): `accept_prob` and `residual` in nanospec/rules/verify.py, the two pieces of every lossless
 rule. Literal values, the edge cases (q(x) = 0, p = q, point masses), batched shapes, then the law itself:
 draft x ~ q, accept with accept_prob, else draw from residual; the output must follow p, exactly by
 enumeration and within a stated bound by sampling. Those law tests are gates (nanospec/course/registry.py): if
@@ -7,7 +7,7 @@ Run: python -m pytest -m ex3 -x"""
 import pytest
 import torch
 
-from nanospec.verify import accept_prob, residual
+from nanospec.rules.verify import accept_prob, residual
 from laws import empirical_law, tv, tv_bound
 from teach import expect, expect_close, expect_equal, expect_law
 

@@ -1,4 +1,4 @@
-"""Exercise 4 (EXERCISES.md): `verify_chain` in nanospec/verify.py, speculative sampling over a chain of
+"""Exercise 4 (EXERCISES.md): `verify_chain` in nanospec/rules/verify.py, speculative sampling over a chain of
 k drafts with its bonus token, on one chain or B at once (leading dimensions). Literal greedy cases (a wrong guess first, in the middle, last; all accepted plus
 the bonus; no guesses), then seeded statistics: the rejection draws from the residual, the bonus from p, the
 accepted count follows its truncated geometric law, and whole sequences follow the target's law.
@@ -12,7 +12,7 @@ Run: python -m pytest -m ex4 -x"""
 import pytest
 import torch
 
-from nanospec.verify import verify_chain
+from nanospec.rules.verify import verify_chain
 from laws import empirical_law, sequence_codes, tv, tv_bound
 from teach import expect, expect_equal, expect_law
 

@@ -1,4 +1,4 @@
-"""Exercise 5 (EXERCISES.md): `KVCache.rollback` and `KVCache.compact` in nanospec/model.py: after a verify
+"""Exercise 5 (EXERCISES.md): `KVCache.rollback` and `KVCache.compact` in nanospec/model/gpt.py: after a verify
 forward, keep what was accepted and forget the rest. The cache's lengths after each operation, the slots'
 contents literally, and the one check that matters: the next forward sees exactly what a fresh forward over
 the accepted text would (tiny random float64 GPTs; tree layouts written out by hand, not by tree.py).
@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from nanospec.model import GPTConfig, KVCache
+from nanospec.model.gpt import GPTConfig, KVCache
 from toys import TOL, full_logits, random_ids, tiny_gpt
 
 pytestmark = pytest.mark.ex5

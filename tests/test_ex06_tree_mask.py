@@ -1,4 +1,4 @@
-"""Exercise 6 (EXERCISES.md): `tree_mask` and `tree_positions` in nanospec/tree.py: how one forward verifies a
+"""Exercise 6 (EXERCISES.md): `tree_mask` and `tree_positions` in nanospec/rules/tree.py: how one forward verifies a
 whole tree of guesses. Literal masks for a chain, a star and the docstring's tree, then the property the two
 exist for: every node's logits equal a plain forward along its own root-to-node path.
 Run: python -m pytest -m ex6"""
@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from nanospec.tree import path_to, tree_mask, tree_positions
+from nanospec.rules.tree import path_to, tree_mask, tree_positions
 from toys import TOL, full_logits, random_ids, tiny_gpt
 
 pytestmark = pytest.mark.ex6

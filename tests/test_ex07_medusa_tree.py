@@ -1,13 +1,13 @@
-"""Exercise 7 (EXERCISES.md): `tree_from_paths` in nanospec/tree.py and `medusa_tree` in
-nanospec/decoding/tree_guesses.py: Medusa's candidate tree, a fixed list of paths of head ranks filled with each
+"""Exercise 7 (EXERCISES.md): `tree_from_paths` in nanospec/rules/tree.py and `medusa_tree` in
+nanospec/steps/tree_guesses.py: Medusa's candidate tree, a fixed list of paths of head ranks filled with each
 head's top-k guesses. Literal layouts, the errors a bad path list must give, and the heads of a random tiny GPT
 filling medusa's own preset trees.
 Run: python -m pytest -m ex7"""
 import pytest
 import torch
 
-from nanospec.decoding.tree_guesses import TREES, medusa_tree
-from nanospec.tree import path_to, tree_from_paths
+from nanospec.steps.tree_guesses import TREES, medusa_tree
+from nanospec.rules.tree import path_to, tree_from_paths
 from toys import random_ids, tiny_gpt
 
 pytestmark = pytest.mark.ex7

@@ -1,4 +1,4 @@
-"""Exercise 8 (EXERCISES.md): `_descend` in nanospec/verify.py, the walk behind both tree rules that nanospec's
+"""Exercise 8 (EXERCISES.md): `_descend` in nanospec/rules/verify.py, the walk behind both tree rules that nanospec's
 tree methods call: `verify_tree_greedy` (y = the argmax at each node) and `verify_tree_descend` (y drawn from
 the target's law at each node). Literal greedy walks (a miss at the root, a full path plus the bonus, a
 duplicate sibling), what any walk must satisfy on random trees, and the sampled rule's law: exactly, by
@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from nanospec.verify import _descend, verify_tree_descend, verify_tree_greedy
+from nanospec.rules.verify import _descend, verify_tree_descend, verify_tree_greedy
 from laws import empirical_law, tv, tv_bound
 from teach import expect, expect_equal, expect_law
 

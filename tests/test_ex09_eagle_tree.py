@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from nanospec.decoding.eagle import grow_tree
-from nanospec.drafters.eagle import eagle_config
-from nanospec.model import KVCache, Output
-from nanospec.decoding.run import tensor
+from nanospec.model.drafters.eagle import eagle_config
+from nanospec.model.gpt import KVCache, Output
+from nanospec.steps.run import tensor
 from toys import random_head, random_ids, slow_tree, tiny_gpt
 
 pytestmark = pytest.mark.ex9

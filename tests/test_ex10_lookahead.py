@@ -8,7 +8,7 @@ import random
 import pytest
 
 from nanospec.decoding.lookahead import build_tree, learn, remember
-from nanospec.tree import path_to
+from nanospec.rules.tree import path_to
 
 pytestmark = pytest.mark.ex10
 

@@ -1,4 +1,4 @@
-"""Exercise 11 (EXERCISES.md): `group_layout` in nanospec/drafters/parallelspec.py, the attention mask and
+"""Exercise 11 (EXERCISES.md): `group_layout` in nanospec/model/drafters/parallelspec.py, the attention mask and
 position ids that pack many training prefixes into one sequence (ParallelSpec's group-wise training). Literal
 layouts (the docstring's, inference's one group after a cache, no group at all, groups in any order), then the
 two properties it exists for, on a random tiny drafter: no group sees another group or the text after its
@@ -7,7 +7,7 @@ Run: python -m pytest -m ex11"""
 import pytest
 import torch
 
-from nanospec.drafters.parallelspec import group_layout
+from nanospec.model.drafters.parallelspec import group_layout
 from toys import TOL, random_ids, tiny_drafter, tiny_gpt
 
 pytestmark = pytest.mark.ex11

@@ -1,4 +1,4 @@
-"""Exercise 13 (EXERCISES.md): `without_replacement_proposals` in nanospec/verify.py, the heart of recursive
+"""Exercise 13 (EXERCISES.md): `without_replacement_proposals` in nanospec/rules/verify.py, the heart of recursive
 rejection sampling over children drawn WITHOUT replacement (Jeon et al. 2024, arXiv 2402.14160): the law each
 distinct child was drawn from, which `verify_tree_without_replacement` checks it against. Literal rows, then
 the law: enumerating every ordered draw of m distinct children (their probabilities are written out below as
@@ -15,8 +15,8 @@ from fractions import Fraction as Fr
 import pytest
 import torch
 
-from nanospec import verify
-from nanospec.verify import sample_without_replacement, verify_tree_without_replacement, \
+from nanospec.rules import verify
+from nanospec.rules.verify import sample_without_replacement, verify_tree_without_replacement, \
     without_replacement_proposals
 from laws import empirical_law, tv, tv_bound
 from teach import expect, expect_close, expect_law

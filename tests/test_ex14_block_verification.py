@@ -1,4 +1,4 @@
-"""Exercise 14 (EXERCISES.md): `block_acceptance` in nanospec/verify.py, block verification (Sun et al. 2024,
+"""Exercise 14 (EXERCISES.md): `block_acceptance` in nanospec/rules/verify.py, block verification (Sun et al. 2024,
 "Block Verification Accelerates Speculative Decoding", arXiv 2403.10444): the chance h_i of stopping after i
 accepted drafts, and the law of the token emitted there, for a whole chain judged at once. Literal cases (the
 paper's example, one draft = the token rule, greedy = the argmax match, p = q, rows independent), then the gates:
@@ -14,7 +14,7 @@ import itertools
 import pytest
 import torch
 
-from nanospec.verify import block_acceptance, verify_block
+from nanospec.rules.verify import block_acceptance, verify_block
 from laws import (P_BIGRAM, PAPER_P, PAPER_Q, START, V3, bigram_law, block_law, empirical_law, gap, prefix_laws,
                   run_chain, sequence_codes, target_law, tv, tv_bound)
 from teach import expect, expect_close

@@ -1,6 +1,6 @@
-"""The figure code (nanospec/figures.py) on tiny inputs: every figure is written, non-empty, a valid PNG; the step
+"""The figure code (nanospec/bench/figures.py) on tiny inputs: every figure is written, non-empty, a valid PNG; the step
 and tree figures from tiny random models with a byte-level tokenizer. matplotlib is optional (the README says how
-to install it): without it these tests are skipped, and `python -m nanospec.figures` says how to install it."""
+to install it): without it these tests are skipped, and `python -m nanospec.bench.figures` says how to install it."""
 import importlib.util
 import json
 import os
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanospec import figures
-from nanospec.parts import Models
+from nanospec.bench import figures
+from nanospec.model.load import Models
 from nanospec.tokenizer import Tokenizer
 from toys import tiny_gpt
 
@@ -80,7 +80,7 @@ def test_ctrl_c_while_saving_leaves_no_half_picture(tmp_path, monkeypatch):
 
 
 def test_a_closed_pipe_stops_the_printing_not_the_figures(tmp_path):
-    """`python -m nanospec.figures | head -1`: before, a BrokenPipeError traceback after the first PNG. A real
+    """`python -m nanospec.bench.figures | head -1`: before, a BrokenPipeError traceback after the first PNG. A real
     process whose standard output is a pipe already closed: every figure is still drawn, quietly, status 0."""
     results = {"title": "tiny", "methods": {"ar": {"greedy": [1.0, 1.0]}, "mtp": {"greedy": [1.6, 1.2]}},
                "batch": {"greedy": {"ar": {"1": [100.0, 1.0], "4": [300.0, 1.0]}}}}
@@ -88,7 +88,7 @@ def test_a_closed_pipe_stops_the_printing_not_the_figures(tmp_path):
     read, write = os.pipe()
     os.close(read)
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "-m", "nanospec.figures", "--ckpt", str(tmp_path / "none"), "--results",
+    done = subprocess.run([sys.executable, "-m", "nanospec.bench.figures", "--ckpt", str(tmp_path / "none"), "--results",
                            str(tmp_path / "r.json"), "--out", str(tmp_path / "png")], cwd=root, stdout=write,
                           stderr=subprocess.PIPE, text=True, timeout=120)
     os.close(write)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from nanospec import gpu_check
-from nanospec.runtime import Fast
+from nanospec.fast.runtime import Fast
 
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""nanospec/graphs.py on the CPU: the first call of a key and shapes just calls the function; the second makes
+"""nanospec/fast/graphs.py on the CPU: the first call of a key and shapes just calls the function; the second makes
 the buffers, which keep their addresses and are rewritten in place from then on; one entry per key and shapes
 called twice; warm-up calls leave protected state as it was. A capture that fails (forced here) is a one-line
 CaptureFailed that restores the protected state and turns the object off (`enabled`).
@@ -10,8 +10,8 @@ inside a capture are refused. The CUDA capture itself is tested at the end, on a
 import pytest
 import torch
 
-from nanospec import graphs
-from nanospec.graphs import CaptureFailed, Graphs, warm_up
+from nanospec.fast import graphs
+from nanospec.fast.graphs import CaptureFailed, Graphs, warm_up
 
 
 def affine(x, w):
@@ -47,7 +47,7 @@ def test_first_call_is_plain_then_buffers_keep_their_addresses():
 
 
 def test_outputs_are_reused_so_keep_a_clone():
-    """What the caller must know (nanospec/runtime.py clones for the methods): the next call with the same
+    """What the caller must know (nanospec/fast/runtime.py clones for the methods): the next call with the same
     shapes rewrites the output it handed back."""
     graphs = Graphs()
     w = torch.eye(4, 3)

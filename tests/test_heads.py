@@ -1,4 +1,4 @@
-"""The heads-only phase (nanospec/drafters/heads.py): the batched rollouts are the target's own greedy text, the
+"""The heads-only phase (nanospec/training/heads.py): the batched rollouts are the target's own greedy text, the
 loss matches a slow position-by-position version, a few steps raise the heads' agreement, and the stage and
 loader handle heads.pt like every other trained part (skip, retrain for a new target, clear errors)."""
 import os
@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from nanospec.checkpoint import CheckpointError, gpt_checkpoint, load_checkpoint, save_atomic
-from nanospec.parts import Models, load_heads, load_models
+from nanospec.model.checkpoint import CheckpointError, gpt_checkpoint, load_checkpoint, save_atomic
+from nanospec.model.load import Models, load_heads, load_models
 from nanospec.decoding import METHODS
-from nanospec.drafters.heads import head_losses, rollouts
-from nanospec.drafters.training import train_heads as train_stage
-from nanospec.trainer import TrainConfig
+from nanospec.training.heads import head_losses, rollouts
+from nanospec.training.drafters import train_heads as train_stage
+from nanospec.training.trainer import TrainConfig
 from toys import random_ids, tiny_gpt
 
 

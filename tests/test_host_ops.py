@@ -2,7 +2,7 @@
 runs between forwards (warping, drawing, the verify rules, building trees) is, on a GPU, a kernel launch that
 costs the host some microseconds, as much as a tiny model's kernel itself. A temperature-1 step follows the same
 rule as a greedy one with other laws (docs: "a sampled step is not a slower greedy step"), so it should cost the
-same order of operations; the bench reports the counts (nanospec/probes.py holds the counter, nanospec/bench.py
+same order of operations; the bench reports the counts (nanospec/bench/timing.py holds the counter, nanospec/bench/compare.py
 counts one untimed run per row), and this file holds each method to a bound.
 
 The counter (probes.counting_ops) watches every aten op while one generation runs (48 new tokens, tiny random
@@ -13,11 +13,11 @@ the models, so they count exactly alike."""
 import pytest
 import torch
 
-from nanospec import verify
+from nanospec.rules import verify
 from nanospec.decoding import METHODS
-from nanospec.decoding.run import Run
-from nanospec.probes import Ledger, Timed, counting_ops, timed_models
-from nanospec.runtime import prepare
+from nanospec.steps.run import Run
+from nanospec.bench.timing import Ledger, Timed, counting_ops, timed_models
+from nanospec.fast.runtime import prepare
 from toys import every_part, random_ids
 
 SAMPLINGS = {"greedy": 0.0, "t=1": 1.0}

@@ -1,8 +1,8 @@
 """Host reads per target forward, counted for every method: each read of a tensor's value by Python (`.item()`,
 `.tolist()`, `int(t)`, `float(t)`, `if t:`, `t` as an index, `nonzero`) is, on a GPU, a sync that waits for every
 queued kernel and keeps the next forward (or the next CUDA graph) from being queued while the host decides. The
-methods are plain PyTorch and read the host a few times per step; the bench reports how often (nanospec/probes.py
-holds the counter, nanospec/bench.py counts one untimed run per row), and this file holds each method to a bound.
+methods are plain PyTorch and read the host a few times per step; the bench reports how often (nanospec/bench/timing.py
+holds the counter, nanospec/bench/compare.py counts one untimed run per row), and this file holds each method to a bound.
 
 The counter wraps those seven on torch.Tensor while one generation runs (48 new tokens, tiny random models with
 every part), on the eager and on the static path (runtime.prepare), at greedy and at t=1, divides by the target
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from nanospec.decoding import METHODS, MODULES, speculative
-from nanospec.probes import READS, counting_host_reads
-from nanospec.runtime import prepare
+from nanospec.bench.timing import READS, counting_host_reads
+from nanospec.fast.runtime import prepare
 from toys import every_part, random_ids
 
 SAMPLINGS = {"greedy": 0.0, "t=1": 1.0}

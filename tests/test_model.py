@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from nanospec.tree import path_to, tree_mask, tree_positions
+from nanospec.rules.tree import path_to, tree_mask, tree_positions
 from toys import TOL, full_logits, random_ids, random_tree, tiny_gpt
 
 
@@ -115,7 +115,7 @@ def test_layout_literal():
 
 @torch.no_grad()
 def test_layout_is_what_the_forward_uses():
-    """The fast runtime (nanospec/runtime.py) builds a forward from layout's answer: the forward given it
+    """The fast runtime (nanospec/fast/runtime.py) builds a forward from layout's answer: the forward given it
     explicitly must compute exactly what it computes by default; a shifted position must not."""
     model = tiny_gpt()
     ids = random_ids(9, seed=3)

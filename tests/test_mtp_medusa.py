@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanospec.parts import Models
+from nanospec.model.load import Models
 from nanospec.decoding import METHODS
-from nanospec.decoding.run import new_run, tensor
-from nanospec.decoding.tree_guesses import fill_tree, medusa_tree, parse_tree
-from nanospec.decoding.verify_step import tree_step
-from nanospec.tree import format_tree, leaf_paths, path_to, print_verified_tree, tree_from_paths, tree_positions
-from nanospec.verify import sample, warp
-from nanospec.runtime import prepare
+from nanospec.steps.run import new_run, tensor
+from nanospec.steps.tree_guesses import fill_tree, medusa_tree, parse_tree
+from nanospec.steps.verify_step import tree_step
+from nanospec.rules.tree import format_tree, leaf_paths, path_to, print_verified_tree, tree_from_paths, tree_positions
+from nanospec.rules.verify import sample, warp
+from nanospec.fast.runtime import prepare
 from laws import exact_law, method_law, tv, tv_bound
 from toys import SAMPLING_MODEL, SAMPLING_TREE, TOL, random_ids, random_tree, tiny_gpt, trained_tiny
 

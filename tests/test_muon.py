@@ -1,11 +1,11 @@
-"""Muon (nanospec/muon.py): the Newton-Schulz iteration against the SVD it approximates, a Muon step that trains,
+"""Muon (nanospec/training/muon.py): the Newton-Schulz iteration against the SVD it approximates, a Muon step that trains,
 and the split of parameters between Muon and AdamW that the trainer makes."""
 import pytest
 import torch
 
-from nanospec.model import GPT, GPTConfig
-from nanospec.muon import Muon, hidden_matrices, orthogonalize
-from nanospec.trainer import TrainConfig, make_optimizers
+from nanospec.model.gpt import GPT, GPTConfig
+from nanospec.training.muon import Muon, hidden_matrices, orthogonalize
+from nanospec.training.trainer import TrainConfig, make_optimizers
 
 
 def test_worked_example_of_the_docstring():
@@ -62,8 +62,8 @@ def test_resuming_with_another_optimizer_is_a_clear_error(tmp_path):
     """A half-trained checkpoint keeps its optimizers' state: resuming it under another optimizer must stop
     with a message, not load AdamW's moments into Muon (or silently drop them)."""
     import torch.nn.functional as F
-    from nanospec.checkpoint import gpt_checkpoint
-    from nanospec.trainer import train
+    from nanospec.model.checkpoint import gpt_checkpoint
+    from nanospec.training.trainer import train
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16, n_future=0))
     x = torch.randint(0, 64, (2, 17))

@@ -13,10 +13,10 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from nanospec.checkpoint import save_atomic
-from nanospec.parts import Models, load_parallelspec
+from nanospec.model.checkpoint import save_atomic
+from nanospec.model.load import Models, load_parallelspec
 from nanospec.decoding import METHODS, check_method
-from nanospec.drafters.parallelspec import group_layout
+from nanospec.model.drafters.parallelspec import group_layout
 from laws import exact_law, parallelspec_sampled_law, tv, tv_bound
 from toys import TOL, briefly_trained, parallelspec_sampling_models, random_ids, tiny_drafter, tiny_gpt
 
@@ -209,7 +209,7 @@ def test_sampling_test_sees_a_biased_rule(monkeypatch):
     """Negative control: a rule that accepts every guess (and then samples the bonus) must fail the test
     above, even with few draws: the guesses are the drafter's top-1, not samples of the target. The bound
     for n = 300 is 0.41; this rule comes out near 0.96."""
-    import nanospec.decoding.verify_step as verify_step_module
+    import nanospec.steps.verify_step as verify_step_module
 
     def accept_all(p_target, q_draft, draft_tokens, generator):  # the rule chain_step runs: (1, k+1, V), (1, k, V),
         k = draft_tokens.size(1)  # (1, k): one row

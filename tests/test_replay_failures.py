@@ -17,9 +17,9 @@ broad net: before the fixes they failed as the H200 did. The tests below pin eac
 import pytest
 import torch
 
-from nanospec import runtime
+from nanospec.fast import runtime
 from nanospec.decoding import METHODS
-from nanospec.runtime import Fast, prepare
+from nanospec.fast.runtime import Fast, prepare
 
 from toys import all_models, ids, random_head, random_ids, tiny_drafter, tiny_gpt
 

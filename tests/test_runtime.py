@@ -1,4 +1,4 @@
-"""The fast runtime (nanospec/runtime.py) against plain PyTorch, its oracle.
+"""The fast runtime (nanospec/fast/runtime.py) against plain PyTorch, its oracle.
 
   - each Fast model is its plain model: the GPT over chains (a prompt, then 1- and k-token steps with the MTP
     heads), trees (explicit positions and tree mask) and early-exit's layer ranges (lower layers running ahead,
@@ -28,13 +28,13 @@ from dataclasses import fields
 import pytest
 import torch
 
-from nanospec import graphs
+from nanospec.fast import graphs
 from nanospec.decoding import METHODS
 from nanospec.decoding.eagle import grow_tree, refresh
-from nanospec.model import Output
-from nanospec.parts import Models
-from nanospec.runtime import RUNTIMES, Fast, fast, prepare, runtime_path
-from nanospec.tree import frontier_mask, tree_mask, tree_positions
+from nanospec.model.gpt import Output
+from nanospec.model.load import Models
+from nanospec.fast.runtime import RUNTIMES, Fast, fast, prepare, runtime_path
+from nanospec.rules.tree import frontier_mask, tree_mask, tree_positions
 from laws import exact_law, method_law, parallelspec_sampled_law, tv, tv_bound
 from toys import (SAMPLING_MODEL, SAMPLING_TREE, TOL, all_models, ids, parallelspec_sampling_models, random_adapter,
                   random_head, random_ids, tiny_drafter, tiny_gpt)

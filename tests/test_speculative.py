@@ -15,10 +15,10 @@ Tiny float64 models, so argmax ties do not happen and equal distributions are eq
 import pytest
 import torch
 
-from nanospec.parts import Models
+from nanospec.model.load import Models
 from nanospec.decoding import METHODS, check_method
 from nanospec.decoding import speculative as speculative_module
-from nanospec.decoding.verify_step import chain_step
+from nanospec.steps.verify_step import chain_step
 from laws import empirical_law, exact_law, sequence_codes, tv, tv_bound
 from toys import random_ids, tiny_gpt, toy_gpt
 

@@ -13,7 +13,7 @@ import tiktoken
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanospec.corpus import EOT
+from nanospec.training.corpus import EOT
 from nanospec.tokenizer import (PATTERN, Tokenizer, bpe, load_ranks, merge, render, save_tokenizer,
                                 slow_encode, train_bpe)
 

@@ -1,4 +1,4 @@
-"""The trace (nanospec/trace.py, `decode.py --trace run.html`): every target forward's guesses, how the target judged
+"""The trace (nanospec/trace/record.py, `decode.py --trace run.html`): every target forward's guesses, how the target judged
 each one, the randomness that decided it, the token that came out and its law, the cache before and after.
 
   - it changes nothing: every method, greedy, t=1 and t=0.7 top-p 0.9, chain and tree rules, block and traversal
@@ -29,11 +29,16 @@ from html.parser import HTMLParser
 import pytest
 
 import decode
-from nanospec import browser, calibration, figures, trace, verify
-from nanospec.decoding import METHODS, MODULES, verify_step
-from nanospec.parts import Models
-from nanospec.probes import Ledger, counting_host_reads, counting_ops, timed_models
-from nanospec.runtime import prepare
+from nanospec.trace import browser
+from nanospec.bench import calibration
+from nanospec.bench import figures
+from nanospec.trace import record as trace
+from nanospec.rules import verify
+from nanospec.decoding import METHODS, MODULES
+from nanospec.steps import verify_step
+from nanospec.model.load import Models
+from nanospec.bench.timing import Ledger, counting_host_reads, counting_ops, timed_models
+from nanospec.fast.runtime import prepare
 from nanospec.tokenizer import Tokenizer
 from toys import decode_error, every_part, random_head, random_ids, tiny_gpt
 
@@ -264,7 +269,7 @@ def test_tracing_off_costs_nothing(models, method):
     parts = models["eager"]
     targets = [(obj, name) for obj, name, _ in trace.Trace(parts).patches()]
     originals = [getattr(obj, name) for obj, name in targets]
-    assert all(f.__module__ != "nanospec.trace" for f in originals)  # importing the tracer patched nothing
+    assert all(f.__module__ != "nanospec.trace.record" for f in originals)  # importing the tracer patched nothing
     before = counted(parts, method)
     with trace.recording(parts) as recorder:
         on = counted(recorder.models, method)
@@ -278,7 +283,7 @@ def test_the_methods_and_a_plain_decode_never_load_the_tracer():
     method and decode.py has not loaded it."""
     for name, module in MODULES.items():
         assert "trace" not in inspect.getsource(module), name
-    code = "import sys, decode, nanospec.decoding; print('nanospec.trace' in sys.modules)"
+    code = "import sys, decode, nanospec.decoding; print('nanospec.trace.record' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert out.stdout.strip() == "False", out.stderr

@@ -11,11 +11,12 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from nanospec import stages, trainer
-from nanospec.checkpoint import gpt_checkpoint, load_checkpoint, load_gpt
-from nanospec.model import GPT, GPTConfig
-from nanospec.presets import PRESETS
-from nanospec.trainer import TrainConfig, batch_rng, train, windows
+from nanospec.training import pipeline as stages
+from nanospec.training import trainer
+from nanospec.model.checkpoint import gpt_checkpoint, load_checkpoint, load_gpt
+from nanospec.model.gpt import GPT, GPTConfig
+from nanospec.training.presets import PRESETS
+from nanospec.training.trainer import TrainConfig, batch_rng, train, windows
 
 TOKENS = np.random.default_rng(0).integers(0, 64, size=600).astype(np.uint16)
 

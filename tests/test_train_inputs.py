@@ -11,14 +11,15 @@ import pytest
 import torch
 
 import train_tiny
-from nanospec import corpus, stages
-from nanospec.drafters.eagle import Eagle, eagle_config
-from nanospec.drafters.early_exit import ExitAdapter
-from nanospec.drafters.parallelspec import ParallelSpec, ParallelSpecConfig
-from nanospec.model import GPT
-from nanospec.presets import PRESETS
+from nanospec.training import corpus
+from nanospec.training import pipeline as stages
+from nanospec.model.drafters.eagle import Eagle, eagle_config
+from nanospec.model.drafters.early_exit import ExitAdapter
+from nanospec.model.drafters.parallelspec import ParallelSpec, ParallelSpecConfig
+from nanospec.model.gpt import GPT
+from nanospec.training.presets import PRESETS
 
-TRAINING = {"nanospec.trainer", "nanospec.muon", "nanospec.stages", "nanospec.drafters.training", "train_tiny"}
+TRAINING = {"nanospec.training.trainer", "nanospec.training.muon", "nanospec.training.pipeline", "nanospec.training.drafters", "train_tiny"}
 
 
 def write_source(folder, n=8, lines=25, tag="x"):
@@ -43,7 +44,7 @@ def train_error(argv, tmp_path, **kw):
 def test_decode_imports_nothing_of_training(fresh_imports):
     """`python decode.py --method ar` in a fresh interpreter (conftest.py's fresh_imports) never loads the trainer."""
     imported = set(fresh_imports["decode"])
-    assert "nanospec.parts" in imported and "nanospec.drafters.eagle" in imported  # the check sees our modules
+    assert "nanospec.model.load" in imported and "nanospec.model.drafters.eagle" in imported  # the check sees our modules
     assert not imported & TRAINING, imported & TRAINING
 
 
@@ -202,9 +203,9 @@ def test_training_makes_every_tensor_on_the_model_s_device():
     lands on meta, and the first operation mixing it with the model's tensors fails (issue 19's check)."""
     import numpy as np
 
-    from nanospec.drafters import training
-    from nanospec.model import GPTConfig
-    from nanospec.trainer import TrainConfig, batch_rng, windows
+    from nanospec.training import drafters as training
+    from nanospec.model.gpt import GPTConfig
+    from nanospec.training.trainer import TrainConfig, batch_rng, windows
 
     torch.manual_seed(0)
     target = GPT(GPTConfig(vocab_size=50, block_size=24, n_layer=2, n_head=2, n_embd=16, n_future=2))

@@ -1,4 +1,4 @@
-"""Which tokens fill a tree (nanospec/decoding/tree_guesses.py): fill_tree (guesses whose law depends on the depth
+"""Which tokens fill a tree (nanospec/steps/tree_guesses.py): fill_tree (guesses whose law depends on the depth
 only: MTP heads, ParallelSpec's masks) and draw_tree (a law at each node that depends on the tokens above it:
 EAGLE's head), held to slow host oracles and, drawn, to the target's law once verified.
 
@@ -16,13 +16,13 @@ End to end (medusa, parallelspec and eagle with truncated drawn trees): tests/te
 import pytest
 import torch
 
-from nanospec.decoding import tree_guesses
-from nanospec.decoding.options import Sampling
-from nanospec.decoding.tree_guesses import draw_tree, fill_tree
-from nanospec.tree import children, tree_from_paths
-from nanospec.verify import (gumbel_top_k, host_path, verify_tree_traversal, verify_tree_without_replacement, warp,
+from nanospec.steps import tree_guesses
+from nanospec.steps.options import Sampling
+from nanospec.steps.tree_guesses import draw_tree, fill_tree
+from nanospec.rules.tree import children, tree_from_paths
+from nanospec.rules.verify import (gumbel_top_k, host_path, verify_tree_traversal, verify_tree_without_replacement, warp,
                              without_replacement_proposals)
-from nanospec.probes import counting_host_reads
+from nanospec.bench.timing import counting_host_reads
 from laws import empirical_law, node_law, ordered_draws, tv, tv_bound
 
 F64 = torch.float64

@@ -1,6 +1,6 @@
 """
 The tree rules reproduce the target's law p exactly: the point-mass rule for guesses not drawn (Medusa's top-k
-trees, lookahead; nanospec/verify_reference.py's verify_tree_point_mass, and what tree_step runs, verify_tree_descend
+trees, lookahead; nanospec/rules/reference.py's verify_tree_point_mass, and what tree_step runs, verify_tree_descend
 and its greedy fast path verify_tree_greedy) and SpecInfer's rule for children drawn i.i.d. from q
 (verify_tree_sampled). Typical acceptance (typical_accept) is lossy, and shown to be.
 
@@ -22,10 +22,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nanospec.tree import path_to
-from nanospec.verify import (sample, typical_accept, verify_chain, verify_tree_descend, verify_tree_greedy,
+from nanospec.rules.tree import path_to
+from nanospec.rules.verify import (sample, typical_accept, verify_chain, verify_tree_descend, verify_tree_greedy,
                              verify_tree_without_replacement, warp)
-from nanospec.verify_reference import verify_tree_point_mass, verify_tree_sampled
+from nanospec.rules.reference import verify_tree_point_mass, verify_tree_sampled
 from laws import (EXACT, F64, PARENTS_SAMPLED, Q_BIGRAM, SEEDS, V10, build_sampled_tree, dist, empirical_law,
                   greedy_target, node_law, on_host, one_hot, pairs, tree_tv, tv, tv_bound, verify_chain_point_mass)
 from toys import random_tree
@@ -226,7 +226,7 @@ def test_tree_rules_reject_malformed_parents():
     for bad in ([0, 0, 0], [-1, 0, -1]):  # node 0 must be the one root
         with pytest.raises(ValueError):
             verify_tree_point_mass(p, [0, 1, 1], bad)
-    with pytest.raises(AssertionError):  # a parent must come before its children (nanospec/tree.py)
+    with pytest.raises(AssertionError):  # a parent must come before its children (nanospec/rules/tree.py)
         verify_tree_sampled(p, p, [0, 1, 1], [-1, 2, 0])
 
 

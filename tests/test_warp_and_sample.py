@@ -1,5 +1,5 @@
 """
-What every rule draws with, and the laws it draws from (nanospec/verify.py): `warp` turns logits into the
+What every rule draws with, and the laws it draws from (nanospec/rules/verify.py): `warp` turns logits into the
 warped law (temperature, top-k, top-p; temperature 0 is one-hot at the first maximum), row by row with no hidden
 state, so target and draft are warped alike; `sample` (Gumbel-max) draws each row from its law and never a token
 of probability 0. Literal cases, a hypothesis property of top-p, and each row's sampled law within `tv_bound`
@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanospec.verify import sample, warp
+from nanospec.rules.verify import sample, warp
 from laws import F64, N_DRAWS, dist, empirical_law, tv, tv_bound
 
 

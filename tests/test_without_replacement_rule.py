@@ -20,9 +20,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanospec.verify import (accept_prob, residual, sample, sample_without_replacement,
+from nanospec.rules.verify import (accept_prob, residual, sample, sample_without_replacement,
                              verify_tree_without_replacement, warp, without_replacement_proposals)
-from nanospec.verify_reference import verify_tree_sampled
+from nanospec.rules.reference import verify_tree_sampled
 from laws import (DELTA, EXACT, F64, N_DRAWS, P_BIGRAM, PARENTS_SAMPLED, Q_BIGRAM, SINGLE_STEP_CASES, START, V3,
                   bigram_law, build_sampled_tree, dist, empirical_law, node_law, ordered_draws, pairs, tree_tv, tv,
                   tv_bound)
@@ -189,7 +189,7 @@ def broken_rejected_sibling_drawn_again(p_target, q_draft, tokens, parents, g):
 def broken_rejected_mass_kept(p_target, q_draft, tokens, parents, g):
     """(run on distinct children) After a rejection the target P stays as it was: the rejected token keeps its
     mass, so it can still be emitted (or accepted as a later child) more often than p allows."""
-    from nanospec import verify
+    from nanospec.rules import verify
 
     real = verify.residual
     verify.residual = lambda p, q: p  # only inside this call

@@ -21,17 +21,17 @@ import torch
 
 import decode
 import train_tiny
-from nanospec.checkpoint import gpt_checkpoint, save_atomic
-from nanospec.decoding.run import tensor
-from nanospec.drafters.eagle import Eagle, eagle_config
-from nanospec.drafters.early_exit import ExitAdapter
-from nanospec.drafters.losses import mask_losses
-from nanospec.drafters.parallelspec import ParallelSpec, ParallelSpecConfig
-from nanospec.model import GPT, GPTConfig
-from nanospec.parts import Models
-from nanospec.stages import lm_losses
+from nanospec.model.checkpoint import gpt_checkpoint, save_atomic
+from nanospec.steps.run import tensor
+from nanospec.model.drafters.eagle import Eagle, eagle_config
+from nanospec.model.drafters.early_exit import ExitAdapter
+from nanospec.training.drafter_losses import mask_losses
+from nanospec.model.drafters.parallelspec import ParallelSpec, ParallelSpecConfig
+from nanospec.model.gpt import GPT, GPTConfig
+from nanospec.model.load import Models
+from nanospec.training.pipeline import lm_losses
 from nanospec.tokenizer import Tokenizer, save_tokenizer
-from nanospec.tree import path_to
+from nanospec.rules.tree import path_to
 
 ROOT = Path(__file__).resolve().parent.parent  # the project
 PROMPTS = str(ROOT / "data" / "prompts.json")  # the bench's committed prompts

@@ -179,7 +179,7 @@ def running_file(log):
 
 
 def why(case, root):
-    """The end of a collection error's traceback, e.g. 'nanospec/verify.py, line 76: SyntaxError: expected ':''."""
+    """The end of a collection error's traceback, e.g. 'nanospec/rules/verify.py, line 76: SyntaxError: expected ':''."""
     lines = [line[1:].strip() if line.startswith("E") else line.strip() for line in case.detail.splitlines()]
     lines = [line for line in lines if line]
     if not lines:

@@ -9,7 +9,7 @@ A solution is marked once in the source, by a comment pair inside the function's
     def accept_prob(p, q, x):                   def accept_prob(p, q, x):
         \"""...docstring...\"""                      \"""...docstring...\"""
         # BEGIN SOLUTION ex3            ->          raise NotImplementedError("exercise 3: implement accept_prob
-        p_x = p.gather(...)                                                   in nanospec/verify.py, see EXERCISES.md")
+        p_x = p.gather(...)                                                   in nanospec/rules/verify.py, see EXERCISES.md")
         ...
         # END SOLUTION ex3
 

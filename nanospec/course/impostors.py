@@ -48,7 +48,7 @@ HOOK = "__course_answer__"  # the global name the swapped-in code calls
 
 
 def reference_function(path, qualname):
-    """The live function object of a registry region: ("nanospec/model.py", "KVCache.rollback") -> function."""
+    """The live function object of a registry region: ("nanospec/model/gpt.py", "KVCache.rollback") -> function."""
     module = importlib.import_module(path[:-3].replace("/", "."))
     obj = module
     for part in qualname.split("."):
@@ -158,7 +158,7 @@ def run_items(ex, gates_only=False, stop_at_first_failure=False, seconds=20, gat
     mp = pytest.MonkeyPatch()
     try:
         if getattr(module, "slow_accept_prob", None) is not None:
-            from nanospec import verify
+            from nanospec.rules import verify
             mp.setattr(verify, "accept_prob", module.slow_accept_prob)
             mp.setattr(verify, "residual", module.slow_residual)
         for name, fn, kwargs in items:
@@ -202,7 +202,8 @@ def handout_functions(folder):
         home = {}
         try:
             stem = rel[:-3].replace("/", ".") if rel.startswith("nanospec/") else Path(rel).stem
-            home = vars(importlib.import_module(stem)) if not rel.startswith("scripts/") else {}
+            runs = rel.startswith("scripts/") or path.name == "__main__.py"  # a command runs when imported
+            home = {} if runs else vars(importlib.import_module(stem))
         except (Exception, pytest.skip.Exception):  # noqa: BLE001 - a script that does not import (or a test
             # module that skips itself when an optional package is missing): its functions see the target's globals
             home = {}

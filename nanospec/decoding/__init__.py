@@ -4,7 +4,7 @@ The registry: every `--method` name maps to a module with the same three things,
     generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None,
              **options) -> (ids, stats)
     NEEDS:   the model parts it cannot run without, beyond the target, e.g. ("draft",)
-    USES:    the parts it uses when present, e.g. ("heads",) (nanospec/parts.py lists the parts)
+    USES:    the parts it uses when present, e.g. ("heads",) (nanospec/model/load.py lists the parts)
     OPTIONS: its own options, name -> options.Option(type, default, help, bounds or choices); decode.py turns
              each into a --kebab-case flag, and generate reads them with options.read_options (defaults and
              bounds are written only there)
@@ -13,7 +13,7 @@ The registry: every `--method` name maps to a module with the same three things,
 settings and option tables), run.py (the run record), verify_step.py (the verify step over a chain or a tree of
 guesses), draft_chain.py (a drafter's chain of guesses), tree_guesses.py (which tokens fill a tree), adaptive.py
 (the draft-length rules) and pricing.py (the cost rule's books). A method never knows how its forwards run:
-nanospec/runtime.py wraps the models first.
+nanospec/fast/runtime.py wraps the models first.
 """
 from nanospec.decoding import ar
 from nanospec.decoding import prompt_lookup, jacobi, lookahead

@@ -10,8 +10,8 @@ It is kept as the oracle that the cached path (and through it every fast method)
 """
 import torch
 
-from nanospec.decoding.options import Sampling, read_options
-from nanospec.decoding.run import new_run, tensor
+from nanospec.steps.options import Sampling, read_options
+from nanospec.steps.run import new_run, tensor
 
 NEEDS = ()  # model parts beyond the target
 USES = ()  # parts used when present

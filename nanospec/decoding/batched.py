@@ -28,14 +28,14 @@ caches fell out of step; vLLM keeps a committed length per row and lets rejected
 """
 import torch
 
-from nanospec.decoding.draft_chain import draft_chain
-from nanospec.decoding.options import Sampling
+from nanospec.steps.draft_chain import draft_chain
+from nanospec.steps.options import Sampling
 from nanospec.decoding import prompt_lookup, speculative
 from nanospec.decoding.prompt_lookup import lookup
-from nanospec.decoding.run import new_run
+from nanospec.steps.run import new_run
 from nanospec.decoding.speculative import check_draft
-from nanospec.decoding.verify_step import chain_step
-from nanospec.verify import sample, warp
+from nanospec.steps.verify_step import chain_step
+from nanospec.rules.verify import sample, warp
 
 BATCHED = ("ar", "speculative", "prompt-lookup")
 

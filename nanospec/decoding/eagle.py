@@ -2,7 +2,7 @@
 `eagle`: a one-layer head on the target's features grows a tree of guesses by confidence; one forward checks it.
 EAGLE-1's draft head with EAGLE-2's dynamic tree (Li et al. 2024, arXiv 2401.15077 and 2406.16858).
 
-The head (nanospec/drafters/eagle.py) guesses the target's next *feature* from [token ; feature] and reads it
+The head (nanospec/model/drafters/eagle.py) guesses the target's next *feature* from [token ; feature] and reads it
 through the target's own unembedding. Each step:
   1. grow: the head's top `width` tokens after the root are depth 1, scored by log q. Each of depth-1 head
      passes over the frontier (a tree mask) gives every frontier node its top `width` children, scored parent
@@ -20,14 +20,14 @@ Sampling (--draft-sampling sample, the default), the head DRAWS its guesses from
 --adaptive cost: k + 1 tokens per step, k = 0 (a plain step: the head reads the new tokens when it next drafts)."""
 import torch
 
-from nanospec.decoding.adaptive import PRICED_OPTIONS, draft_length, step_costs
-from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options, verify_option
-from nanospec.decoding.run import first_token, new_run, tensor
-from nanospec.decoding.tree_guesses import draw_tree
-from nanospec.decoding.verify_step import tree_step
-from nanospec.model import Output
-from nanospec.tree import draw_rank_paths, frontier_mask
-from nanospec.verify import warp
+from nanospec.steps.adaptive import PRICED_OPTIONS, draft_length, step_costs
+from nanospec.steps.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options, verify_option
+from nanospec.steps.run import first_token, new_run, tensor
+from nanospec.steps.tree_guesses import draw_tree
+from nanospec.steps.verify_step import tree_step
+from nanospec.model.gpt import Output
+from nanospec.rules.tree import draw_rank_paths, frontier_mask
+from nanospec.rules.verify import warp
 
 NEEDS = ("eagle",)
 USES = ()  # parts used when present

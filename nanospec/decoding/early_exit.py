@@ -1,7 +1,7 @@
 """
 `early-exit`: self-speculation with the target's own first layers. The draft is blocks 1..E of the target
 plus its final norm and unembedding (through a small trained adapter when the checkpoint has one,
-nanospec/drafters/early_exit.py): no second model, nothing extra to keep in memory but the adapter.
+nanospec/model/drafters/early_exit.py): no second model, nothing extra to keep in memory but the adapter.
 
 The draft shares more than weights with the target: its keys and values in blocks 1..E ARE the target's, for
 the same tokens at the same positions. So the lower layers' KV cache is written once, while drafting, and the
@@ -22,12 +22,12 @@ Zhang et al. 2023, Draft & Verify, arXiv 2309.08168.
 """
 import torch
 
-from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
-from nanospec.decoding.draft_chain import draft_chain
-from nanospec.decoding.options import CHAIN_RULES, Option, Sampling, read_options, verify_option
-from nanospec.decoding.run import first_token, new_run, tensor
-from nanospec.decoding.verify_step import chain_step
-from nanospec.drafters.early_exit import exit_logits
+from nanospec.steps.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
+from nanospec.steps.draft_chain import draft_chain
+from nanospec.steps.options import CHAIN_RULES, Option, Sampling, read_options, verify_option
+from nanospec.steps.run import first_token, new_run, tensor
+from nanospec.steps.verify_step import chain_step
+from nanospec.model.drafters.early_exit import exit_logits
 
 NEEDS = ()
 USES = ("early_exit",)  # the trained exit adapters when present, else the plain exit

@@ -17,7 +17,7 @@ The accepted guesses plus the target's own token are the committed prefix, and t
 next iterate: every argmax past the commit point (Jacobi's update, for the positions still open).
 
 The rule. Committing "the guesses equal to the argmax" is the chain point-mass rule in its greedy form, so
-sampling uses that rule on the iterate (nanospec/verify.py, verify_chain with q = point_mass(x)): guess x is accepted
+sampling uses that rule on the iterate (nanospec/rules/verify.py, verify_chain with q = point_mass(x)): guess x is accepted
 with probability p(x); on rejection the emitted token is a sample of p with x removed. The iterate is fixed
 by what earlier steps produced, before this step draws anything, which is all the rule needs to reproduce
 p exactly. Under sampling the next iterate still takes each position's argmax: the most
@@ -31,10 +31,10 @@ n-gram guesses instead, which is what makes them pay more often.
 """
 import torch
 
-from nanospec.decoding.adaptive import PRICED_OPTIONS, draft_length, step_costs
-from nanospec.decoding.options import Option, Sampling, read_options
-from nanospec.decoding.run import first_token, new_run
-from nanospec.decoding.verify_step import chain_step
+from nanospec.steps.adaptive import PRICED_OPTIONS, draft_length, step_costs
+from nanospec.steps.options import Option, Sampling, read_options
+from nanospec.steps.run import first_token, new_run
+from nanospec.steps.verify_step import chain_step
 
 NEEDS = ()  # model parts beyond the target
 USES = ()  # parts used when present

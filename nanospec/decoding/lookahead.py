@@ -7,7 +7,7 @@ The pool also learns the n-grams of the prompt and of the generated text (a nano
 itself, the insight of `prompt-lookup`). Nothing is trained. Lossless, greedy and sampling.
 Fu et al. 2024, "Break the Sequential Dependency of LLM Inference Using Lookahead Decoding", arXiv 2402.02057.
 
-The whole forward is one token tree (nanospec/tree.py): every node sees the cached prefix and its ancestors, at
+The whole forward is one token tree (nanospec/rules/tree.py): every node sees the cached prefix and its ancestors, at
 position prefix + depth. Root = x, the newest token; then the trie of the candidate n-grams; then the window,
 where x and level 0 form a chain (the current Jacobi iterate) and level l of column i hangs under level l-1 of
 column i (level 1 under the chain's column i). For W = 3, N = 3, one candidate n-gram [c1, c2], x at position t:
@@ -33,10 +33,10 @@ import random
 
 import torch
 
-from nanospec.decoding.adaptive import PRICED_OPTIONS, draft_length, step_costs
-from nanospec.decoding.options import Option, Sampling, read_options
-from nanospec.decoding.run import first_token, new_run
-from nanospec.decoding.verify_step import tree_step
+from nanospec.steps.adaptive import PRICED_OPTIONS, draft_length, step_costs
+from nanospec.steps.options import Option, Sampling, read_options
+from nanospec.steps.run import first_token, new_run
+from nanospec.steps.verify_step import tree_step
 
 NEEDS = ()  # model parts beyond the target
 USES = ()  # parts used when present

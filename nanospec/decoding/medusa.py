@@ -4,7 +4,7 @@
 `mtp` bets on one chain: the top-1 of every head. But a head's second or third choice is often right when its
 first is not, so Medusa puts several candidates per head into a tree (a path (i, j) = head 1's top-(i+1), then
 head 2's top-(j+1)) and verifies the whole tree in ONE forward with tree attention (each node sees only its
-ancestors, nanospec/tree.py). The longest accepted path is kept, the cache compacted to it, and the target's
+ancestors, nanospec/rules/tree.py). The longest accepted path is kept, the cache compacted to it, and the target's
 next token comes from the same forward, as do the heads' guesses for the next tree (at the last accepted node).
 
     root 5 (the target's token); head 1 top-2 = [9, 3], head 2 top-1 = [2]; tree paths (0,), (1,), (0, 0):
@@ -29,12 +29,12 @@ arXiv 1811.03115; Gloeckle et al. 2024, Multi-token Prediction, arXiv 2404.19737
 """
 import torch
 
-from nanospec.decoding.adaptive import PRICED_OPTIONS, draft_length, step_costs
-from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, TREE_RULES, Option, Sampling, read_options, verify_option
-from nanospec.decoding.run import first_token, new_run
-from nanospec.decoding.tree_guesses import TREES, fill_tree, parse_tree  # noqa: F401 (TREES: the presets)
-from nanospec.decoding.verify_step import tree_step
-from nanospec.tree import print_verified_tree
+from nanospec.steps.adaptive import PRICED_OPTIONS, draft_length, step_costs
+from nanospec.steps.options import DRAFT_SAMPLING_OPTION, TREE_RULES, Option, Sampling, read_options, verify_option
+from nanospec.steps.run import first_token, new_run
+from nanospec.steps.tree_guesses import TREES, fill_tree, parse_tree  # noqa: F401 (TREES: the presets)
+from nanospec.steps.verify_step import tree_step
+from nanospec.rules.tree import print_verified_tree
 
 NEEDS = ()  # the MTP heads are part of the target
 USES = ("heads",)  # heads.pt, the heads retrained alone, replaces the jointly trained ones when present

@@ -33,12 +33,12 @@ Faster Large Language Models via Multi-token Prediction, arXiv 2404.19737.
 """
 import torch
 
-from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
-from nanospec.decoding.options import (CHAIN_RULES, DRAFT_SAMPLING_OPTION, Option, Sampling, read_options,
+from nanospec.steps.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
+from nanospec.steps.options import (CHAIN_RULES, DRAFT_SAMPLING_OPTION, Option, Sampling, read_options,
                                        verify_option)
-from nanospec.decoding.run import first_token, new_run
-from nanospec.decoding.verify_step import chain_step
-from nanospec.verify import sample, warp
+from nanospec.steps.run import first_token, new_run
+from nanospec.steps.verify_step import chain_step
+from nanospec.rules.verify import sample, warp
 
 NEEDS = ()  # the MTP heads are part of the target
 USES = ("heads",)  # heads.pt, the heads retrained alone, replaces the jointly trained ones when present

@@ -3,7 +3,7 @@
 verifies them in one forward.
 
 A drafter that guesses autoregressively pays k small passes per step, one after the other; ParallelSpec's
-drafter (nanospec/drafters/parallelspec.py) reads the new tokens and k learned mask tokens and predicts all k
+drafter (nanospec/model/drafters/parallelspec.py) reads the new tokens and k learned mask tokens and predicts all k
 guesses at once: mask j guesses the token j after the root. The drafter keeps its own cache of the context, so
 a step's drafter pass reads only the tokens emitted since the last step plus the k masks (which it then drops).
 
@@ -11,8 +11,8 @@ a step's drafter pass reads only the tokens emitted since the last step plus the
     target forward over [7, 5, 9, 2]: argmax after 7, 5, 9, 2 = [5, 9, 4, 1] -> accept 5, 9; emit [5, 9, 4]
     next drafter pass reads [5, 9, 4, M1, M2, M3]
 
-By default the top candidates of each mask fill a small Medusa-style tree (nanospec/tree.py) instead of one
-chain, verified with tree attention (nanospec/decoding/verify_step.py); still one drafter pass per step. A mask's
+By default the top candidates of each mask fill a small Medusa-style tree (nanospec/rules/tree.py) instead of one
+chain, verified with tree attention (nanospec/steps/verify_step.py); still one drafter pass per step. A mask's
 second or third choice is often right when its first is not (docs/measurements.md, parallelspec). The two modes
 differ in their guesses, `mask_chain` (for chain_step) and `mask_tree` (for tree_step); the loop is shared.
 Greedy output is `ar`'s token for token. Sampling follows the target's law exactly in both modes of
@@ -26,12 +26,12 @@ Paper: Xiao et al. 2024, ParallelSpec: Parallel Drafter for Efficient Speculativ
 """
 import torch
 
-from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
-from nanospec.decoding.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options, verify_option
-from nanospec.decoding.run import first_token, new_run, tensor
-from nanospec.decoding.tree_guesses import fill_tree, parse_tree
-from nanospec.decoding.verify_step import chain_step, tree_step
-from nanospec.verify import sample, warp
+from nanospec.steps.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
+from nanospec.steps.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options, verify_option
+from nanospec.steps.run import first_token, new_run, tensor
+from nanospec.steps.tree_guesses import fill_tree, parse_tree
+from nanospec.steps.verify_step import chain_step, tree_step
+from nanospec.rules.verify import sample, warp
 
 # Paths of ranks: (1, 0) = mask 1's second choice, then mask 2's first. Top-3 for the next token, then a chain.
 SMALL_TREE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)]

@@ -18,16 +18,16 @@ the copy itself, so draft_len 4 guesses [5, 6, 5, 6] rather than stopping after 
 the forward is a plain `ar` step.
 
 The guesses are deterministic (no draft distribution q), so they are checked with the point-mass rule
-(nanospec/verify.py: accept guess x with probability p(x); on rejection sample p with x removed), which is
+(nanospec/rules/verify.py: accept guess x with probability p(x); on rejection sample p with x removed), which is
 "accept while the guess equals the target's argmax" when greedy. Cost per step: one target forward over
 1 + k tokens, plus a scan of the context in Python (the sequence lives on the host, where the scan is cheap).
 """
 import torch
 
-from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
-from nanospec.decoding.options import Option, Sampling, read_options
-from nanospec.decoding.run import first_token, new_run
-from nanospec.decoding.verify_step import chain_step
+from nanospec.steps.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
+from nanospec.steps.options import Option, Sampling, read_options
+from nanospec.steps.run import first_token, new_run
+from nanospec.steps.verify_step import chain_step
 
 NEEDS = ()  # model parts beyond the target
 USES = ()  # parts used when present

@@ -11,7 +11,7 @@ One step, k = 3, greedy (the draft's and the target's argmax):
     5 == 5 accept, 9 == 9 accept, 2 != 7 reject -> emit [5, 9, 7]: 3 tokens for 1 target forward.
 Sampling: draft token x, drawn from the draft's q, is accepted with probability min(1, p(x)/q(x)); the first
 rejected one is replaced by a sample of norm(max(0, p - q)); if all k pass, the target's law after the last
-draft gives a bonus token (nanospec/verify.py has the rule and why it reproduces p exactly). Target and
+draft gives a bonus token (nanospec/rules/verify.py has the rule and why it reproduces p exactly). Target and
 draft are warped with the same temperature / top-k / top-p, so the output follows the warped target.
 --verify block judges the k drafts jointly instead (verify.verify_block): same law, more accepted.
 
@@ -28,11 +28,11 @@ every guess before it was accepted (guesses after a rejection are never looked a
 """
 import torch
 
-from nanospec.decoding.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
-from nanospec.decoding.draft_chain import draft_chain
-from nanospec.decoding.options import CHAIN_RULES, Option, Sampling, read_options, verify_option
-from nanospec.decoding.run import first_token, new_run, tensor
-from nanospec.decoding.verify_step import chain_step
+from nanospec.steps.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
+from nanospec.steps.draft_chain import draft_chain
+from nanospec.steps.options import CHAIN_RULES, Option, Sampling, read_options, verify_option
+from nanospec.steps.run import first_token, new_run, tensor
+from nanospec.steps.verify_step import chain_step
 
 NEEDS = ("draft",)  # model parts beyond the target
 USES = ()  # parts used when present

@@ -1,0 +1,211 @@
+"""
+The fast runtime: one layer around the models, chosen once per run, that no decoding method knows about.
+
+A decoding method calls its models as models: `target(x, cache=cache)`, `eagle(target, tokens, features,
+cache=dcache)`, with a cache from `model.new_cache()`. `prepare(models, runtime)` hands it either the models
+themselves (eager: plain PyTorch, the oracle) or each one wrapped in a `Fast`, which takes the same call and
+returns the same outputs, as fresh tensors the method may keep. What differs is how the forward runs:
+
+  shape-static  A plain cached forward attends over the cache's first n + T slots, so its shapes follow a Python
+                int that grows every step, and no step is like the one before. Here, as in gpt-fast, the T new
+                keys and values are written at `slots` (T,), a tensor (`SlotCache`), attention runs over all
+                max_len slots under the forward's mask padded with False to that width, and the positions come
+                in as a tensor: a forward's shapes depend on T alone.
+  replayed      Each shape is then captured once and replayed (nanospec/fast/graphs.py): on CUDA as a CUDA graph, one
+                launch instead of a few hundred, which is what a tiny model's forward costs on a GPU; on a CPU
+                by graphs.Emulated, which repeats the recorded operations the same way, running none of the
+                forward's Python, so that the CPU tests replay what a GPU replays.
+
+Example, max_len 6, the cache holds 2 tokens, a chain of 2 new tokens at slots [2, 3]:
+    slot:   0 1 2 3 4 5
+    new 0   1 1 1 . . .      the model's own mask (2, 4), padded with False to (2, 6): slots 4 and 5 may hold
+    new 1   1 1 1 1 . .      keys of rolled-back guesses, which no one sees; rollback and compact stay moves of
+                             the cache's lengths (KVCache), exactly as on the eager path.
+
+What a model must offer for this: its forward takes `pos`, `cache` and `mask` keywords, writes keys only through
+`cache.update` and moves the cache only through `cache.advance`, and it has a `layout` method that says, from
+the forward's own arguments, the positions and the (T, cached + T) mask the forward will use (model.layout).
+Everything that changes from one step to the next reaches the forward as a tensor (the positions, the mask, the
+slots, the ParallelSpec anchors); a Python value it reads is frozen into its graph. The cache's lengths stay
+Python ints on the host, as in eager decoding (rollback and compact are host decisions): a forward's moves of
+them (`advance`) are recorded when its Python runs and applied after each replay, keyed, like the graph, by
+the forward's non-tensor arguments and its shapes, so each graph applies the moves of its own shapes.
+GPT, the EAGLE head and the ParallelSpec drafter all do; the tests hold each Fast model to the plain one.
+
+--runtime: eager = plain PyTorch everywhere; static = shape-static forwards, replayed from CUDA graphs on CUDA
+(on a CPU replayed by the emulation: the path the tests run); auto = static on CUDA, eager elsewhere (on a CPU
+the static path saves no overhead and attends over every slot, so it is slower).
+"""
+import copy
+import sys
+import weakref
+from dataclasses import fields, is_dataclass, replace
+
+import torch
+
+from nanospec.fast.graphs import CaptureFailed, Graphs
+from nanospec.model.gpt import KVCache
+
+RUNTIMES = ("auto", "eager", "static")
+
+
+def runtime_path(runtime, device):
+    """Which path `runtime` ("auto", "eager" or "static") takes on `device`: "eager", "static" or "graph"."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    cuda = torch.device(device).type == "cuda"
+    if runtime == "eager" or (runtime == "auto" and not cuda):
+        return "eager"
+    return "graph" if cuda else "static"
+
+
+class SlotCache:
+    """A KVCache seen by a shape-static forward: `update` writes the new keys and values at `slots` (B or 1, T), a
+    tensor, and returns every slot (KVCache.write_at); `advance` is recorded in `moves`, for the caller to apply
+    after the forward (a replayed graph runs no Python). Everything else (lengths, rows, max_len, device) reads
+    the real cache."""
+
+    def __init__(self, cache, slots):
+        self.cache, self.slots, self.moves = cache, slots, []
+
+    def update(self, layer, k_new, v_new):
+        """(B, nh, T, hs) new keys/values of one layer, written at the slots -> every slot (B, nh, max_len, hs)."""
+        return self.cache.write_at(layer, self.slots, k_new, v_new)
+
+    def advance(self, T, layers=None):
+        self.moves.append((T, None if layers is None else tuple(layers)))
+
+    def __getattr__(self, name):  # lengths, length, max_len, device: the real cache's
+        return getattr(self.cache, name)
+
+
+class Fast:
+    """A model whose cached forwards run shape-static, replayed from graphs (CUDA graphs on CUDA, graphs.Emulated
+    on a CPU) when capture is True, or just called on the static buffers when it is False (to debug).
+    Called like the model; every other attribute is the model's. `new_cache` hands each caller an empty cache of
+    its own, as the model's does, on pooled tensors: a graph replays on the buffers it was captured with."""
+
+    def __init__(self, model, capture=True):
+        self.model, self.capture = model, capture
+        self.graphs = Graphs(capture)
+        self.caches = {}  # new_cache's arguments -> [[a cache holding pooled tensors, a weak reference to the
+        # cache last handed out on them], ...]
+        self.made = {}  # graph key (with shapes) -> (the cache moves its forward makes, SlotCache.moves; its
+        # output's class), recorded when the forward's Python runs: a replay runs none
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def new_cache(self, *args, **kwargs):
+        """An empty cache, as model.new_cache(*args, **kwargs) makes, that no other live cache shares tensors with.
+        A graph replays on the tensors it was captured with, so the tensors are pooled per set of arguments: they go
+        to the next caller once the cache last handed out on them is gone (its generation ended), every slot free
+        (stale keys are masked); a cache asked for while that one is still held gets tensors of its own."""
+        pool = self.caches.setdefault((args, tuple(sorted(kwargs.items()))), [])
+        free = next((entry for entry in pool if entry[1]() is None), None)  # its last cache is gone
+        if free is None:
+            free = [self.model.new_cache(*args, **kwargs), None]
+            pool.append(free)
+        cache = copy.copy(free[0])  # the pooled tensors, lengths of its own
+        cache.forget()
+        free[1] = weakref.ref(cache)
+        return cache
+
+    def __call__(self, *args, cache=None, pos=None, mask=None, **kwargs):
+        if not isinstance(cache, KVCache) or not self.graphs.enabled:  # no cache (training, the slow oracle), or
+            # capture failed
+            return self.model(*args, cache=cache, pos=pos, mask=mask, **kwargs)
+        pos, mask = self.model.layout(*args, cache=cache, pos=pos, mask=mask, **kwargs)  # (T,), (T, n+T) or None
+        if not cache.ragged:
+            full, slots = pad_to_slots(pos, mask, cache)  # (T, max_len), (1, T)
+        else:  # rows out of step: the layout is already every slot's, (B, T) and (B, 1, T, max_len)
+            full, slots = mask, cache.row_slots(pos.size(-1))
+            cache.check_room(cache.lengths[0] + pos.size(-1))  # the widest row's end
+        given = list(args) + list(kwargs.values())
+        tensors = [a for a in given if torch.is_tensor(a)]  # the graph's inputs
+        key = graph_key(cache, given, kwargs, (pos, *tensors))
+
+        def fn(pos, full, slots, *tensors):  # tensors in, tensors out: what a graph of this key records
+            it = iter(tensors)
+            filled = [next(it) if torch.is_tensor(a) else a for a in given]
+            view = SlotCache(cache, slots)
+            out = self.model(*filled[:len(args)], cache=view, pos=pos, mask=full,
+                             **dict(zip(kwargs, filled[len(args):])))
+            made = view.moves, type(out) if is_dataclass(out) else None
+            assert self.made.setdefault(key, made) == made, f"one key, two sets of cache moves: {key}"
+            return flatten(out)
+
+        try:
+            outputs = self.graphs(fn, pos, full, slots, *tensors, key=key, protect=(cache.k, cache.v))
+        except CaptureFailed as e:
+            print(f"warning: CUDA graph capture failed ({e}); the {self.model.__class__.__name__}'s forwards run "
+                  f"eager from here", file=sys.stderr)
+            return self.model(*args, cache=cache, pos=pos, mask=mask, **kwargs)
+        moves, kind = self.made[key]
+        for T_moved, layers in moves:
+            cache.advance(T_moved, layers)
+        return unflatten(kind, outputs)
+
+
+def pad_to_slots(pos, mask, cache):
+    """A forward's own mask (T, n + T), or None for plain causal attention, padded with False to every slot
+    (T, max_len), and the slots its T new tokens are written at, (1, T): n .. n + T - 1."""
+    T = pos.numel()
+    n = 0 if mask is None else mask.size(1) - T  # the cached tokens the new ones follow
+    cache.check_room(n + T)
+    full = torch.zeros(T, cache.max_len, dtype=torch.bool, device=pos.device)  # (T, max_len) False: hidden
+    full[:, :n + T] = torch.ones(T, T, dtype=torch.bool, device=pos.device).tril() if mask is None else mask
+    return full, torch.arange(n, n + T, device=pos.device)[None]  # (T, max_len), (1, T)
+
+
+def graph_key(cache, given, kwargs, tensors):
+    """What names one graph of a Fast model: the memory of the cache it writes and its shape (a batch that drops
+    its finished rows keeps writing the same memory, rows 0..B'-1: KVCache.keep_rows), every argument that is not
+    a tensor (the layer range, heads, k, the target), the keywords given, and the tensors' shapes. The cache moves
+    recorded for a graph are the ones its Python made for this key, so the shapes must be in it: a 1-token step
+    and a 4-token verify move the cache by 1 and 4, and a replay runs no Python to tell them apart."""
+    return (cache.k.data_ptr(), tuple(cache.k.shape), tuple(None if torch.is_tensor(a) else freeze(a) for a in given),
+            tuple(kwargs), tuple(tuple(t.shape) for t in tensors))
+
+
+def freeze(value):
+    """A graph key part from a non-tensor argument: lists become tuples, anything else is kept (by identity
+    for a module, e.g. the target an EAGLE head reads through)."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def flatten(out):
+    """A forward's output as a tuple of tensors (None kept): a dataclass (model.Output) by its fields, a tensor
+    as itself."""
+    return tuple(getattr(out, f.name) for f in fields(out)) if is_dataclass(out) else (out,)
+
+
+def unflatten(kind, outputs):
+    """flatten's inverse, each tensor cloned (a replay rewrites the graph's outputs in place): kind is the
+    output's dataclass, or None for a bare tensor."""
+    outputs = [None if t is None else t.clone() for t in outputs]
+    return outputs[0] if kind is None else kind(*outputs)
+
+
+def fast(model, path, role="target"):
+    """`model` for a runtime path: itself on "eager", else its Fast wrapper, kept on the model from one run to the
+    next (each shape is captured once per process, and dropping the model drops its graphs). Keyed by the role it
+    plays (a model that is both target and draft needs two caches at once, so two wrappers) and by where the
+    weights live: moving a model (.to, .half) makes new weights, which old graphs would not read."""
+    if model is None or path == "eager":
+        return model
+    w = next(model.parameters())
+    runners = model.__dict__.setdefault("_fast", {})  # {(path, role, its weights' address, dtype): its Fast}
+    key = (path, role, w.data_ptr(), w.dtype)
+    if key not in runners:
+        runners[key] = Fast(model, capture=True)
+    return runners[key]
+
+
+def prepare(models, runtime="auto"):
+    """The models a method runs, as `runtime` asks, and the path taken: (models, "eager" | "static" | "graph").
+    The target, the draft GPT, the EAGLE head and the ParallelSpec drafter are wrapped; the exit adapters read one
+    position and keep no cache, so they run as they are."""
+    path = runtime_path(runtime, models.target.wte.weight.device)
+    wrapped = {part: fast(getattr(models, part), path, part) for part in ("target", "draft", "eagle", "parallelspec")}
+    return replace(models, **wrapped), path

@@ -1,0 +1,84 @@
+"""
+The EAGLE draft head (Li et al. 2024, arXiv 2401.15077): a one-layer drafter that predicts the target's next
+*feature* (its trunk output before the final norm, `Output.hidden`) instead of its next token.
+
+Why features? The target's top hidden state already holds everything its head needs to pick a token, so the
+next one is much easier to guess from it than from tokens alone: a single transformer layer on top of the
+target's own features is enough. One draft step reads the token just chosen and the feature before it:
+
+    [ wte(x_{t+1}) + wpe(t+1) ; f_t ]  (2C)  -fc->  (C)  -one Block->  f̂_{t+1}   (the guess of f_{t+1})
+    ln_f + lm_head of the TARGET on f̂_{t+1}  ->  q_draft, the law of token x_{t+2}
+
+The embedding (wte, wpe) and the unembedding (ln_f, lm_head) are the target's, frozen and not stored in
+eagle.pt (which holds only fc and the block), so every call takes the target as its first argument.
+
+Slot j of the head's own KV cache holds token x_{j+1} at position j+1, read together with the feature f_j:
+
+    sequence  x0 x1 x2 x3, target features f0 f1 f2 f3     head slots  (x1, f0) (x2, f1) (x3, f2)
+    -> predicted f̂1 f̂2 f̂3; the last one drafts x4. Drafting deeper feeds (x4 guess, f̂3), and so on.
+
+While drafting, the head feeds on its own predicted features; after the target verified, the accepted tokens
+are fed again with the target's TRUE features (`refresh` in nanospec/decoding/eagle.py), so errors never pile
+up across steps. Training is teacher-forced on true features (the frozen target runs on each batch):
+
+    loss = FEATURE_WEIGHT * SmoothL1(f̂_{t+1}, f_{t+1}) + DIST_WEIGHT * CE(p_target(. | x_<=t+1), q_draft)
+
+the second term with the target's full distribution as a soft label (EAGLE used weights 1.0 and 0.1; what
+other weights, input noise and a second unrolled step did: docs/training-notes.md). The losses are in
+nanospec/training/drafter_losses.py, the loader in nanospec/model/load.py; the tree the head grows in
+nanospec/decoding/eagle.py.
+"""
+from dataclasses import replace
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from nanospec.model.gpt import Block, KVCache, Output, layout
+
+class Eagle(nn.Module):
+    def __init__(self, config):
+        """config: the target's GPTConfig with n_layer=1 (one Block; a KVCache of one layer), n_future=0."""
+        super().__init__()
+        self.config = config
+        C = config.n_embd
+        self.fc = nn.Linear(2 * C, C, bias=True)  # fuses [token embedding ; feature] back to the model width
+        self.block = Block(config)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    def forward(self, target, tokens, features, pos=None, cache=None, mask=None, logits=True):
+        """tokens (B, T): x_{t+1}; features (B, T, C): f_t (true or predicted); pos (T,): the positions of the
+        tokens, default right after the cache (slot j holds position j+1); cache: this head's KVCache;
+        mask (T, cached+T) bool, default causal. Returns Output(logits (B, T, V) for x_{t+2}, or None when not
+        asked for; hidden (B, T, C) = f̂_{t+1})."""
+        pos, mask = self.layout(target, tokens, features, pos, cache, mask)  # (T,), (T, cached+T) or None
+        emb = target.wte(tokens) + target.wpe(pos)  # (B, T, C) the target's own input embedding
+        # the features at unit RMS: a target trained with Muon carries features of RMS ~8 beside embeddings of ~0.1
+        features = F.rms_norm(features, (features.size(-1),))  # (B, T, C)
+        x = self.fc(torch.cat([emb, features], dim=-1))  # (B, T, 2C) -> (B, T, C)
+        x = self.block(x, mask, cache, 0)  # (B, T, C) the predicted next feature
+        if cache is not None:
+            cache.advance(tokens.size(1))
+        return Output(logits=self.unembed(target, x) if logits else None, hidden=x)
+
+    def layout(self, target, tokens, features, pos=None, cache=None, mask=None, **unplaced):
+        """The positions and mask `forward` gives its tokens (model.layout): slot j holds position j+1; `unplaced`,
+        the forward's other keywords (logits), move no token."""
+        return layout(cache.length if cache is not None else 0, tokens.size(1), pos, mask, tokens.device, first=1,
+                      table=self.config.block_size)
+
+    def unembed(self, target, hidden):
+        """(B, T, C) predicted features -> (B, T, V) logits, through the target's own final norm and head."""
+        return target.lm_head(target.ln_f(hidden))
+
+    def new_cache(self, max_len=None):
+        w = self.fc.weight
+        return KVCache(self.config, 1, w.device, w.dtype, max_len)
+
+
+def eagle_config(target_config):
+    return replace(target_config, n_layer=1, n_future=0, dropout=0.0)

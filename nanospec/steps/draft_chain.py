@@ -1,0 +1,34 @@
+"""
+A drafter's chain of guesses, for the methods that draft autoregressively (`speculative`: the draft GPT;
+`early-exit`: the target's first layers and its exit): each guess is drawn from the drafter's warped law q and fed
+back to the drafter before the next one.
+
+    draft reads [12] -> law q1, draws 5; reads [5] -> q2, draws 9; reads [9] -> q3, draws 2
+    -> drafts [[5, 9, 2]] and q_draft [[q1, q2, q3]] (1, 3, V): Leviathan's rule needs the law each guess came from
+
+The guesses stay on the device while the chain runs (each forward reads the previous draw there) and come back to
+the host in one read at the end. Greedy, q is one-hot and the draw is the argmax.
+"""
+import torch
+
+from nanospec.rules.verify import sample, warp
+
+
+def draft_chain(step, x, k, sampling, generator=None, stop=None):
+    """k guesses per row, each fed back: step(x) -> the drafter's logits (B, V) for the token after x, x (B, T)
+    token ids (T = 1 after the first guess; one prompt is one row); each guess is drawn from q = warp(logits,
+    *sampling) with `generator`. stop(logits, guess) -> True ends the chain after that guess (one row:
+    adaptive.DraftLength.stop, --adaptive confidence).
+    Returns (drafts: B lists of j ints, q_draft (B, j, V)), j = k unless stopped."""
+    if k == 0:
+        return [[] for _ in range(x.size(0))], None
+    drafts = []  # (B,) each, on the device
+    q_rows = []  # (B, V) each
+    for _ in range(k):
+        logits = step(x)  # (B, V)
+        q_rows.append(warp(logits, *sampling))  # (B, V)
+        drafts.append(logits.argmax(-1) if sampling.greedy else sample(q_rows[-1], generator))  # (B,) on the device
+        x = drafts[-1][:, None]  # (B, 1) the next forward reads it there
+        if stop is not None and stop(logits[0], drafts[-1][0]):
+            break
+    return torch.stack(drafts, 1).tolist(), torch.stack(q_rows, 1)  # one host read: the guesses (B, j)

@@ -1,0 +1,129 @@
+"""
+What every decoding method does around its idea, the run record (`Run`, made by `new_run`): the prompt and the
+sampling settings checked, one random generator on the model's device, target forwards counted, stopping at
+end-of-text, the token budget or the context limit, and the stats dict that `decode.py --json`, the benchmark
+and the tests read. The settings and the methods' options themselves are options.py.
+
+A method calls `run.emit(tokens, drafted)` once per target forward with the tokens that forward produced (the
+accepted guesses plus the target's own next token) and the number of guesses it checked; `emit` keeps what fits,
+says when to stop, and counts: the run is the one acceptance counter every method's stats come from. How long
+the forwards and the drafting took is not the method's business: decode.py and the benchmark time them from
+outside (nanospec/bench/timing.py wraps the models).
+"""
+from dataclasses import dataclass, field
+
+import torch
+
+from nanospec.device import seeded_generator
+
+from nanospec.steps.options import Sampling
+from nanospec.rules.verify import sample, warp
+
+
+@dataclass
+class Run:
+    prompt: list  # prompt token ids
+    max_new_tokens: int  # budget of generated tokens
+    block_size: int  # the target's context: prompt + output never exceed it
+    sampling: Sampling  # checked: warp(logits, *sampling) is the law of every token
+    generator: torch.Generator  # the one RNG of this generation, on the model's device: never re-seeded mid-run
+    eot: int = None  # end-of-text id, or None to never stop early
+    out: list = field(default_factory=list)  # generated ids so far
+    accepted_per_step: list = field(default_factory=list)  # tokens produced by each target forward
+    guesses_per_step: list = field(default_factory=list)  # of those, accepted guesses (the rest: the target's own)
+    drafted_per_step: list = field(default_factory=list)  # guesses each target forward checked
+    target_forwards: int = 0
+    stop: str = None  # why generation ended: "eot", "max_new_tokens" or "context"
+
+    @property
+    def seq(self):
+        return self.prompt + self.out
+
+    def room(self):
+        """How many more tokens the sequence can take before it fills the context."""
+        return self.block_size - len(self.prompt) - len(self.out)
+
+    def draft_room(self, k):
+        """Clamp a draft length so the verify forward (last token + k guesses) stays inside the context."""
+        return max(0, min(k, self.room() - 1, self.max_new_tokens - len(self.out) - 1))
+
+    def sample(self, logits):
+        """One token (an int) from the target's warped law: logits (V,)."""
+        return int(sample(warp(logits, *self.sampling), self.generator))
+
+    def emit(self, tokens, drafted=0):
+        """Record one target forward that checked `drafted` guesses and produced `tokens` (the accepted guesses,
+        then the target's own token); keep those that fit. Returns True when done."""
+        self.target_forwards += 1
+        kept = self.keep(tokens)
+        self.accepted_per_step.append(kept)
+        self.guesses_per_step.append(min(kept, len(tokens) - 1))  # the last of `tokens` is the target's own
+        self.drafted_per_step.append(drafted)
+        return self.stop is not None
+
+    def keep(self, tokens):
+        """Append `tokens` to the output until an end-of-text, the token budget or the context stops it (`stop`
+        says which). Returns how many were kept: [5, eot, 9] -> 1."""
+        for kept, t in enumerate(tokens):
+            if self.eot is not None and t == self.eot:
+                self.stop = "eot"
+                return kept
+            self.out.append(int(t))
+            if len(self.out) >= self.max_new_tokens:
+                self.stop = "max_new_tokens"
+            elif self.room() <= 0:
+                self.stop = "context"
+            if self.stop:
+                return kept + 1
+        return len(tokens)
+
+    def stats(self, **extra):
+        """What the run did: tokens, target forwards, tokens per forward (and per forward, accepted_per_step; the
+        guesses each forward checked, drafted_per_step: 0 is a plain step), the guesses drafted and accepted, why
+        it stopped, and the method's own figures (`extra`). acceptance_rate estimates a guess's chance to pass:
+        accepted / judged, where a guess is judged if every guess before it was accepted (the ones after a
+        rejection say nothing). No clock: decode.py and the bench time a run."""
+        n = len(self.out)
+        accepted = sum(self.guesses_per_step)
+        judged = sum(min(a + 1, d) for a, d in zip(self.guesses_per_step, self.drafted_per_step))
+        return {"new_tokens": n, "target_forwards": self.target_forwards,
+                "tokens_per_forward": n / max(1, self.target_forwards),
+                "accepted_per_step": self.accepted_per_step, "guesses_per_step": self.guesses_per_step,
+                "drafted_per_step": self.drafted_per_step,
+                "drafted": sum(self.drafted_per_step), "accepted": accepted, "judged": judged,
+                "acceptance_rate": accepted / max(1, judged), "stop": self.stop, **extra}
+
+
+def new_run(models, prompt_ids, max_new_tokens, sampling=Sampling(), seed=None):
+    """Check the request and set up the run; one clear ValueError per bad input."""
+    sampling = Sampling(*sampling).check()
+    block_size = models.target.config.block_size
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise ValueError("the prompt is empty: give at least one token of text")
+    if len(prompt) >= block_size:
+        raise ValueError(f"the prompt is {len(prompt)} tokens but the model's context is {block_size}: shorten it")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    vocab = models.target.config.vocab_size
+    if max(prompt) >= vocab or min(prompt) < 0:
+        raise ValueError(f"prompt token ids must be in [0, {vocab}): was it encoded with another tokenizer?")
+    device = models.target.wte.weight.device
+    if seed is None:
+        generator = torch.Generator(device=device)
+        generator.seed()  # a fresh nondeterministic seed
+    else:  # 0..2**63-1, each its own stream (the CPU generator alone keeps a seed's low 32 bits)
+        generator = seeded_generator(device, seed)
+    return Run(prompt, max_new_tokens, block_size, sampling, generator, models.eot)
+
+
+def tensor(ids, device):
+    """Token ids -> a (1, T) LongTensor on `device` (the model's: cache.device or model.wte.weight.device)."""
+    return torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
+
+
+def first_token(run, target, cache):
+    """The target reads the prompt and picks the first token itself, like `ar`. Returns (that token, the
+    forward's Output: logits (1, P, V), hidden (1, P, C)). The token is not emitted yet, nor in the cache."""
+    out = target(tensor(run.prompt, cache.device), cache=cache)
+    return run.sample(out.logits[0, -1]), out
