@@ -20,7 +20,7 @@ import torch
 from nanospec.rules import verify
 from nanospec.course.registry import EXERCISES
 
-torch.set_num_threads(1)
+torch.set_num_threads(1)  # tiny models: a second thread only adds synchronisation (a forward can be 10x slower)
 pytest.register_assert_rewrite("laws", "toys")  # their asserts explain a failure as a test file's do
 
 

@@ -26,15 +26,6 @@ from laws import empirical_law, exact_law, sequence_codes, tv, tv_bound
 from toys import TOL, full_logits, random_adapter, random_ids, tiny_drafter, tiny_gpt, toy_gpt
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: a second thread only adds synchronisation."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def first_layers(model, E):
     """The slow oracle of the draft: a standalone GPT made of the model's first E blocks, its embeddings, final
     norm and unembedding."""

@@ -32,15 +32,6 @@ TOL = 1e-10
 ar = METHODS["ar"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: a second thread only adds synchronisation (it can make a forward 10x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def check_stats(ids, stats):
     steps = stats["accepted_per_step"]
     assert sum(steps) == stats["new_tokens"] == len(ids)
