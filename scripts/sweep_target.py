@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import train_tiny  # noqa: E402
-from nanospec.training import pipeline as stages  # noqa: E402
+from nanospec.training import pipeline  # noqa: E402
 from nanospec.training.presets import PRESETS  # noqa: E402
 from nanospec.model.checkpoint import load_checkpoint  # noqa: E402
 from nanospec.training.trainer import PRECISIONS  # noqa: E402
@@ -87,7 +87,7 @@ def run_variant(name, args):
     cfg = preset_with(VARIANTS[name])
     targv = ["--out-dir", out_dir, "--data-dir", args.data_dir, "--precision", args.precision]
     ns = train_tiny.build_parser().parse_args(targv)
-    ctx = stages.Context(ns)
+    ctx = pipeline.Context(ns)
     ctx.cfg = cfg
     os.makedirs(out_dir, exist_ok=True)
     # a tokenizer of the same vocabulary trained by an earlier variant is the same file: copy it
@@ -99,9 +99,9 @@ def run_variant(name, args):
                 and not os.path.exists(os.path.join(out_dir, "tokenizer.tiktoken"))):
             for path in (tok, tok[:-len(".tiktoken")] + ".vocab"):
                 shutil.copy(path, out_dir)
-    stages.stage_corpus(ctx)
-    stages.stage_tokenizer(ctx)
-    stages.stage_tokens(ctx)
+    pipeline.stage_corpus(ctx)
+    pipeline.stage_tokenizer(ctx)
+    pipeline.stage_tokens(ctx)
     tc = cfg["target_train"]
     if args.steps:  # a fixed number of steps, the schedule over them: the loss does not depend on the load
         cfg["target_train"] = replace(tc, max_iters=args.steps, max_seconds=0.0, eval_interval=max(args.steps // 3, 1))
@@ -109,7 +109,7 @@ def run_variant(name, args):
         cfg["target_train"] = replace(tc, max_iters=100_000, max_seconds=args.seconds or tc.max_seconds)
     load_before = os.getloadavg()[0]
     ctx.stage_started = t0 = time.perf_counter()
-    losses = stages.stage_target(ctx)
+    losses = pipeline.stage_target(ctx)
     wall = time.perf_counter() - t0
     ckpt = load_checkpoint(os.path.join(out_dir, "target.pt"))
     t, tc = cfg["target"], cfg["target_train"]

@@ -5,7 +5,7 @@ rule as a greedy one with other laws (docs: "a sampled step is not a slower gree
 same order of operations; the bench reports the counts (nanospec/bench/timing.py holds the counter, nanospec/bench/compare.py
 counts one untimed run per row), and this file holds each method to a bound.
 
-The counter (probes.counting_ops) watches every aten op while one generation runs (48 new tokens, tiny random
+The counter (timing.counting_ops) watches every aten op while one generation runs (48 new tokens, tiny random
 models with every part, each method with its default options), leaves out those made inside a model call (the
 Timed wrapper's ledger.depth > 0), divides by the target forwards and prints the table (`pytest -s`): all ops,
 and in brackets those that launch work on a GPU. Eager and static (runtime.prepare) run the same code outside

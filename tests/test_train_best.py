@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from nanospec.training import pipeline as stages
+from nanospec.training import pipeline
 from nanospec.training import trainer
 from nanospec.model.checkpoint import gpt_checkpoint, load_checkpoint, load_gpt
 from nanospec.model.gpt import GPT, GPTConfig
@@ -128,15 +128,15 @@ def ctx(max_seconds=None, max_iters=None):
 
 def test_a_starved_stage_says_so_and_what_to_do():
     """Issue 35: 132 target steps of ~1100 while another process took a core, and nothing said so."""
-    assert stages.starved_report(ctx(), "target", record(132, 1.0)) == [
+    assert pipeline.starved_report(ctx(), "target", record(132, 1.0)) == [
         "warning: target got only 132 steps of the ~1089 a quiet reference machine reaches in its 315s; other "
         "processes kept 1.0 of 2 cores busy: the machine was busy."]
-    assert "slower than the preset's reference" in stages.starved_report(ctx(), "target", record(132, 0.1))[0]
-    assert stages.starved_report(ctx(), "target", record(600, 1.0)) == []  # over half: fine
-    assert stages.starved_report(ctx(max_seconds=30), "target", record(132, 1.0)) == []  # another budget: no reference
-    advice = stages.starved_advice(ctx(), ["target", "draft"])[0]
+    assert "slower than the preset's reference" in pipeline.starved_report(ctx(), "target", record(132, 0.1))[0]
+    assert pipeline.starved_report(ctx(), "target", record(600, 1.0)) == []  # over half: fine
+    assert pipeline.starved_report(ctx(max_seconds=30), "target", record(132, 1.0)) == []  # another budget: no reference
+    advice = pipeline.starved_advice(ctx(), ["target", "draft"])[0]
     assert "weaker model" in advice and "delete out/*.pt" in advice
-    advice = stages.starved_advice(ctx(), ["draft", "eagle"])[0]
+    advice = pipeline.starved_advice(ctx(), ["draft", "eagle"])[0]
     assert "accepted less often" in advice and "delete out/draft.pt out/eagle.pt" in advice
 
 
@@ -144,7 +144,7 @@ def test_the_summary_lists_every_trained_stage():
     c = ctx()
     c.records = {"target": record(1000, 0.0), "draft": record(50, 1.2, stage="draft")}
     c.val_tokens = None
-    lines = stages.summary(c)
+    lines = pipeline.summary(c)
     assert lines[0].startswith("summary:") and "target" in lines[1] and "~1089" in lines[1]
     assert any(line.startswith("warning: draft got only 50 steps of the ~339") for line in lines)
     assert "accepted less often" in lines[-1] and not any("target got" in line for line in lines)

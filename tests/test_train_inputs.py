@@ -12,7 +12,7 @@ import torch
 
 import train_tiny
 from nanospec.training import corpus
-from nanospec.training import pipeline as stages
+from nanospec.training import pipeline
 from nanospec.model.drafters.eagle import Eagle, eagle_config
 from nanospec.model.drafters.early_exit import ExitAdapter
 from nanospec.model.drafters.parallelspec import ParallelSpec, ParallelSpecConfig
@@ -61,8 +61,8 @@ def test_bad_numbers_are_one_line_errors(tmp_path, flag, value, meaning):
 
 def test_max_seconds_zero_means_no_budget(tmp_path):
     ctx = SimpleNamespace(args=SimpleNamespace(max_seconds=0.0), cfg=PRESETS["tiny"])
-    assert stages.Context.budget(ctx, "target_train") == 0.0  # plan and train_cfg read 0 as "no time budget"
-    ctx = stages.Context(train_tiny.build_parser().parse_args(["--max-seconds", "0"]))
+    assert pipeline.Context.budget(ctx, "target_train") == 0.0  # plan and train_cfg read 0 as "no time budget"
+    ctx = pipeline.Context(train_tiny.build_parser().parse_args(["--max-seconds", "0"]))
     assert ctx.train_cfg("target_train").max_seconds == 0.0  # the preset's 315 s are gone too
 
 
@@ -91,7 +91,7 @@ def test_a_read_only_out_dir_is_refused_before_training(tmp_path, monkeypatch):
 
     def read_only(*args, **kw):  # what a read-only folder does (root, running the tests, writes anywhere)
         raise PermissionError(13, "Permission denied")
-    monkeypatch.setattr(stages.tempfile, "TemporaryFile", read_only)
+    monkeypatch.setattr(pipeline.tempfile, "TemporaryFile", read_only)
     message = train_error(["--corpus", str(src), "--max-iters", "2"], tmp_path)
     assert "not a writable folder (Permission denied)" in message
     assert not (tmp_path / "data").exists() or not (tmp_path / "data" / "train.txt").exists()
@@ -112,7 +112,7 @@ def test_a_chmod_read_only_out_dir(tmp_path):
 def test_ctrl_c_outside_a_training_loop_is_one_line(tmp_path, monkeypatch, capsys):
     def interrupted(ctx):
         raise KeyboardInterrupt
-    monkeypatch.setitem(stages.STAGES, "corpus", interrupted)
+    monkeypatch.setitem(pipeline.STAGES, "corpus", interrupted)
     with pytest.raises(SystemExit) as e:
         train_tiny.main(["--preset", "toy", "--data-dir", str(tmp_path / "d"), "--out-dir", str(tmp_path / "o")])
     assert e.value.code == 130
@@ -167,17 +167,17 @@ def test_the_gpu_preset_is_well_formed():
     assert cfg["corpus_tests"] and cfg["corpus_packages"] and cfg["corpus_bytes"] >= 200_000_000
     tc = cfg["target_train"]
     assert tc.expected_steps * tc.batch_size * cfg["target"].block_size * 3.5 / cfg["corpus_bytes"] < 4
-    budgets = [cfg[key].max_seconds for key in stages.TRAINED.values()]
+    budgets = [cfg[key].max_seconds for key in pipeline.TRAINED.values()]
     assert all(budgets) and sum(budgets) <= 270  # + corpus, tokenizer and loading: about 5 minutes
     assert all(math.isfinite(b) for b in budgets)
 
 
 def test_the_default_run_names_the_gpu_preset_when_a_gpu_is_visible(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert "make train PRESET=gpu" in stages.gpu_note(SimpleNamespace(preset="tiny"))
-    assert stages.gpu_note(SimpleNamespace(preset="gpu")) == ""
+    assert "make train PRESET=gpu" in pipeline.gpu_note(SimpleNamespace(preset="tiny"))
+    assert pipeline.gpu_note(SimpleNamespace(preset="gpu")) == ""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert stages.gpu_note(SimpleNamespace(preset="tiny")) == ""
+    assert pipeline.gpu_note(SimpleNamespace(preset="tiny")) == ""
 
 
 def test_presets_other_than_tiny_get_their_own_folders(monkeypatch):
@@ -225,8 +225,8 @@ def test_training_makes_every_tensor_on_the_model_s_device():
                 recipe.validation(1)
     with torch.device("meta"):
         w = windows(tokens, rng, 2, 24 + 1 + 2)
-        assert set(stages.lm_losses(target, w)) == {"main", "head1", "head2"}
-        stages.lm_losses(target, w, torch.arange(3, device="cpu"))
+        assert set(pipeline.lm_losses(target, w)) == {"main", "head1", "head2"}
+        pipeline.lm_losses(target, w, torch.arange(3, device="cpu"))
 
 
 # ----------------------------------------------------------------------------- token files and named files (issues 33, 35)
@@ -244,16 +244,16 @@ def test_the_tokens_are_uint16_files_of_the_corpus_encoded_once(tmp_path, monkey
     import numpy as np
 
     from nanospec.tokenizer import Tokenizer
-    monkeypatch.setattr(stages, "TOKENIZE_BLOCK_BYTES", 1000)  # many blocks: documents cut across them rejoin
+    monkeypatch.setattr(pipeline, "TOKENIZE_BLOCK_BYTES", 1000)  # many blocks: documents cut across them rejoin
     argv = toy_run(tmp_path)
     tok = Tokenizer.load(tmp_path / "out" / "tokenizer.tiktoken")
     for split in ("train", "val"):
         expected = tok.encode_corpus((tmp_path / "data" / f"{split}.txt").read_text())
         assert np.fromfile(tmp_path / "out" / f"{split}.bin", dtype=np.uint16).tolist() == expected
     capsys.readouterr()
-    ctx = stages.Context(train_tiny.build_parser().parse_args(argv))
+    ctx = pipeline.Context(train_tiny.build_parser().parse_args(argv))
     for stage in ("corpus", "tokenizer", "tokens"):
-        stages.STAGES[stage](ctx)
+        pipeline.STAGES[stage](ctx)
     assert "train.bin exists, skipping" in capsys.readouterr().out  # encoded once
     assert isinstance(ctx.train_tokens, np.memmap) and ctx.train_tokens.dtype == np.uint16  # read from disk
     # a retrained tokenizer gets new token files
@@ -268,11 +268,11 @@ def test_the_tokenizer_learns_from_a_sample_of_the_whole_split(tmp_path):
     path = tmp_path / "train.txt"
     path.write_text("".join(f"first part line {i}\n" for i in range(5000)) +
                     "".join(f"last part line {i}\n" for i in range(5000)))
-    sample = stages.tokenizer_sample(path, 20_000)
+    sample = pipeline.tokenizer_sample(path, 20_000)
     assert len(sample) <= 20_000 and "first part" in sample and "last part" in sample
     assert all(line.startswith(("first part line", "last part line")) or line == ""
                for piece in sample.split(corpus.EOT) for line in piece.split("\n"))  # whole lines only
-    assert stages.tokenizer_sample(path, None) == path.read_text()
+    assert pipeline.tokenizer_sample(path, None) == path.read_text()
 
 
 @pytest.mark.parametrize("damage, named", [

@@ -52,7 +52,7 @@ def mixed(prompts, B):
 @torch.inference_mode()
 def verify_cost(target, B, k, reps=5, prefix=100):
     """(seconds of one target forward over B x 1 new tokens, cost(B x (k+1)) / that), B rows of `prefix` cached:
-    the fastest of `reps` runs of each (probes.fastest)."""
+    the fastest of `reps` runs of each (timing.fastest)."""
     device = target.wte.weight.device
     prefix = min(prefix, target.config.block_size - k - 1)  # a short context holds fewer
     gen = torch.Generator(device=device).manual_seed(0)

@@ -115,7 +115,7 @@ def machine(models, runtime_path):
     """This machine, device, dtype, threads, runtime path, torch and checkpoint, as one string: a calibration is
     good for exactly these."""
     target = models.target
-    while not isinstance(target, torch.nn.Module):  # under probes.Timed or runtime.Fast: the model itself
+    while not isinstance(target, torch.nn.Module):  # under timing.Timed or runtime.Fast: the model itself
         target = target.model
     weight = target.wte.weight
     device = torch.cuda.get_device_name(weight.device) if weight.is_cuda else weight.device.type

@@ -312,7 +312,7 @@ def choose_methods(wanted, models, broken):
 
 def set_up(args):
     """Check the settings, load the models and prompts, and wrap the models once for each runtime path the rows
-    run (runtime.prepare, then probes.Timed around each part). Returns a dict of what the measurements need."""
+    run (runtime.prepare, then timing.Timed around each part). Returns a dict of what the measurements need."""
     temperatures = check_args(args)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -398,8 +398,8 @@ def warm_up(paths, rows, prompt_ids, max_new_tokens, notes, ckpt=None):
 
 def count_host_work(paths, ledger, rows, prompt, temperature, max_new_tokens, seed, failed, reads, ops):
     """reads[row label] = host reads per target forward, ops[row label] = (aten ops, kernel launches) per target
-    forward outside the model calls, from one untimed run of each row on `prompt` (probes.counting_host_reads
-    patches every read and probes.counting_ops watches every op, which slows both: never inside a timed run;
+    forward outside the model calls, from one untimed run of each row on `prompt` (timing.counting_host_reads
+    patches every read and timing.counting_ops watches every op, which slows both: never inside a timed run;
     `ledger` is the one the Timed parts of `paths` share: it tells the model calls' ops apart). A row that
     raises is reported in `failed`."""
     for label, (method, options, path) in rows.items():

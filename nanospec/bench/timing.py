@@ -119,7 +119,7 @@ class Timed:
 
 
 def timed_models(models, ledger):
-    """`models` (a parts.Models, wrapped or not by runtime.prepare) with every part a method calls in Timed."""
+    """`models` (a load.Models, wrapped or not by runtime.prepare) with every part a method calls in Timed."""
     def wrap(part, kind, counts=True):
         model = getattr(models, part)
         return None if model is None else Timed(model, ledger, kind, counts)

@@ -327,7 +327,7 @@ def verify_tree_descend(p_target, tokens, parents, generator=None):
     Medusa, EAGLE-2; n-grams; Jacobi windows). p_target (N, V): the target's law after each node.
 
     A guess is a point mass, q = one_hot(x), so the walk's min(1, P(x)/q(x)) = P(x) and the residual is P with
-    x removed (verify_reference.verify_tree_point_mass runs exactly that). The same law, drawn at once: at node
+    x removed (reference.verify_tree_point_mass runs exactly that). The same law, drawn at once: at node
     u draw y ~ p_u; if a child of u holds y, step into it (the first such child: a duplicate sibling never wins)
     and repeat there; else stop and emit y. Child x is entered with probability p_u(x) and, when none is, y
     follows p_u without the children's tokens. (The draw y is both the test and the emitted token; drawing a
@@ -345,7 +345,7 @@ def verify_tree_descend(p_target, tokens, parents, generator=None):
 def verify_tree_greedy(logits, tokens, parents):
     """The greedy case of the tree rules, the fast way: one argmax over all nodes, then the same descent as
     verify_tree_descend with y = the argmax (what sampling a one-hot row gives). logits (N, V). It returns what
-    verify_tree_descend(warp(logits, 0), ...) and verify_reference.verify_tree_point_mass return under greedy (the
+    verify_tree_descend(warp(logits, 0), ...) and reference.verify_tree_point_mass return under greedy (the
     tests check it) without building N one-hot rows or drawing from them: on a CPU that is a third of a tiny
     model's step.
     Example: tokens [0, 5, 8, 9], parents [-1, 0, 0, 1], argmax after nodes 0..3 = [8, 1, 7, 4] -> ([2], 7).
@@ -411,7 +411,7 @@ def verify_tree_without_replacement(p_target, q_draft, tokens, parents, generato
     every node at once, sibling rank by sibling rank (W ranks for nodes of at most W children); every uniform and
     every node's emitted token is drawn at once too; then the walk follows, from the root, each node's first
     accepted child. A node the walk never reaches leaves its draws unused, and each node the walk visits uses only
-    its own: the same law as judging one child at a time (verify_reference.verify_tree_sampled's walk), which the
+    its own: the same law as judging one child at a time (reference.verify_tree_sampled's walk), which the
     tests check exactly.
     Returns path (..., D) padded with -1 (the accepted nodes, root excluded), next_token (...).
     """

@@ -13,7 +13,7 @@ the rollback, and the running tokens per forward. `decode.py --trace run.html` w
 
 The trace is a layer, as the bench's timing is (nanospec/bench/timing.py): no method knows about it. While `recording` is
 open, and only then, it wraps from outside:
-  - the target (`Traced`, as probes.Timed): each target forward's length and the cache length before it;
+  - the target (`Traced`, as timing.Timed): each target forward's length and the cache length before it;
   - run.Run.emit and Run.sample: a step ends when the method emits what its forward produced (`emit` counts the
     forwards); a plain step's token comes from `Run.sample` (ar's), or from verify_step's `sample` (a step of a
     drafting method that checked no guess);
@@ -404,7 +404,7 @@ def holders(function):
 
 
 class Traced:
-    """The target, each forward of it noted in the trace (tokens read, the cache length before), as probes.Timed
+    """The target, each forward of it noted in the trace (tokens read, the cache length before), as timing.Timed
     notes its seconds. A call the target says drafts (early-exit's first layers) is not a target forward. Every
     other attribute is the target's."""
 
@@ -698,7 +698,7 @@ def as_json(doc):
 
 
 def page(doc):
-    """The self-contained page: trace_page.html with the trace in its data block. The JSON is escaped so that no
+    """The self-contained page: page.html with the trace in its data block. The JSON is escaped so that no
     '<' (hence no '</script>') can appear in it."""
     with open(PAGE, encoding="utf-8") as f:
         template = f.read()

@@ -39,7 +39,7 @@ class TrainConfig:
     muon_lr: float = 0.02  # Muon's peak rate (its updates have unit singular values, so it is not AdamW's scale)
     precision: str = "auto"  # auto: bf16 autocast where the hardware does it fast, else fp32; fp32: never bf16
     # steps the stage reaches in max_seconds on the preset's reference machine with nothing else running (0: not
-    # known): a run that gets less than half says it was starved (stages.starved_report), instead of silently
+    # known): a run that gets less than half says it was starved (pipeline.starved_report), instead of silently
     # saving a weaker model
     expected_steps: int = 0
 
