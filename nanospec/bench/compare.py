@@ -82,7 +82,8 @@ def log(message):  # progress goes to stderr: stdout is the report
 # ----------------------------------------------------------------------------- the command line
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="Benchmark every decoding method against ar on the same prompts.")
+    p = argparse.ArgumentParser(prog="python -m nanospec.bench",
+                                description="Benchmark every decoding method against ar on the same prompts.")
     p.add_argument("--methods", default="all", help="comma-separated methods, or all (ar always runs: the baseline)")
     p.add_argument("--categories", default="all", help="comma-separated prompt categories, or all")
     p.add_argument("--prompts", default="data/prompts.json", help="prompt file (scripts/make_prompts.py builds it)")
