@@ -23,7 +23,7 @@ from nanospec.fast.runtime import prepare
 from nanospec.rules.tree import draw_rank_paths, frontier_mask, path_to, tree_from_paths
 from nanospec.rules.verify import warp
 from laws import empirical_law, exact_law, tv, tv_bound
-from toys import TOL, random_head, random_ids, slow_tree, tiny_gpt, trained_tiny
+from toys import TOL, random_head, random_ids, shorter_context, slow_tree, tiny_gpt, trained_tiny
 
 
 def toy_windows(B, T, V, g):
@@ -87,10 +87,7 @@ def test_greedy_equals_ar(models, name, options):
 def test_stops_at_eot_budget_and_context_like_ar(models):
     m = models["trained"]
     for prompt, n, block in [(random_ids(5), 7, None), (random_ids(5), 1, None), (random_ids(30), 50, 36)]:
-        target = m.target
-        if block is not None:  # the same weights, a shorter context: the trees must shrink near its end
-            target = tiny_gpt(0, n_future=2, block_size=block)
-            target.load_state_dict({k: v for k, v in m.target.state_dict().items() if k != "wpe.weight"}, strict=False)
+        target = m.target if block is None else shorter_context(m.target, block, n_future=2)
         short = Models(target=target, eagle=m.eagle)
         expect, s_ar = METHODS["ar"](short, prompt, n)
         ids, stats = METHODS["eagle"](short, prompt, n)

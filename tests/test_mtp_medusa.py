@@ -21,7 +21,7 @@ from nanospec.rules.tree import format_tree, leaf_paths, path_to, print_verified
 from nanospec.rules.verify import sample, warp
 from nanospec.fast.runtime import prepare
 from laws import exact_law, method_law, tv, tv_bound
-from toys import SAMPLING_MODEL, SAMPLING_TREE, TOL, random_ids, random_tree, tiny_gpt, trained_tiny
+from toys import SAMPLING_MODEL, SAMPLING_TREE, TOL, random_ids, random_tree, shorter_context, tiny_gpt, trained_tiny
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import medusa_tree as tree_script  # noqa: E402  (a script, not a package module)
@@ -173,10 +173,7 @@ def test_greedy_equals_ar(models, model_name, method, options):
 def test_stops_at_eot_budget_and_context_like_ar(models, method):
     m = models["trained n_future=3"]
     for prompt, n, block in [(random_ids(5), 7, None), (random_ids(5), 1, None), (random_ids(30), 50, 36)]:
-        target = m.target
-        if block is not None:  # the same weights, a shorter context: the trees must shrink near its end
-            target = tiny_gpt(0, n_future=3, block_size=block)
-            target.load_state_dict({k: v for k, v in m.target.state_dict().items() if k != "wpe.weight"}, strict=False)
+        target = m.target if block is None else shorter_context(m.target, block, n_future=3)
         short = Models(target=target)
         expect, s_ar = METHODS["ar"](short, prompt, n)
         ids, stats = METHODS[method](short, prompt, n)

@@ -52,6 +52,14 @@ def tiny_gpt(seed=0, **kw):
     return model
 
 
+def shorter_context(target, block_size, n_future):
+    """`target`'s weights with a context of `block_size` (its own position table, fresh): a method must shrink
+    its guesses near the end of this context as `ar` stops there."""
+    short = tiny_gpt(0, n_future=n_future, block_size=block_size)
+    short.load_state_dict({k: v for k, v in target.state_dict().items() if k != "wpe.weight"}, strict=False)
+    return short
+
+
 def full_logits(model, ids):
     return model(torch.tensor([ids])).logits[0]  # (T, V)
 
