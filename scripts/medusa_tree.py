@@ -68,8 +68,8 @@ def measure(models, prompts, new_tokens):
     for prompt in prompts:
         cont = METHODS["ar"](models, prompt, new_tokens)[0]  # the target's own greedy continuation
         seq = torch.tensor([prompt + cont])  # (1, S)
-        out = target(seq, heads=True)
-        h = out.head_logits[0]  # (nf, S, V): head i at t guesses token t+1+i
+        out = target(seq)
+        h = target.head_logits(out.hidden)[0]  # (nf, S, V): head i at t guesses token t+1+i
         P, S = len(prompt), seq.size(1)
         # positions t whose every head's target token lies in the continuation: t >= P-1, t+1+nf < S
         ts = torch.arange(P - 1, S - 1 - nf)

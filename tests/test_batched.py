@@ -21,7 +21,7 @@ from nanospec.decoding import METHODS
 from nanospec.decoding import batched
 from nanospec.steps import verify_step
 from nanospec.decoding.batched import generate
-from nanospec.model.gpt import KVCache
+from nanospec.model.cache import KVCache, Placement, additive
 from nanospec.model.load import Models
 from nanospec.fast.runtime import prepare
 from laws import empirical_law, exact_law, sequence_codes, tv, tv_bound
@@ -95,12 +95,15 @@ def test_the_static_runtime_runs_the_same(models):
 def test_rows_out_of_step_are_caught(models, monkeypatch):
     """Negative control: every row written at the longest row's length (positions and slots shared, as a padded
     batch without per-row lengths would do): the greedy equality above must fail."""
-    right = KVCache.row_slots
+    right = KVCache.place
 
-    def shared(cache, T):  # (B, T): every row at the longest row's slots
-        return right(cache, T).max(0, keepdim=True).values.expand(cache.k.size(1), T)
+    def shared(cache, T, *args):  # every row at the longest row's slots and positions, under its causal mask
+        at = right(cache, T, *args)
+        slots = at.slots.max(0, keepdim=True).values.expand(cache.k.size(1), T)  # (B, T)
+        mask = additive(torch.arange(cache.max_len) <= slots[..., None], at.mask.dtype)[:, None]  # (B, 1, T, S)
+        return Placement(slots, mask, slots, cache)
 
-    monkeypatch.setattr(KVCache, "row_slots", shared)
+    monkeypatch.setattr(KVCache, "place", shared)
     ids, _ = generate(models, PROMPTS[:4], 12, method="ar")
     assert ids != [alone(models, p, 12) for p in PROMPTS[:4]]
 

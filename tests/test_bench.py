@@ -15,7 +15,7 @@ from nanospec.training import corpus
 from nanospec.bench import report
 from nanospec.decoding import METHODS, MODULES
 from nanospec.decoding.early_exit import default_exit_layer
-from nanospec.model.gpt import KVCache
+from nanospec.model.cache import KVCache
 from nanospec.training.presets import PRESETS
 from nanospec.bench.timing import Ledger, Timed, timed_models
 from nanospec.fast.runtime import prepare
@@ -139,7 +139,7 @@ def parts():
 def test_timed_files_each_call_as_drafting_or_a_target_forward(runtime, temperature):
     """On a fake clock each outermost call adds one second to its kind: the ledger's seconds count the calls it
     filed there. Early-exit: every pass through the target's first E layers drafts (a pass), and so do the
-    adapter and the borrowed final norm and head after each guess (no pass: they finish it); the verify over
+    adapter and the borrowed unembedding after each guess (no pass: they finish it); the verify over
     layers E..L is a target forward (a step with no guess is one forward through every layer). Speculative: every
     call of the draft GPT is a pass. mtp: its heads, run after each forward on the target's state, draft (no pass:
     they are the target's own). ar: no drafting at all. The EAGLE head reads the target's modules inside its own call,
@@ -162,7 +162,7 @@ def test_timed_files_each_call_as_drafting_or_a_target_forward(runtime, temperat
         if method == "early-exit":
             guessing = sum(1 for d in stats["drafted_per_step"] if d)  # the steps that drafted
             lower = stats["drafted"] + guessing  # k guesses + the read-back, per step that drafted
-            assert got["passes"] == lower and got["drafting"] == lower + 3 * stats["drafted"]  # adapter, ln_f, head
+            assert got["passes"] == lower and got["drafting"] == lower + 2 * stats["drafted"]  # adapter, unembed
             if called:
                 assert target_calls.count((0, E)) == lower
                 assert target_calls.count((E, L)) == guessing  # every verify after a draft; the others: None
@@ -173,7 +173,7 @@ def test_timed_files_each_call_as_drafting_or_a_target_forward(runtime, temperat
         elif method == "eagle":
             assert got["passes"] > 0 and (not called or got["passes"] == len(eagle_calls))  # tree levels
             refreshes = stats["target_forwards"] - 1  # after the prefill and every verify but the last
-            assert got["drafting"] == got["passes"] + 2 * refreshes  # refresh's unembed: ln_f + lm_head, no pass
+            assert got["drafting"] == got["passes"] + refreshes  # refresh's unembed, no pass
         else:
             assert got["passes"] == got["drafting"] == 0 and not draft_calls and not eagle_calls, method
 
@@ -192,8 +192,8 @@ def test_timed_passes_the_model_through(parts):
     target = Timed(parts.target, ledger, "target")
     assert target.config is parts.target.config and target.wte is parts.target.wte  # attributes are the model's
     assert isinstance(target.new_cache(), KVCache) and target.new_cache() is not target.new_cache()  # eager: fresh
-    head = target.lm_head  # borrowed outside the target's forward: drafting, no pass
-    assert isinstance(head, Timed) and head.model is parts.target.lm_head
+    head = target.unembed  # borrowed outside the target's forward: drafting, no pass
+    assert isinstance(head, Timed) and head.model == parts.target.unembed
     assert head.kind == "drafting" and not head.counts
     fast = Timed(prepare(parts, "static")[0].target, ledger, "target")
     first = fast.new_cache()

@@ -184,18 +184,18 @@ GALLERY = [
     """),
     (5, "KVCache.rollback", "every layer set to the length, even one that had not reached it", """
         def rollback(self, length):
-            self.lengths = [length] * len(self.lengths)
+            self.layer_lengths = [length] * len(self.layer_lengths)
     """),
     (5, "KVCache.compact", "the length shortened but the kept slots not moved", """
         def compact(self, keep):
-            self.lengths = [len(keep)] * len(self.lengths)
+            self.layer_lengths = [len(keep)] * len(self.layer_lengths)
     """),
     (5, "KVCache.compact", "keys moved, values left behind", """
         def compact(self, keep):
             keep = [int(s) for s in keep]
             src = torch.tensor(keep, dtype=torch.long, device=self.k.device)
             self.k[:, :, :, :len(keep)] = self.k[:, :, :, src]
-            self.lengths = [len(keep)] * len(self.lengths)
+            self.layer_lengths = [len(keep)] * len(self.layer_lengths)
     """),
     (6, "tree_mask", "a node sees its parent, not all its ancestors", """
         def tree_mask(parents, prefix_len, device="cpu"):

@@ -16,7 +16,8 @@ from nanospec.model.load import Models, load_eagle
 from nanospec.decoding import METHODS, check_method
 from nanospec.decoding import eagle as eagle_method
 from nanospec.steps.run import tensor
-from nanospec.model.gpt import GPTConfig, KVCache, Output
+from nanospec.model.cache import KVCache
+from nanospec.model.gpt import GPTConfig, Output
 from nanospec.model.drafters.eagle import Eagle, eagle_config
 from nanospec.training.drafter_losses import eagle_losses
 from nanospec.fast.runtime import prepare

@@ -63,12 +63,12 @@ def test_lower_layers_ahead_then_upper_layers_catch_up(E, n_keep):
     cache = model.new_cache()
     model(torch.tensor([prefix]), cache=cache)
     hidden = [model(torch.tensor([[t]]), cache=cache, layers=(0, E)).hidden for t in new]
-    assert cache.lengths == [9] * E + [5] * (3 - E)
+    assert cache.layer_lengths == [9] * E + [5] * (3 - E)
     out = model(None, cache=cache, layers=(E, 3), hidden_in=torch.cat(hidden, dim=1))
-    assert cache.lengths == [9, 9, 9]
+    assert cache.layer_lengths == [9, 9, 9]
     assert torch.allclose(out.logits[0], full_logits(model, prefix + new)[5:], atol=TOL)
     cache.rollback(5 + n_keep)
-    assert cache.lengths == [5 + n_keep] * 3
+    assert cache.layer_lengths == [5 + n_keep] * 3
     kept = prefix + new[:n_keep]
     got = model(torch.tensor([more]), cache=cache).logits[0]
     assert torch.allclose(got, full_logits(model, kept + more)[-3:], atol=TOL)
@@ -82,7 +82,7 @@ def test_rollback_while_lower_layers_are_ahead():
     model(torch.tensor([ids[:4]]), cache=cache)
     model(torch.tensor([ids[4:]]), cache=cache, layers=(0, 2))  # lower layers at 8, the top one at 4
     cache.rollback(6)  # cuts the lower layers; the top one, shorter, keeps its 4
-    assert cache.lengths == [6, 6, 4]
+    assert cache.layer_lengths == [6, 6, 4]
     cache.rollback(4)
     got = model(torch.tensor([ids[4:]]), cache=cache).logits[0]
     assert torch.allclose(got, full_logits(model, ids)[4:], atol=TOL)

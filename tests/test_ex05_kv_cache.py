@@ -1,4 +1,4 @@
-"""Exercise 5 (EXERCISES.md): `KVCache.rollback` and `KVCache.compact` in nanospec/model/gpt.py: after a verify
+"""Exercise 5 (EXERCISES.md): `KVCache.rollback` and `KVCache.compact` in nanospec/model/cache.py: after a verify
 forward, keep what was accepted and forget the rest. The cache's lengths after each operation, the slots'
 contents literally, and the one check that matters: the next forward sees exactly what a fresh forward over
 the accepted text would (tiny random float64 GPTs; tree layouts written out by hand, not by tree.py).
@@ -8,7 +8,8 @@ import random
 import pytest
 import torch
 
-from nanospec.model.gpt import GPTConfig, KVCache
+from nanospec.model.cache import KVCache
+from nanospec.model.gpt import GPTConfig
 from toys import TOL, full_logits, random_ids, tiny_gpt
 
 pytestmark = pytest.mark.ex5
@@ -31,11 +32,13 @@ def slot_values(cache):
 def test_rollback_lengths():
     cache = numbered_cache(9)
     cache.rollback(5)
-    assert cache.length == 5 and cache.lengths == [5, 5], f"rollback(5) from 9: expected lengths [5, 5], got {cache.lengths}"
+    assert cache.length == 5 and cache.layer_lengths == [5, 5], \
+        f"rollback(5) from 9: expected layer_lengths [5, 5], got {cache.layer_lengths}"
     cache.rollback(5)  # to the current length: nothing changes
-    assert cache.lengths == [5, 5], f"rollback(5) at length 5 must change nothing, got lengths {cache.lengths}"
+    assert cache.layer_lengths == [5, 5], \
+        f"rollback(5) at length 5 must change nothing, got layer_lengths {cache.layer_lengths}"
     cache.rollback(0)
-    assert cache.lengths == [0, 0], f"rollback(0): expected lengths [0, 0], got {cache.lengths}"
+    assert cache.layer_lengths == [0, 0], f"rollback(0): expected layer_lengths [0, 0], got {cache.layer_lengths}"
 
 
 def test_rollback_when_the_lower_layers_ran_ahead():
@@ -44,10 +47,11 @@ def test_rollback_when_the_lower_layers_ran_ahead():
     cache = numbered_cache(5)
     cache.advance(3, layers=[0])  # layer 0 drafted 3 tokens ahead: lengths [8, 5]
     cache.rollback(6)
-    assert cache.lengths == [6, 5], (f"lengths [8, 5], rollback(6): layer 0 forgets slots 6.., layer 1 (5 slots) keeps "
-                                     f"its own count: expected [6, 5], got {cache.lengths}")
+    assert cache.layer_lengths == [6, 5], (f"layer_lengths [8, 5], rollback(6): layer 0 forgets slots 6.., layer 1 (5 "
+                                           f"slots) keeps its own count: expected [6, 5], got {cache.layer_lengths}")
     cache.rollback(2)
-    assert cache.lengths == [2, 2], f"lengths [6, 5], rollback(2): expected [2, 2], got {cache.lengths}"
+    assert cache.layer_lengths == [2, 2], \
+        f"layer_lengths [6, 5], rollback(2): expected [2, 2], got {cache.layer_lengths}"
 
 
 @torch.no_grad()
@@ -76,7 +80,8 @@ def test_compact_docstring_example():
     """Length 7, keep [0, 1, 2, 3, 5]: the prefix stays, slot 4 takes slot 5's keys and values, length 5."""
     cache = numbered_cache(7)
     cache.compact([0, 1, 2, 3, 5])
-    assert cache.lengths == [5, 5], f"compact([0, 1, 2, 3, 5]) of 7 slots: expected lengths [5, 5], got {cache.lengths}"
+    assert cache.layer_lengths == [5, 5], \
+        f"compact([0, 1, 2, 3, 5]) of 7 slots: expected layer_lengths [5, 5], got {cache.layer_lengths}"
     got = slot_values(cache)
     assert got == ([0, 1, 2, 3, 5], [-0.0, -1, -2, -3, -5]), \
         f"compact([0, 1, 2, 3, 5]): slots 0..4 must hold the keys [0, 1, 2, 3, 5] and values [0, -1, -2, -3, -5], got {got}"
@@ -85,7 +90,8 @@ def test_compact_docstring_example():
 def test_compact_moves_every_layer_and_accepts_a_tensor():
     cache = numbered_cache(9)
     cache.compact(torch.tensor([0, 2, 3, 7]))
-    assert cache.lengths == [4, 4], f"compact(tensor [0, 2, 3, 7]): expected lengths [4, 4], got {cache.lengths}"
+    assert cache.layer_lengths == [4, 4], \
+        f"compact(tensor [0, 2, 3, 7]): expected layer_lengths [4, 4], got {cache.layer_lengths}"
     for layer in range(2):
         k, v = cache.k[layer, 0, 0, :4, 1].tolist(), cache.v[layer, 0, 0, :4, 1].tolist()
         assert (k, v) == ([0, 2, 3, 7], [0, -2, -3, -7]), \

@@ -12,7 +12,8 @@ import torch
 
 from nanospec.decoding.eagle import grow_tree
 from nanospec.model.drafters.eagle import eagle_config
-from nanospec.model.gpt import KVCache, Output
+from nanospec.model.cache import KVCache
+from nanospec.model.gpt import Output
 from nanospec.steps.run import tensor
 from toys import random_head, random_ids, slow_tree, tiny_gpt
 
@@ -139,7 +140,7 @@ class OneLayerCache(KVCache):
     """The real head's cache, with rollback as exercise 5 defines it for its single layer."""
 
     def rollback(self, length):
-        self.lengths = [length]
+        self.layer_lengths = [length]
 
 
 @torch.no_grad()

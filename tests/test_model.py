@@ -26,13 +26,14 @@ def test_incremental_cached_forward_equals_full_forward(chunks):
 def test_heads_predict_from_the_same_hidden_state():
     model = tiny_gpt()
     ids = random_ids(10)
-    out = model(torch.tensor([ids]), heads=True)
-    assert out.head_logits.shape == (1, 2, 10, 11)
+    out = model(torch.tensor([ids]))
+    heads = model.head_logits(out.hidden)
+    assert heads.shape == (1, 2, 10, 11)
     cache = model.new_cache()
     model(torch.tensor([ids[:7]]), cache=cache)
     last = model(torch.tensor([ids[7:]]), cache=cache)
-    assert torch.allclose(model.head_logits(last.hidden)[0], out.head_logits[0, :, 7:], atol=TOL)
-    assert not torch.allclose(out.head_logits[0, 0], out.logits[0], atol=1e-3)  # heads are not the main head
+    assert torch.allclose(model.head_logits(last.hidden)[0], heads[0, :, 7:], atol=TOL)
+    assert not torch.allclose(heads[0, 0], out.logits[0], atol=1e-3)  # heads are not the main head
 
 
 @torch.no_grad()
@@ -98,25 +99,30 @@ def test_tree_mask_literal():
     assert tree_positions([-1, 0, 1, 0], 2).tolist() == [2, 3, 4, 3]
 
 
-def test_layout_literal():
-    """2 tokens cached, 3 new: positions 2, 3, 4 and a causal mask over the 5; nothing cached: no mask at all."""
+def test_place_literal():
+    """2 tokens cached, 3 new: slots and positions 2, 3, 4, a causal mask over every slot of the cache (0 = may
+    look, -inf = hidden); a tree's mask over the cached and new tokens is padded alike; no cache: positions 0, 1, 2
+    and no mask at all (plain causal attention among the new tokens)."""
     model = tiny_gpt()
-    cache = model.new_cache()
+    cache = model.new_cache(max_len=7)
     model(torch.tensor([[1, 2]]), cache=cache)
-    pos, mask = model.layout(torch.tensor([[3, 4, 5]]), cache=cache)
-    assert pos.tolist() == [2, 3, 4]
-    assert mask.int().tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
-    pos, mask = model.layout(torch.tensor([[3, 4, 5]]))
-    assert pos.tolist() == [0, 1, 2] and mask is None
+    at = model.place(torch.tensor([[3, 4, 5]]), cache)
+    assert at.slots.tolist() == [[2, 3, 4]] and at.pos.tolist() == [[2, 3, 4]] and at.cache is cache
+    assert (at.mask == 0).int().tolist() == [[[[1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0, 0]]]]
+    assert at.mask.unique().tolist() == [float("-inf"), 0.0]
     tree = tree_mask([-1, 0, 0], 2)
-    assert model.layout(torch.tensor([[3, 4, 5]]), pos=tree_positions([-1, 0, 0], 2), cache=cache,
-                        mask=tree)[1] is tree  # given ones are kept
+    at = model.place(torch.tensor([[3, 4, 5]]), cache, pos=tree_positions([-1, 0, 0], 2), mask=tree)
+    assert at.pos.tolist() == [2, 3, 3] and (at.mask == 0).int().tolist() == [[[
+        [1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 0, 1, 0, 0]]]]
+    at = model.place(torch.tensor([[3, 4, 5]]))
+    assert at.pos.tolist() == [0, 1, 2] and at.mask is None and at.slots is None and at.cache is None
 
 
 @torch.no_grad()
-def test_layout_is_what_the_forward_uses():
-    """The fast runtime (nanospec/fast/runtime.py) builds a forward from layout's answer: the forward given it
-    explicitly must compute exactly what it computes by default; a shifted position must not."""
+def test_a_forward_told_its_default_placement_computes_the_same():
+    """The fast layer hands a forward its positions and mask as tensors: told the default positions and the
+    causal mask over the cached and new tokens, a forward computes exactly what it computes by default; a shifted
+    position must not."""
     model = tiny_gpt()
     ids = random_ids(9, seed=3)
     for split in (0, 4):
@@ -124,7 +130,8 @@ def test_layout_is_what_the_forward_uses():
         if split:
             model(torch.tensor([ids[:split]]), cache=cache)
         x = torch.tensor([ids[split:]])
-        pos, mask = model.layout(x, cache=cache)
+        T = x.size(1)
+        pos, mask = torch.arange(split, split + T), torch.ones(T, split + T, dtype=torch.bool).tril(split)
         by_default = model(x, cache=cache).logits
         cache.rollback(split)
         told = model(x, pos=pos, mask=mask, cache=cache).logits

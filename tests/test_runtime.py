@@ -1,7 +1,7 @@
 """The fast runtime (nanospec/fast/runtime.py) against plain PyTorch, its oracle.
 
-  - each Fast model is its plain model: the GPT over chains (a prompt, then 1- and k-token steps with the MTP
-    heads), trees (explicit positions and tree mask) and early-exit's layer ranges (lower layers running ahead,
+  - each Fast model is its plain model: the GPT over chains (a prompt, then 1- and k-token steps, each
+    rolled back), trees (explicit positions and tree mask) and early-exit's layer ranges (lower layers running ahead,
     upper ones reading hidden_in); the EAGLE head (a causal refresh, then frontier passes); the ParallelSpec
     drafter (tokens and masks, only the real tokens kept). Outputs AND caches are compared after every call, over
     many calls with the rollbacks and compactions the methods make, so shapes come back and are replayed from
@@ -55,8 +55,8 @@ def same_output(got, expected):
 def same_cache(got, expected):
     """Two KV caches hold the same tokens: the same length in every layer, equal keys and values there (the
     slots beyond may differ: rolled-back guesses, the masks' keys, which no one reads)."""
-    assert got.lengths == expected.lengths
-    for layer, n in enumerate(expected.lengths):
+    assert got.layer_lengths == expected.layer_lengths
+    for layer, n in enumerate(expected.layer_lengths):
         for a, b in ((got.k, expected.k), (got.v, expected.v)):
             torch.testing.assert_close(a[layer, :, :, :n], b[layer, :, :, :n], atol=TOL, rtol=0)
 
@@ -68,7 +68,7 @@ def same_cache(got, expected):
 @pytest.mark.parametrize("seed", range(3))
 @torch.inference_mode()
 def test_gpt_chain_forwards_with_rollbacks(seed):
-    """What every chain method does: a verify forward over [last, d1..dk] with the heads, then a rollback to
+    """What every chain method does: a verify forward over [last, d1..dk], then a rollback to
     what was accepted. T takes the same few values again and again: most calls run on Graphs' buffers."""
     model = tiny_gpt(seed, n_layer=3)
     runner, rng = Fast(model), random.Random(seed)
@@ -78,7 +78,7 @@ def test_gpt_chain_forwards_with_rollbacks(seed):
     for _ in range(15):
         T = rng.randint(1, 4)
         x = ids([rng.randrange(11) for _ in range(T)])
-        same_output(runner(x, cache=cache, heads=True), model(x, cache=plain, heads=True))
+        same_output(runner(x, cache=cache), model(x, cache=plain))
         same_cache(cache, plain)
         keep = rng.randint(plain.length - T + 1, plain.length)  # the last token and some guesses
         plain.rollback(keep)
@@ -131,7 +131,8 @@ def test_gpt_layer_ranges(E):
             lower_plain.append(model(x, cache=plain, layers=(0, E)).hidden)
             lower_fast.append(runner(x, cache=cache, layers=(0, E)).hidden)
             same_output(lower_fast[-1], lower_plain[-1])
-        assert cache.lengths == plain.lengths and plain.lengths[0] == plain.lengths[E] + k + 1  # ahead by k + 1
+        assert cache.layer_lengths == plain.layer_lengths  # the lower layers ahead by k + 1:
+        assert plain.layer_lengths[0] == plain.layer_lengths[E] + k + 1
         same_cache(cache, plain)
         expected = model(None, cache=plain, layers=(E, L), hidden_in=torch.cat(lower_plain, 1))
         same_output(runner(None, cache=cache, layers=(E, L), hidden_in=torch.cat(lower_fast, 1)), expected)
@@ -181,7 +182,7 @@ def test_parallelspec_drafter():
         anchors = torch.tensor(sorted({0, m - 1}))  # the methods' one anchor (the root, the newest token), or two
         same_output(runner(target, tokens, anchors, k, cache=cache), drafter(target, tokens, anchors, k, cache=plain))
         seen += m
-        assert cache.lengths == [seen] * len(cache.lengths)  # the masks' keys are forgotten
+        assert cache.layer_lengths == [seen] * len(cache.layer_lengths)  # the masks' keys are forgotten
         same_cache(cache, plain)
     assert runner.graphs.entries
 
@@ -218,18 +219,18 @@ def test_the_mask_and_slots_of_the_docstring_example():
     runner = Fast(model)
     cache = runner.new_cache(max_len=6)
     seen = []
-    model.blocks[0].attn.register_forward_pre_hook(lambda module, args: seen.append(args[1]))  # (x, mask, cache, i)
-    model.blocks[0].attn.register_forward_hook(lambda module, args, out: seen.append(args[2].slots))
+    model.blocks[0].attn.register_forward_pre_hook(lambda module, args: seen.append(args[1]))  # (x, at, layer)
     runner(ids([1, 2]), cache=cache)  # the prompt
     seen.clear()
     runner(ids([3, 4]), cache=cache)
-    assert seen[0].int().tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]] and seen[1].tolist() == [[2, 3]]
+    visible = lambda at: (at.mask[0, 0] == 0).int().tolist()  # noqa: E731 (the mask is additive: 0 or -inf)
+    assert visible(seen[0]) == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]] and seen[0].slots.tolist() == [[2, 3]]
     cache.rollback(2)
     seen.clear()
     parents = [-1, 0, 0]
     runner(ids([3, 4, 5]), pos=tree_positions(parents, 2), cache=cache, mask=tree_mask(parents, 2))
-    assert seen[0].int().tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 1, 0]]
-    assert seen[1].tolist() == [[2, 3, 4]]
+    assert visible(seen[0]) == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 1, 0]]
+    assert seen[0].slots.tolist() == [[2, 3, 4]]
 
 
 @torch.inference_mode()
@@ -243,7 +244,7 @@ def test_shapes_depend_on_T_only():
         runner(ids([t]), cache=cache)
     assert cache.length == 13 and len(runner.graphs.entries) == 1
     (entry,) = runner.graphs.entries.values()
-    assert [tuple(x.shape) for x in entry.inputs] == [(1,), (1, 48), (1, 1), (1, 1)]  # pos, mask, slots, ids
+    assert [tuple(x.shape) for x in entry.inputs] == [(1, 1), (1, 1, 1, 48), (1, 1), (1, 1)]  # pos, mask, slots, ids
 
 
 @torch.inference_mode()
@@ -253,9 +254,9 @@ def test_outputs_are_fresh():
     runner = Fast(tiny_gpt(0))
     cache = runner.new_cache()
     runner(ids([1, 2, 3]), cache=cache)
-    kept = [runner(ids([t]), cache=cache, heads=True) for t in range(4)]
-    copies = [Output(*(None if x is None else x.clone() for x in (o.logits, o.hidden, o.head_logits))) for o in kept]
-    runner(ids([5]), cache=cache, heads=True)
+    kept = [runner(ids([t]), cache=cache) for t in range(4)]
+    copies = [Output(o.logits.clone(), o.hidden.clone()) for o in kept]
+    runner(ids([5]), cache=cache)
     for out, copy in zip(kept, copies):
         same_output(out, copy)
     assert len({out.logits.data_ptr() for out in kept}) == 4
@@ -274,13 +275,14 @@ def test_each_new_cache_is_fresh_on_pooled_tensors():
     cache = runner.new_cache()
     with torch.inference_mode():
         runner(ids([1, 2, 3]), cache=cache)
-    assert cache.lengths == [3, 3]
+    assert cache.layer_lengths == [3, 3]
     second = runner.new_cache()  # asked for while the first is held: tensors of its own
-    assert second is not cache and second.k is not cache.k and second.lengths == [0, 0] and cache.lengths == [3, 3]
+    assert second is not cache and second.k is not cache.k
+    assert second.layer_lengths == [0, 0] and cache.layer_lengths == [3, 3]
     pooled = cache.k
     del cache, second
     again = runner.new_cache()
-    assert again.k is pooled and again.lengths == [0, 0]
+    assert again.k is pooled and again.layer_lengths == [0, 0]
     other = runner.new_cache(max_len=20)
     assert other.k is not pooled and other.max_len == 20
 
@@ -329,7 +331,7 @@ def test_a_full_cache_is_a_one_line_error():
     runner(ids([1] * 6), cache=cache)
     with pytest.raises(ValueError, match=r"KV cache full: 10 tokens > 8; shorten") as error:
         runner(ids([1] * 4), cache=cache)
-    assert "\n" not in str(error.value) and cache.lengths == [6, 6]
+    assert "\n" not in str(error.value) and cache.layer_lengths == [6, 6]
 
 
 def test_a_dropped_model_drops_its_wrapper():

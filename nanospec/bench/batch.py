@@ -60,8 +60,8 @@ def verify_cost(target, B, k, reps=5, prefix=100):
     cache = target.new_cache(batch_size=B, max_len=prefix + k + 1)
     target(ids[:, :prefix], cache=cache)
 
-    def forward(T):  # each row at its own slots, as a batch's rows are once they fall out of step
-        cache.keep_counts([prefix] * B)  # every timed forward rewrites the same slots
+    def forward(T):  # over every slot, as a batch's rows are (out of step, they only make their slots apart)
+        cache.rollback(prefix)  # every timed forward rewrites the same slots
         target(ids[:, prefix:prefix + T], cache=cache)
 
     one, many = fastest([lambda T=T: forward(T) for T in (1, k + 1)], reps)

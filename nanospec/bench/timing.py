@@ -12,13 +12,12 @@ A decoding method has no timer and no counter in it; the bench wraps the models 
     timed, fastest        one call's seconds, and the fastest of several runs of each of a few calls
 
 Which calls draft: every call of the draft GPT, the EAGLE head and the ParallelSpec drafter (a drafter pass
-each), and every target call the target itself says drafts (`target.drafts(**call)`: early-exit's passes through
-its first layers). The early-exit adapter and the target modules the target names as borrowed by drafters
-(`target.borrowed_by_drafters`: its final norm and head, which the exit's head and the EAGLE head's unembedding
-call outside the target's forward) add their seconds to drafting but no pass: they finish the pass before them.
-Every other target call is a target forward. The parts say this of themselves (nanospec/model/gpt.py): the bench
-knows none of their insides. A call made inside another timed call (the EAGLE head reading the target's
-embedding) is its caller's time.
+each), and every target call through its first blocks only (`drafts`: early-exit's passes). The early-exit
+adapter and the target's methods that drafters call outside its forward (BORROWED: `unembed`, for the exit's and
+the EAGLE head's logits, and `head_logits`, the MTP heads) add their seconds to drafting but no pass: they finish
+the pass before them. Every other target call is a target forward. This is the bench's knowledge of how the
+methods use the parts, kept here and not in the models. A call made inside another timed call (the EAGLE head
+reading the target's embedding) is its caller's time.
 
     ledger = Ledger(cuda=False)
     models = timed_models(models, ledger)          # after runtime.prepare: Timed(Fast(model))
@@ -42,6 +41,13 @@ aten = torch.ops.aten
 # ops that put nothing on a GPU although they make a tensor or write one: a change of metadata in place
 # (detach_), memory handed out by the caching allocator and left untouched (empty)
 NO_LAUNCH = {aten.detach_.default, aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default}
+BORROWED = ("unembed", "head_logits")  # the target's methods drafters call outside its forward: drafting, no pass
+
+
+def drafts(target, layers=None, **call):
+    """Does a target call with these keywords draft? One through blocks 0..E-1 only, E < n_layer, does
+    (early-exit's draft: the target's own first layers); every other is a target forward."""
+    return layers is not None and layers[0] == 0 and layers[1] < target.config.n_layer
 
 
 class Ledger:
@@ -105,13 +111,13 @@ class Timed:
 
     def __getattr__(self, name):
         value = getattr(self.model, name)
-        if self.kind == "target" and name in self.model.borrowed_by_drafters:  # outside its forward: drafting
+        if self.kind == "target" and name in BORROWED:  # outside its forward: drafting
             return Timed(value, self.ledger, "drafting", counts=False)
         return value
 
     def kind_of(self, call):
-        """A target call the target says drafts (call: the call's keywords) is drafting; any other, its own kind."""
-        return "drafting" if self.kind == "target" and self.model.drafts(**call) else self.kind
+        """A target call that drafts (call: the call's keywords) is drafting; any other, its own kind."""
+        return "drafting" if self.kind == "target" and drafts(self.model, **call) else self.kind
 
     def __call__(self, *args, **kwargs):
         with self.ledger.timing(self.kind_of(kwargs), self.counts):

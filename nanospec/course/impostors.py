@@ -48,7 +48,7 @@ HOOK = "__course_answer__"  # the global name the swapped-in code calls
 
 
 def reference_function(path, qualname):
-    """The live function object of a registry region: ("nanospec/model/gpt.py", "KVCache.rollback") -> function."""
+    """The live function object of a registry region: ("nanospec/model/cache.py", "KVCache.rollback") -> function."""
     module = importlib.import_module(path[:-3].replace("/", "."))
     obj = module
     for part in qualname.split("."):

@@ -72,7 +72,7 @@ EXERCISES = (
                     "test_all_accepted_then_the_bonus_follows_p_not_q", "test_accepted_count_is_truncated_geometric",
                     "test_generated_sequences_follow_the_target_law")),
     Exercise(5, "The KV cache: rollback and compaction",
-             (("nanospec/model/gpt.py", "KVCache.rollback"), ("nanospec/model/gpt.py", "KVCache.compact")),
+             (("nanospec/model/cache.py", "KVCache.rollback"), ("nanospec/model/cache.py", "KVCache.compact")),
              "tests/test_ex05_kv_cache.py", 8, 8, (4,),
              gates=("test_rollback_when_the_lower_layers_ran_ahead", "test_compact_docstring_example", "test_chain_step_then_rollback_equals_recomputation", "test_tree_steps_then_compaction_equal_recomputation")),
     Exercise(6, "Tree attention: the mask and the position ids",

@@ -6,7 +6,7 @@ forward over B x (k+1) tokens, which stops being free as B grows. That crossover
 measures (python -m nanospec.bench --batch-sizes 1,2,4,8,16,32).
 
 The loop is the single-prompt methods' own steps over B rows: the draft GPT's `draft_chain` and the verify
-`chain_step`, on the one KV cache (model.KVCache), whose rows hold their own lengths. Rows fall out of step at
+`chain_step`, on the one KV cache (model/cache.py), whose rows hold their own lengths. Rows fall out of step at
 once: prompts of different lengths, and each step row b keeps its own n_b guesses. Row b's tokens then go at its
 own slots, at its own positions, and each sees its own row's slots up to its own; a rejected guess stays in its
 slot, past the row's length, until the row's next forward writes over it. Two rows, one verify forward of
@@ -54,7 +54,7 @@ def draft_rows(draft, cache, rows, k, sampling, generator):
     """The draft GPT guesses k tokens after each row: (drafts: B lists of k ints, q_draft (B, k, V)). It first
     reads the T tokens the longest-behind row has not read (1, or 2 after a fully accepted step); a row that has
     read more reads its last T again."""
-    T = max(len(run.seq) - n for run, n in zip(rows, cache.rows))
+    T = max(len(run.seq) - n for run, n in zip(rows, cache.row_lengths))
     cache.rollback_rows([len(run.seq) - T for run in rows])
     x = torch.tensor([run.seq[-T:] for run in rows], device=cache.device)  # (B, T)
     return draft_chain(lambda x: draft(x, cache=cache).logits[:, -1], x, k, sampling, generator)
@@ -107,7 +107,7 @@ def generate(models, prompts, max_new_tokens, *, method="ar", temperature=0.0, t
         emitted, n, _ = chain_step(judge, target, cache, [run.seq[-1] for run in live], drafts, q_draft)
         forwards += 1
         if method == "speculative":  # the draft keeps what it read of each row's accepted guesses
-            caches[1].rollback_rows([min(m, len(run.seq) + a) for m, run, a in zip(caches[1].rows, live, n)])
+            caches[1].rollback_rows([min(m, len(run.seq) + a) for m, run, a in zip(caches[1].row_lengths, live, n)])
         done = [run.emit(e, len(d)) for run, e, d in zip(live, emitted, drafts)]
     stats = [run.stats() for run in runs]
     return [run.out for run in runs], {"rows": stats, "new_tokens": sum(s["new_tokens"] for s in stats),

@@ -45,7 +45,7 @@ def refresh(eagle, target, dcache, tokens, features):
     """Feed accepted tokens (m,) with the target's true features before each (m, C) to the head, appended to
     its cache; returns its Output at the last one, which drafts the token after it (logits (1, 1, V))."""
     hidden = eagle(target, tensor(tokens, dcache.device), features[None], cache=dcache, logits=False).hidden
-    return Output(logits=eagle.unembed(target, hidden[:, -1:]), hidden=hidden[:, -1:])  # only the last
+    return Output(logits=target.unembed(hidden[:, -1:]), hidden=hidden[:, -1:])  # only the last
 
 
 def expand(eagle, target, dcache, L, d, frontier, cand_tok, cand_parent, fed, feats):

@@ -7,7 +7,7 @@ kernel launch per operation, milliseconds for a few microseconds of kernels. `to
 kernels of one call once and replays them with a single launch. A replay reads and writes the very buffers that
 were recorded, so the function is called on *static* buffers: each call copies its inputs into them, replays,
 and hands back the same output tensors every time. Shapes are part of the recording, hence one graph per shape
-(nanospec/fast/runtime.py makes a forward's shapes depend only on its number of new tokens).
+(a cached forward's shapes depend only on its rows and its number of new tokens: nanospec/model/cache.py).
 
     graphs = Graphs(capture=True)
     logits, = graphs(fn, idx, pos, protect=(cache.k, cache.v))   # first call with these shapes: just fn(idx, pos)

@@ -6,35 +6,23 @@ cache=dcache)`, with a cache from `model.new_cache()`. `prepare(models, runtime)
 themselves (eager: plain PyTorch, the oracle) or each one wrapped in a `Fast`, which takes the same call and
 returns the same outputs, as fresh tensors the method may keep. What differs is how the forward runs:
 
-  shape-static  A plain cached forward attends over the cache's first n + T slots, so its shapes follow a Python
-                int that grows every step, and no step is like the one before. Here, as in gpt-fast, the T new
-                keys and values are written at `slots` (T,), a tensor (`SlotCache`), attention runs over all
-                max_len slots under the forward's mask padded with False to that width, and the positions come
-                in as a tensor: a forward's shapes depend on T alone.
+  shape-static  Every cached forward already attends over all of its cache's slots under a mask, its tokens
+                placed by tensors (nanospec/model/cache.py: `place`), so its shapes depend on B and T alone. A
+                Fast computes that Placement on the host and hands its tensors to the forward as inputs.
   replayed      Each shape is then captured once and replayed (nanospec/fast/graphs.py): on CUDA as a CUDA graph, one
                 launch instead of a few hundred, which is what a tiny model's forward costs on a GPU; on a CPU
                 by graphs.Emulated, which repeats the recorded operations the same way, running none of the
                 forward's Python, so that the CPU tests replay what a GPU replays.
 
-Example, max_len 6, the cache holds 2 tokens, a chain of 2 new tokens at slots [2, 3]:
-    slot:   0 1 2 3 4 5
-    new 0   1 1 1 . . .      the model's own mask (2, 4), padded with False to (2, 6): slots 4 and 5 may hold
-    new 1   1 1 1 1 . .      keys of rolled-back guesses, which no one sees; rollback and compact stay moves of
-                             the cache's lengths (KVCache), exactly as on the eager path.
-
-What a model must offer for this: its forward takes `pos`, `cache` and `mask` keywords, writes keys only through
-`cache.update` and moves the cache only through `cache.advance`, and it has a `layout` method that says, from
-the forward's own arguments, the positions and the (T, cached + T) mask the forward will use (model.layout).
-Everything that changes from one step to the next reaches the forward as a tensor (the positions, the mask, the
-slots, the ParallelSpec anchors); a Python value it reads is frozen into its graph. The cache's lengths stay
-Python ints on the host, as in eager decoding (rollback and compact are host decisions): a forward's moves of
-them (`advance`) are recorded when its Python runs and applied after each replay, keyed, like the graph, by
-the forward's non-tensor arguments and its shapes, so each graph applies the moves of its own shapes.
-GPT, the EAGLE head and the ParallelSpec drafter all do; the tests hold each Fast model to the plain one.
+What a model must offer for this is the contract stated in nanospec/model/cache.py; GPT, the EAGLE head and the
+ParallelSpec drafter keep it, and the tests hold each Fast model to the plain one. The cache's lengths stay Python
+ints on the host: a forward's moves of them (`advance`) are recorded when its Python runs and applied after each
+replay, keyed, like the graph, by the forward's non-tensor arguments and its shapes, so each graph applies the
+moves of its own shapes.
 
 --runtime: eager = plain PyTorch everywhere; static = shape-static forwards, replayed from CUDA graphs on CUDA
 (on a CPU replayed by the emulation: the path the tests run); auto = static on CUDA, eager elsewhere (on a CPU
-the static path saves no overhead and attends over every slot, so it is slower).
+the emulated replay saves no launch overhead and costs its own bookkeeping).
 """
 import copy
 import sys
@@ -44,7 +32,7 @@ from dataclasses import fields, is_dataclass, replace
 import torch
 
 from nanospec.fast.graphs import CaptureFailed, Graphs
-from nanospec.model.gpt import KVCache
+from nanospec.model.cache import KVCache, Placement
 
 RUNTIMES = ("auto", "eager", "static")
 
@@ -59,23 +47,21 @@ def runtime_path(runtime, device):
     return "graph" if cuda else "static"
 
 
-class SlotCache:
-    """A KVCache seen by a shape-static forward: `update` writes the new keys and values at `slots` (B or 1, T), a
-    tensor, and returns every slot (KVCache.write_at); `advance` is recorded in `moves`, for the caller to apply
-    after the forward (a replayed graph runs no Python). Everything else (lengths, rows, max_len, device) reads
-    the real cache."""
+class Placed:
+    """The cache a replayed forward is handed: `place` gives the Placement the Fast computed before it (the slots
+    here, the positions and mask given to the forward), and `advance` is recorded in `moves`, for the Fast to
+    apply after the forward (a replay runs no Python). Everything else (length, device, ...) is the real cache's."""
 
     def __init__(self, cache, slots):
         self.cache, self.slots, self.moves = cache, slots, []
 
-    def update(self, layer, k_new, v_new):
-        """(B, nh, T, hs) new keys/values of one layer, written at the slots -> every slot (B, nh, max_len, hs)."""
-        return self.cache.write_at(layer, self.slots, k_new, v_new)
+    def place(self, T, pos, mask, *where):
+        return Placement(pos, mask, self.slots, self.cache)
 
     def advance(self, T, layers=None):
         self.moves.append((T, None if layers is None else tuple(layers)))
 
-    def __getattr__(self, name):  # lengths, length, max_len, device: the real cache's
+    def __getattr__(self, name):
         return getattr(self.cache, name)
 
 
@@ -90,7 +76,7 @@ class Fast:
         self.graphs = Graphs(capture)
         self.caches = {}  # new_cache's arguments -> [[a cache holding pooled tensors, a weak reference to the
         # cache last handed out on them], ...]
-        self.made = {}  # graph key (with shapes) -> (the cache moves its forward makes, SlotCache.moves; its
+        self.made = {}  # graph key (with shapes) -> (the cache moves its forward makes, Placed.moves; its
         # output's class), recorded when the forward's Python runs: a replay runs none
 
     def __getattr__(self, name):
@@ -115,28 +101,23 @@ class Fast:
         if not isinstance(cache, KVCache) or not self.graphs.enabled:  # no cache (training, the slow oracle), or
             # capture failed
             return self.model(*args, cache=cache, pos=pos, mask=mask, **kwargs)
-        pos, mask = self.model.layout(*args, cache=cache, pos=pos, mask=mask, **kwargs)  # (T,), (T, n+T) or None
-        if not cache.ragged:
-            full, slots = pad_to_slots(pos, mask, cache)  # (T, max_len), (1, T)
-        else:  # rows out of step: the layout is already every slot's, (B, T) and (B, 1, T, max_len)
-            full, slots = mask, cache.row_slots(pos.size(-1))
-            cache.check_room(cache.lengths[0] + pos.size(-1))  # the widest row's end
+        at = self.model.place(*args, cache=cache, pos=pos, mask=mask, **kwargs)  # on the host, as tensors
         given = list(args) + list(kwargs.values())
         tensors = [a for a in given if torch.is_tensor(a)]  # the graph's inputs
-        key = graph_key(cache, given, kwargs, (pos, *tensors))
+        key = graph_key(cache, given, kwargs, (at.pos, at.mask, *tensors))
 
-        def fn(pos, full, slots, *tensors):  # tensors in, tensors out: what a graph of this key records
+        def fn(pos, mask, slots, *tensors):  # tensors in, tensors out: what a graph of this key records
             it = iter(tensors)
             filled = [next(it) if torch.is_tensor(a) else a for a in given]
-            view = SlotCache(cache, slots)
-            out = self.model(*filled[:len(args)], cache=view, pos=pos, mask=full,
+            view = Placed(cache, slots)
+            out = self.model(*filled[:len(args)], cache=view, pos=pos, mask=mask,
                              **dict(zip(kwargs, filled[len(args):])))
             made = view.moves, type(out) if is_dataclass(out) else None
             assert self.made.setdefault(key, made) == made, f"one key, two sets of cache moves: {key}"
             return flatten(out)
 
         try:
-            outputs = self.graphs(fn, pos, full, slots, *tensors, key=key, protect=(cache.k, cache.v))
+            outputs = self.graphs(fn, at.pos, at.mask, at.slots, *tensors, key=key, protect=(cache.k, cache.v))
         except CaptureFailed as e:
             print(f"warning: CUDA graph capture failed ({e}); the {self.model.__class__.__name__}'s forwards run "
                   f"eager from here", file=sys.stderr)
@@ -147,21 +128,10 @@ class Fast:
         return unflatten(kind, outputs)
 
 
-def pad_to_slots(pos, mask, cache):
-    """A forward's own mask (T, n + T), or None for plain causal attention, padded with False to every slot
-    (T, max_len), and the slots its T new tokens are written at, (1, T): n .. n + T - 1."""
-    T = pos.numel()
-    n = 0 if mask is None else mask.size(1) - T  # the cached tokens the new ones follow
-    cache.check_room(n + T)
-    full = torch.zeros(T, cache.max_len, dtype=torch.bool, device=pos.device)  # (T, max_len) False: hidden
-    full[:, :n + T] = torch.ones(T, T, dtype=torch.bool, device=pos.device).tril() if mask is None else mask
-    return full, torch.arange(n, n + T, device=pos.device)[None]  # (T, max_len), (1, T)
-
-
 def graph_key(cache, given, kwargs, tensors):
     """What names one graph of a Fast model: the memory of the cache it writes and its shape (a batch that drops
     its finished rows keeps writing the same memory, rows 0..B'-1: KVCache.keep_rows), every argument that is not
-    a tensor (the layer range, heads, k, the target), the keywords given, and the tensors' shapes. The cache moves
+    a tensor (the layer range, k, the target), the keywords given, and the tensors' shapes. The cache moves
     recorded for a graph are the ones its Python made for this key, so the shapes must be in it: a 1-token step
     and a 4-token verify move the cache by 1 and 4, and a replay runs no Python to tell them apart."""
     return (cache.k.data_ptr(), tuple(cache.k.shape), tuple(None if torch.is_tensor(a) else freeze(a) for a in given),

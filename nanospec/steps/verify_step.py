@@ -35,13 +35,13 @@ def chain_step(run, target, cache, last, drafts, q_draft=None, rule="token", **f
     last: B ints, each row's newest emitted token, not yet in the cache; drafts: B lists of guesses for the tokens
     after it (a row's own k_b of them, the shorter rows padded up to K = max k_b); q_draft (B, K, V): the law
     each was drawn from, or None for deterministic guesses; rule: "token" or "block" (one row).
-    forward: more arguments of the target's forward (heads=True for the MTP heads' logits; early-exit's layers
+    forward: more arguments of the target's forward (early-exit's layers, the range of blocks to run,
     and hidden_in). run: its sampling and generator judge (a batch's rows share them). Returns (emitted: B lists,
     each the row's accepted drafts + the target's next token; n: B ints, the drafts accepted; the forward's
     Output)."""
     if rule not in CHAIN_RULES:
         raise ValueError(f"unknown chain rule {rule!r}; choose one of: {', '.join(CHAIN_RULES)}")
-    before = cache.rows  # each row's tokens before its `last`
+    before = cache.row_lengths  # each row's tokens before its `last`
     k_rows = [len(d) for d in drafts]
     K = max(k_rows)
     rows = [[t] + list(d) + [0] * (K - len(d)) for t, d in zip(last, drafts)]  # the shorter rows padded with 0
@@ -76,7 +76,7 @@ def own_guesses(p_target, n, nxt, k_rows, generator):
     return torch.where(full, k_rows, n), torch.where(full, after, nxt)
 
 
-def tree_step(run, target, cache, tokens, parents, q_draft=None, rule="token", heads=False):
+def tree_step(run, target, cache, tokens, parents, q_draft=None, rule="token"):
     """One target forward over a tree of guesses and the tree rule; the cache then holds the prefix, the root and
     the accepted path.
 
@@ -96,7 +96,7 @@ def tree_step(run, target, cache, tokens, parents, q_draft=None, rule="token", h
     ids = torch.tensor([tokens], device=device)  # (1, N)
     tree = len(tokens) > 1  # else the root alone, a plain step: a plain forward, nothing to compact after it
     out = target(ids, pos=tree_positions(parents, prefix, device) if tree else None, cache=cache,
-                 mask=tree_mask(parents, prefix, device) if tree else None, heads=heads)  # logits (1, N, V)
+                 mask=tree_mask(parents, prefix, device) if tree else None)  # logits (1, N, V)
     logits = out.logits[0]  # (N, V)
     if run.sampling.greedy:  # every rule is "follow the argmax"
         path, nxt = verify_tree_greedy(logits, tokens, parents)

@@ -55,6 +55,7 @@ from dataclasses import replace
 
 import torch
 
+from nanospec.bench import timing
 from nanospec.rules import verify
 from nanospec.steps import adaptive, run as run_module, verify_step
 from nanospec.tokenizer import write_atomic
@@ -405,7 +406,7 @@ def holders(function):
 
 class Traced:
     """The target, each forward of it noted in the trace (tokens read, the cache length before), as timing.Timed
-    notes its seconds. A call the target says drafts (early-exit's first layers) is not a target forward. Every
+    notes its seconds. A call that drafts (early-exit's first layers: timing.drafts) is not a target forward. Every
     other attribute is the target's."""
 
     def __init__(self, model, trace):
@@ -415,14 +416,14 @@ class Traced:
         return getattr(self.model, name)
 
     def __call__(self, idx, **kwargs):
-        if not self.model.drafts(**kwargs):
+        if not timing.drafts(self.model, **kwargs):
             self.trace.forward(idx, kwargs.get("cache"))
         return self.model(idx, **kwargs)
 
 
 def cached(cache):
     """The tokens every layer of the cache holds (early-exit's first layers run ahead of the others)."""
-    return None if cache is None else min(cache.lengths)
+    return None if cache is None else cache.length
 
 
 class Trace:

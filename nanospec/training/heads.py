@@ -51,7 +51,7 @@ def head_losses(heads, target, seq):
         hidden = target(seq).hidden  # (B, T, C)
     losses = {}
     for i, head in enumerate(heads, 1):
-        logits = target.lm_head(target.ln_f(head(hidden[:, :-1 - i])))  # (B, T-1-i, V): guesses of t+1+i
+        logits = target.unembed(head(hidden[:, :-1 - i]))  # (B, T-1-i, V): guesses of t+1+i
         truth = seq[:, 1 + i:]  # (B, T-1-i)
         losses[f"head{i}"] = F.cross_entropy(logits.reshape(-1, logits.size(-1)), truth.reshape(-1))
         losses[f"agree{i}"] = (logits.argmax(-1) == truth).float().mean()

@@ -34,7 +34,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from nanospec.model.gpt import Block, KVCache, Output, layout
+from nanospec.model.cache import KVCache, place
+from nanospec.model.gpt import Block, Output
 
 class Eagle(nn.Module):
     def __init__(self, config):
@@ -55,25 +56,20 @@ class Eagle(nn.Module):
         tokens, default right after the cache (slot j holds position j+1); cache: this head's KVCache;
         mask (T, cached+T) bool, default causal. Returns Output(logits (B, T, V) for x_{t+2}, or None when not
         asked for; hidden (B, T, C) = f̂_{t+1})."""
-        pos, mask = self.layout(target, tokens, features, pos, cache, mask)  # (T,), (T, cached+T) or None
-        emb = target.wte(tokens) + target.wpe(pos)  # (B, T, C) the target's own input embedding
+        at = self.place(target, tokens, features, pos, cache, mask)
+        emb = target.wte(tokens) + target.wpe(at.pos)  # (B, T, C) the target's own input embedding
         # the features at unit RMS: a target trained with Muon carries features of RMS ~8 beside embeddings of ~0.1
         features = F.rms_norm(features, (features.size(-1),))  # (B, T, C)
         x = self.fc(torch.cat([emb, features], dim=-1))  # (B, T, 2C) -> (B, T, C)
-        x = self.block(x, mask, cache, 0)  # (B, T, C) the predicted next feature
+        x = self.block(x, at, 0)  # (B, T, C) the predicted next feature
         if cache is not None:
             cache.advance(tokens.size(1))
-        return Output(logits=self.unembed(target, x) if logits else None, hidden=x)
+        return Output(logits=target.unembed(x) if logits else None, hidden=x)
 
-    def layout(self, target, tokens, features, pos=None, cache=None, mask=None, **unplaced):
-        """The positions and mask `forward` gives its tokens (model.layout): slot j holds position j+1; `unplaced`,
-        the forward's other keywords (logits), move no token."""
-        return layout(cache.length if cache is not None else 0, tokens.size(1), pos, mask, tokens.device, first=1,
-                      table=self.config.block_size)
-
-    def unembed(self, target, hidden):
-        """(B, T, C) predicted features -> (B, T, V) logits, through the target's own final norm and head."""
-        return target.lm_head(target.ln_f(hidden))
+    def place(self, target, tokens, features, pos=None, cache=None, mask=None, logits=True):
+        """The Placement `forward` gives its tokens, from its own arguments (the fast layer's hook: the contract is
+        nanospec/model/cache.py's): slot j holds position j+1."""
+        return place(cache, tokens.size(1), pos, mask, tokens.device, first=1, table=self.config.block_size)
 
     def new_cache(self, max_len=None):
         w = self.fc.weight

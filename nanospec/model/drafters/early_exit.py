@@ -37,4 +37,4 @@ def exit_logits(target, adapter, exit_layer, hidden):
     and unembedding, through the adapter when there is one (None: the plain exit)."""
     if adapter is not None:
         hidden = adapter(hidden, exit_layer)
-    return target.lm_head(target.ln_f(hidden))
+    return target.unembed(hidden)

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from nanospec.model.gpt import Block, KVCache
+from nanospec.model.cache import KVCache, place
+from nanospec.model.gpt import Block
 
 
 @dataclass
@@ -100,26 +101,25 @@ class ParallelSpec(nn.Module):
             raise TypeError(f"anchors must be a (G,) tensor of indices, got {type(anchors).__name__}: "
                             "torch.tensor(anchors, device=tokens.device)")
         k = k or self.config.n_masks
-        pos, mask = self.layout(target, tokens, anchors, k, cache, pos, mask)  # (T + G*k,), (T + G*k, S)
+        at = self.place(target, tokens, anchors, k, cache, pos, mask)  # T + G*k tokens
         real = target.wte(tokens)  # (B, T, C)
         masks = self.mask_emb[:k] + real[:, anchors, None]  # (B, G, k, C): mask j of a group, plus its anchor
-        x = torch.cat([real, masks.flatten(1, 2)], dim=1) + target.wpe(pos)  # (B, T + G*k, C)
+        x = torch.cat([real, masks.flatten(1, 2)], dim=1) + target.wpe(at.pos)  # (B, T + G*k, C)
         for i, block in enumerate(self.blocks):
-            x = block(x, mask, cache, i)
+            x = block(x, at, i)
         if cache is not None:
             cache.advance(T)
-        logits = target.lm_head(target.ln_f(x[:, T:]))  # (B, G*k, V)
+        logits = target.unembed(x[:, T:])  # (B, G*k, V)
         return logits.view(B, -1, k, logits.size(-1))
 
-    def layout(self, target, tokens, anchors, k=None, cache=None, pos=None, mask=None):
-        """The positions (T + G*k,) and mask (T + G*k, cached + T + G*k) of a forward (group_layout), or the
-        given ones."""
-        if pos is not None and mask is not None:
-            return pos, mask
-        n_cached = cache.length if cache is not None else 0
-        anchors = anchors + n_cached  # (G,) absolute
-        mask, pos = group_layout(n_cached, tokens.size(1), anchors, k or self.config.n_masks, tokens.device)
-        return pos, mask
+    def place(self, target, tokens, anchors, k=None, cache=None, pos=None, mask=None):
+        """The Placement `forward` gives its T + G*k tokens, from its own arguments (the fast layer's hook: the
+        contract is nanospec/model/cache.py's): group_layout's positions and mask after the cache, unless given."""
+        if pos is None or mask is None:
+            n_cached = cache.length if cache is not None else 0
+            anchors = anchors + n_cached  # (G,) absolute
+            mask, pos = group_layout(n_cached, tokens.size(1), anchors, k or self.config.n_masks, tokens.device)
+        return place(cache, pos.size(-1), pos, mask)
 
     def new_cache(self):
         w = self.mask_emb
