@@ -61,6 +61,16 @@ def same_cache(got, expected):
             torch.testing.assert_close(a[layer, :, :, :n], b[layer, :, :, :n], atol=TOL, rtol=0)
 
 
+def prefilled(model, seed, prompt_len):
+    """A Fast runner around `model` and two caches, the runner's and the model's, both holding the same random
+    prompt (checked equal on the way): where every pattern below starts."""
+    runner = Fast(model)
+    plain, cache = model.new_cache(), runner.new_cache()
+    prompt = ids(random_ids(prompt_len, seed=seed))
+    same_output(runner(prompt, cache=cache), model(prompt, cache=plain))
+    return runner, plain, cache
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Each Fast model is its plain model
 
@@ -70,11 +80,8 @@ def same_cache(got, expected):
 def test_gpt_chain_forwards_with_rollbacks(seed):
     """What every chain method does: a verify forward over [last, d1..dk], then a rollback to
     what was accepted. T takes the same few values again and again: most calls run on Graphs' buffers."""
-    model = tiny_gpt(seed, n_layer=3)
-    runner, rng = Fast(model), random.Random(seed)
-    plain, cache = model.new_cache(), runner.new_cache()
-    prompt = ids(random_ids(5, seed=seed))
-    same_output(runner(prompt, cache=cache), model(prompt, cache=plain))
+    model, rng = tiny_gpt(seed, n_layer=3), random.Random(seed)
+    runner, plain, cache = prefilled(model, seed, 5)
     for _ in range(15):
         T = rng.randint(1, 4)
         x = ids([rng.randrange(11) for _ in range(T)])
@@ -91,11 +98,8 @@ def test_gpt_chain_forwards_with_rollbacks(seed):
 def test_gpt_tree_forwards_with_compactions(seed):
     """What every tree method does: a forward over a tree (positions by depth, the tree mask), then compact the
     cache to the prefix, the root and one root-to-node path."""
-    model = tiny_gpt(seed)
-    runner, rng = Fast(model), random.Random(seed)
-    plain, cache = model.new_cache(), runner.new_cache()
-    prompt = ids(random_ids(4, seed=seed))
-    same_output(runner(prompt, cache=cache), model(prompt, cache=plain))
+    model, rng = tiny_gpt(seed), random.Random(seed)
+    runner, plain, cache = prefilled(model, seed, 4)
     for _ in range(10):
         N = rng.randint(1, 4)
         parents = [-1] + [rng.randrange(i) for i in range(1, N)]
@@ -118,11 +122,9 @@ def test_gpt_tree_forwards_with_compactions(seed):
 def test_gpt_layer_ranges(E):
     """Early exit's pattern: blocks 0..E-1 read one token at a time and run ahead, blocks E..L-1 then read the
     k+1 block-E outputs at once (hidden_in), and every layer rolls back to what was accepted."""
-    model = tiny_gpt(E, n_layer=3)
-    runner, rng, L = Fast(model), random.Random(E), model.config.n_layer
-    plain, cache = model.new_cache(), runner.new_cache()
-    prompt = ids(random_ids(6, seed=E))
-    same_output(runner(prompt, cache=cache), model(prompt, cache=plain))
+    model, rng = tiny_gpt(E, n_layer=3), random.Random(E)
+    runner, plain, cache = prefilled(model, E, 6)
+    L = model.config.n_layer
     for _ in range(8):
         n_before, k = plain.length, rng.randint(0, 3)
         lower_plain, lower_fast = [], []
