@@ -67,13 +67,14 @@ def edited(function, old, new):
     return scope[function.__name__]
 
 
+UNCAPPED_WEIGHT = "w.append(torch.where(q_x[:, i] > 0, w[-1] * p_x[:, i] / q_x[:, i], (w[-1] * p_x[:, i] > 0) * 1.0))"
 BROKEN_BLOCKS = {
     # the token rule's residual max(p - q, 0) at the stopping point, not the block's max(w p - q, 0)
     "token residual": ("excess = (w[:, :k, None] * p_target[:, :k] - q_draft)", "excess = (p_target[:, :k] - q_draft)"),
     # each position's test built from the next position's weight
     "weight off by one": ("fail = mass + 1 - w[:, :k]", "fail = mass + 1 - w[:, 1:]"),
-    # the weight as a plain cumulative ratio, never capped at 1
-    "no cap": ("w.append(ratio.clamp(max=1).to(p_x.dtype))", "w.append(ratio.to(p_x.dtype))"),
+    # the weight as a plain cumulative ratio (q(x) = 0 as verify.capped_ratio has it), never capped at 1
+    "no cap": ("w.append(capped_ratio(w[-1] * p_x[:, i], q_x[:, i]))", UNCAPPED_WEIGHT),
 }
 
 

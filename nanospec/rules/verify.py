@@ -122,18 +122,25 @@ def gumbel_top_k(probs, k, generator=None):
 # The two pieces every lossless rule is made of.
 
 
+def capped_ratio(a, b):
+    """min(1, a / b) for tensors a, b >= 0: the chance that an `a` the draft gave `b` is accepted (a = p(x), or
+    w p(x) for block and traversal verification's weighted p). The convention for b = q(x) = 0, written here once:
+    a token the draft could not have produced counts as accepted if a > 0, refused if a = 0. It never happens when
+    x really was drawn from q, and it keeps every rule free of 0/0. Example: [0.2, 0.5, 0.0] over [0.6, 0.0, 0.0] ->
+    [1/3, 1, 0]."""
+    return (a / b).nan_to_num(nan=0.0).clamp(max=1.0)  # a / 0 = inf -> 1 (accepted); 0 / 0 = nan -> 0
+
+
 def accept_prob(p, q, x):
     """Probability of accepting token x drawn from q when the target is p: min(1, p(x) / q(x)).
 
     p, q (..., V); x (...) LongTensor -> (...). Example: p = [0.2, 0.8], q = [0.6, 0.4]:
     x = 0 -> 0.2/0.6 = 1/3; x = 1 -> min(1, 2) = 1. Summed over x ~ q this is sum(min(p, q)).
-    A token the draft could not have produced (q(x) = 0) counts as accepted if p(x) > 0: it never happens
-    when x really was drawn from q, and the convention keeps the rule free of 0/0.
+    A token the draft could not have produced (q(x) = 0) counts as accepted if p(x) > 0 (capped_ratio).
     """
     # BEGIN SOLUTION ex3
     x = x.unsqueeze(-1)  # (..., 1)
-    ratio = p.gather(-1, x) / q.gather(-1, x)  # (..., 1) p(x) / q(x): p(x) / 0 = inf, and 0 / 0 = nan
-    return ratio.nan_to_num(nan=0.0).clamp(max=1.0).squeeze(-1)  # (...) inf -> 1 (accepted), nan -> 0
+    return capped_ratio(p.gather(-1, x), q.gather(-1, x)).squeeze(-1)  # (...) min(1, p(x) / q(x))
     # END SOLUTION ex3
 
 
@@ -237,9 +244,8 @@ def block_acceptance(p_target, q_draft, draft_tokens):
     p_x = p_target[:, :k].gather(-1, draft_tokens[..., None])[..., 0]  # (B, k) p_i(x_i)
     q_x = q_draft.gather(-1, draft_tokens[..., None])[..., 0]  # (B, k) q_i(x_i)
     w = [p_target.new_ones(B)]  # (B,) w_0
-    for i in range(k):  # q_i(x_i) = 0 cannot happen for a real draw: count it as accepted when p_i(x_i) > 0
-        ratio = torch.where(q_x[:, i] > 0, w[-1] * p_x[:, i] / q_x[:, i].clamp(min=1e-30), (w[-1] * p_x[:, i] > 0))
-        w.append(ratio.clamp(max=1).to(p_x.dtype))
+    for i in range(k):
+        w.append(capped_ratio(w[-1] * p_x[:, i], q_x[:, i]))  # (B,) min(w_{i-1} p_i(x_i) / q_i(x_i), 1)
     w = torch.stack(w, 1)  # (B, k+1)
     excess = (w[:, :k, None] * p_target[:, :k] - q_draft).clamp(min=0)  # (B, k, V)
     mass = excess.sum(-1)  # (B, k) R_i
@@ -459,8 +465,7 @@ def traverse_tree(p_target, q_draft, tokens, parents, coin):
     while True:
         if tried[node] < len(kids[node]):  # down into the next untried child
             c = kids[node][tried[node]]
-            px, qx = P[node, tokens[c]].item(), Q[node, tokens[c]].item()
-            w[c] = min(w[node] * px / qx, 1.0) if qx > 0 else float(w[node] * px > 0)
+            w[c] = capped_ratio(w[node] * P[node, tokens[c]], Q[node, tokens[c]]).item()
             node, path = c, path + [c]
         elif node == 0 or coin(w[node]):  # no child left to try: the node passes with probability w
             return path, P[node]

@@ -161,6 +161,11 @@ def law_of(name, probs, token, drawn=None, row=None, gap=None):
             "gap": None if gap is None else num(gap, 3)}
 
 
+def capped(a, b):
+    """verify.capped_ratio, min(1, a / b) with its convention for b = 0, on two floats."""
+    return float(verify.capped_ratio(torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)))
+
+
 def gathered(probs, x):
     """probs (..., V) at tokens x (...) -> a flat list of floats."""
     return probs.gather(-1, x.unsqueeze(-1)).reshape(-1).tolist()
@@ -257,7 +262,7 @@ def chain_block(step, a, calls, result):
     p_x, q_x, h, u = gathered(p[:, :k], xs), gathered(q, xs), h.reshape(-1).tolist(), uniforms(calls, k + 1)
     w = [1.0]  # the weight of the first i guesses, as block_acceptance defines it (for reading; h decides)
     for i in range(k):
-        w.append(min(w[-1] * p_x[i] / q_x[i], 1.0) if q_x[i] > 0 else float(w[-1] * p_x[i] > 0))
+        w.append(capped(w[-1] * p_x[i], q_x[i]))
     step["nodes"] = [guess(i, xs[0, i - 1], i, p_x[i - 1], q_x[i - 1], u=u[i] if u else None, w=num(w[i], 6),
                            h=num(h[i]), verdict="accepted" if i <= n else "rejected") for i in range(1, k + 1)]
     step["path"] = list(range(1, n + 1))
@@ -620,7 +625,7 @@ def verdict_problems(s):
                             f"children before it were rejected")
         if rule == "token" and g["u"] is not None:
             p, q, a = g["p"], g["q"], g["accept"]
-            should = min(1.0, p / q) if q > 0 else float(p > 0)
+            should = capped(p, q)
             if abs(a - should) > 1e-4 * max(should, 1e-3):
                 problems.append(f"{node}: accept {a:.6g} is not min(1, p/q) = min(1, {p:.6g}/{q:.6g})")
             if (g["u"] < a) != (verdict == "accepted"):
