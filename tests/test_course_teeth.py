@@ -489,9 +489,9 @@ def test_regenerating_over_a_git_repository_keeps_both(tmp_path):
     assert git(out, "rev-parse", "HEAD") == head and (out / ".git").is_dir()
     assert summary["kept"] == 3  # .git, MYNOTES.md, nanospec/mine.py
     assert json.loads((out / "handout.json").read_text())["exercises"] == [3, 8]
-    assert "exercise 8: implement _descend" in (out / "nanospec" / "verify.py").read_text()
+    assert "exercise 8: implement _descend" in (out / "nanospec" / "rules" / "verify.py").read_text()
     # a generated file the student edited is not overwritten without --overwrite
-    verify_py = out / "nanospec" / "verify.py"
+    verify_py = out / "nanospec" / "rules" / "verify.py"
     verify_py.write_text(verify_py.read_text() + "# my work\n")
     with pytest.raises(HandoutError, match="changed since the last handout .first: nanospec/rules/verify.py"):
         make_handout(ROOT, out, parse_selection("3"))
