@@ -80,18 +80,25 @@ class Run:
     def stats(self, **extra):
         """What the run did: tokens, target forwards, tokens per forward (and per forward, accepted_per_step; the
         guesses each forward checked, drafted_per_step: 0 is a plain step), the guesses drafted and accepted, why
-        it stopped, and the method's own figures (`extra`). acceptance_rate estimates a guess's chance to pass:
-        accepted / judged, where a guess is judged if every guess before it was accepted (the ones after a
-        rejection say nothing). No clock: decode.py and the bench time a run."""
+        it stopped, and the method's own figures (`extra`). acceptance_rate = accepted / judged (`acceptance`).
+        No clock: decode.py and the bench time a run."""
         n = len(self.out)
-        accepted = sum(self.guesses_per_step)
-        judged = sum(min(a + 1, d) for a, d in zip(self.guesses_per_step, self.drafted_per_step))
+        accepted, judged = acceptance(self.guesses_per_step, self.drafted_per_step)
         return {"new_tokens": n, "target_forwards": self.target_forwards,
                 "tokens_per_forward": n / max(1, self.target_forwards),
                 "accepted_per_step": self.accepted_per_step, "guesses_per_step": self.guesses_per_step,
                 "drafted_per_step": self.drafted_per_step,
                 "drafted": sum(self.drafted_per_step), "accepted": accepted, "judged": judged,
                 "acceptance_rate": accepted / max(1, judged), "stop": self.stop, **extra}
+
+
+def acceptance(guesses_per_step, drafted_per_step):
+    """Leviathan's a, the chance a guess passes, as (accepted, judged): a = accepted / judged. A guess is judged if
+    every guess before it was accepted (the ones after a rejection say nothing): a step that accepted n of its d
+    guesses judged min(n + 1, d). If each guess passes with probability a, independently, accepted / judged is the
+    maximum-likelihood a. Steps that checked no guess (the prefill, plain steps) count nothing.
+    Example: accepted [0, 2, 0, 0, 1] of drafted [0, 2, 0, 2, 2] -> (3, 5): a = 3/5."""
+    return sum(guesses_per_step), sum(min(n + 1, d) for n, d in zip(guesses_per_step, drafted_per_step))
 
 
 def new_run(models, prompt_ids, max_new_tokens, sampling=Sampling(), seed=None):
