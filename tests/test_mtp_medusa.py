@@ -201,7 +201,7 @@ def tree_decode(target, prompt, n, make_tree, sampling=(0.0, None, None), seed=0
     done = run.emit([last])
     while not done:
         tokens, parents = make_tree(last, rng)
-        emitted, path, out = tree_step(run, target, cache, tokens, parents)
+        emitted, path, out = tree_step(run.sampling, run.generator, target, cache, tokens, parents)
         assert emitted[:-1] == [tokens[i] for i in path] and path == path_to(parents, path[-1] if path else 0)[1:]
         done = run.emit(emitted)
         last = emitted[-1]
@@ -252,7 +252,7 @@ def test_tree_step_accepts_long_paths_and_keeps_the_cache_exact(models):
     while not done:
         candidates = target.head_logits(hidden)[0, :, 0].topk(2, dim=-1).indices  # (3 heads, top-2)
         tokens, parents = medusa_tree(last, candidates, tree)
-        emitted, path, out = tree_step(run, target, cache, tokens, parents)
+        emitted, path, out = tree_step(run.sampling, run.generator, target, cache, tokens, parents)
         done = run.emit(emitted)
         node = path[-1] if path else 0
         last, hidden = emitted[-1], out.hidden[:, node:node + 1]

@@ -295,15 +295,16 @@ def load_parts(ckpt, device, parts, dtype):
     return models, broken
 
 
-def choose_methods(wanted, models, broken):
-    """(the methods that can run, ar first; '- skipped name: why' lines for the others)."""
+def choose_methods(wanted, models, broken, folder="out"):
+    """(the methods that can run, ar first; '- skipped name: why' lines for the others). folder: where the models
+    came from, for the command that trains a missing part."""
     names, notes = [], [f"- part {part} left out: {why}" for part, why in broken.items()]
     for name in dict.fromkeys(["ar"] + wanted):
         damaged = [part for part in MODULES[name].NEEDS if part in broken]
         try:
             if damaged:
                 raise ValueError(f"its {damaged[0]} part did not load ({broken[damaged[0]]})")
-            check_method(name, models)
+            check_method(name, models, folder)
             names.append(name)
         except ValueError as e:
             notes.append(f"- skipped {name}: {e}")
@@ -319,15 +320,14 @@ def set_up(args):
     device = pick_device(args.device)
     wanted = list(MODULES) if args.methods == "all" else [m.strip() for m in args.methods.split(",")]
     for name in wanted:
-        if name not in MODULES:
-            raise ValueError(f"unknown method {name!r}; choose from: {', '.join(MODULES)}")
+        check_method(name)
     categories = None if args.categories == "all" else [c.strip() for c in args.categories.split(",")]
     prompts = load_prompts(args.prompts, categories, args.prompts_per_category)  # before the models: it is quick
     if args.seed + len(prompts) - 1 > MAX_SEED:
         raise ValueError(f"--seed {args.seed}: prompt i runs with seed + i, and {len(prompts)} prompts would pass "
                          f"2**63-1: use a seed up to {MAX_SEED - len(prompts) + 1}")
     models, broken = load_parts(args.ckpt, device, parts_for(["ar"] + wanted), args.dtype)
-    names, notes = choose_methods(wanted, models, broken)
+    names, notes = choose_methods(wanted, models, broken, args.ckpt)
     block = models.target.config.block_size
     if args.max_new_tokens >= block:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt in the "

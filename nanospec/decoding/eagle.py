@@ -22,7 +22,7 @@ import torch
 
 from nanospec.steps.adaptive import PRICED_OPTIONS, draft_length, step_costs
 from nanospec.steps.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options, verify_option
-from nanospec.steps.run import first_token, new_run, tensor
+from nanospec.steps.run import cache_for, drafter_of, first_token, new_run, tensor
 from nanospec.steps.tree_guesses import draw_tree
 from nanospec.steps.verify_step import tree_step
 from nanospec.model.gpt import Output
@@ -36,7 +36,7 @@ OPTIONS = {  # the defaults, and ACCEPT_GUESS below: docs/measurements.md (eagle
     "width": Option(int, 4, "nodes expanded per level, children per node (EAGLE-2's top_k)", low=1, high=32),
     "total_tokens": Option(int, 8, "tree size per target forward, root included (adaptive: the most)", low=2, high=256),
     **DRAFT_SAMPLING_OPTION, **PRICED_OPTIONS,  # cost: a tree of k guesses, k + 1 tokens
-    **verify_option("token", "traversal"),  # traversal: a drawn tree from its leaves up
+    **verify_option("drawn_tree"),  # traversal: a drawn tree from its leaves up
 }
 ACCEPT_GUESS = 0.75  # shapes the drawn tree: the chance a draw is accepted, about sum(min(p, q)) of a trained head
 
@@ -121,15 +121,13 @@ def grow_sampled_tree(eagle, target, dcache, root, head_out, depth, width, total
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
     opts = read_options(OPTIONS, options)
     target = models.target
-    eagle = models.eagle
-    if eagle.config.n_embd != target.config.n_embd or eagle.config.vocab_size != target.config.vocab_size:
-        raise ValueError("the eagle head was trained for another target: run `python train_tiny.py --stage eagle`")
+    eagle = drafter_of(models, "eagle")
     width = min(opts.width, target.config.vocab_size)  # a node has at most V distinct children
     size = opts.total_tokens  # the most: --adaptive cost chooses k + 1 tokens each step
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     draft_policy = draft_length(opts, size - 1, costs=step_costs(models, __name__, run.sampling, opts))
-    cache = target.new_cache(max_len=target.config.block_size + size)  # room for a whole tree at the context end
-    dcache = eagle.new_cache(max_len=target.config.block_size + max(opts.depth * width, size))  # and for a grown one
+    cache = cache_for(target, target.config.block_size, size)  # room for a whole tree at the context end
+    dcache = cache_for(eagle, target.config.block_size, max(opts.depth * width, size))  # and for a grown one
 
     # prefill: the target reads the prompt and picks the first root; the head has x_1..x_P with f_0..f_{P-1} to read
     last, out = first_token(run, target, cache)
@@ -145,7 +143,8 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
                                                          run.sampling, run.generator)
         else:  # EAGLE-2's top-k tree: its guesses are point masses
             (tokens, parents), q_draft = grow_tree(eagle, target, dcache, last, head_out, d, width, k + 1), None
-        emitted, path, out = tree_step(run, target, cache, tokens, parents, q_draft, opts.verify)
+        emitted, path, out = tree_step(run.sampling, run.generator, target, cache, tokens, parents, q_draft,
+                                       opts.verify)
         draft_policy.update(len(tokens) - 1, path)
         done = run.emit(emitted, drafted=len(tokens) - 1)
         last = emitted[-1]  # the head reads the accepted nodes again, with the target's features at the node before

@@ -64,7 +64,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         k = run.draft_room(draft_policy.k)  # a shorter block near the context end or the token budget
         iterate = pad(iterate, last, k)  # (k,)
         # One target forward over [last, y1..yk] checks the iterate; the cache keeps last + accepted guesses.
-        [emitted], [n], out = chain_step(run, target, cache, [last], [iterate])  # one row
+        [emitted], [n], out = chain_step(run.sampling, run.generator, target, cache, [last], [iterate])  # one row
         # Row j of the logits predicts the token after y_j. Rows past the commit point (n + 1 tokens) are the
         # refined guesses for the tokens after the emitted ones.
         iterate = out.logits[0, n + 1:].argmax(-1).tolist()  # k - n tokens: the next iterate

@@ -75,7 +75,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         seq = run.seq
         drafts = lookup(seq, opts.max_ngram, run.draft_room(draft_policy.k))  # fewer near the context end or budget
         # One target forward over [last, d1..dk]; the cache keeps last + the accepted drafts.
-        [emitted], [n], _ = chain_step(run, target, cache, [seq[-1]], [drafts])  # one row
+        [emitted], [n], _ = chain_step(run.sampling, run.generator, target, cache, [seq[-1]], [drafts])  # one row
         draft_policy.update(len(drafts), n)
         done = run.emit(emitted, drafted=len(drafts))
 

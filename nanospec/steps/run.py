@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import torch
 
 from nanospec.device import seeded_generator
-
-from nanospec.steps.options import Sampling
+from nanospec.model.checkpoint import train_hint
 from nanospec.rules.verify import sample, warp
+from nanospec.steps.options import Sampling
 
 
 @dataclass
@@ -134,3 +134,27 @@ def first_token(run, target, cache):
     forward's Output: logits (1, P, V), hidden (1, P, C)). The token is not emitted yet, nor in the cache."""
     out = target(tensor(run.prompt, cache.device), cache=cache)
     return run.sample(out.logits[0, -1]), out
+
+
+def cache_for(model, context, forward, **kwargs):
+    """`model`'s KV cache for a sequence of up to `context` tokens and then one forward of `forward` more: a tree, a
+    window or a padded chain read at the context's end takes slots past it (each node one slot, whatever its
+    position). kwargs: the model's own (batch_size)."""
+    return model.new_cache(max_len=context + forward, **kwargs)
+
+
+def drafter_of(models, part, features=True):
+    """models.<part>, a drafter, checked to fit models.target: a one-line ValueError unless it is there, has the
+    target's vocabulary (its tokenizer) and at least its context, and, if it reads the target's `features`
+    (eagle, parallelspec), the target's width. A draft GPT of its own (speculative) may be narrower."""
+    drafter, target = getattr(models, part, None), models.target
+    if drafter is None:
+        raise ValueError(f"the {part} model is missing: {train_hint(part)}")
+    unfit = {"vocab_size": f"the {part} model and the target use different tokenizers",
+             "block_size": f"the {part} model's context is shorter than the target's",
+             "n_embd": f"the {part} model was trained for another target"}
+    for name in ("vocab_size", "block_size") + (("n_embd",) if features else ()):
+        mine, its = getattr(drafter.config, name), getattr(target.config, name)
+        if mine < its if name == "block_size" else mine != its:
+            raise ValueError(f"{unfit[name]} ({name} {mine}, the target's {its}): retrain it, {train_hint(part)}")
+    return drafter

@@ -13,14 +13,15 @@ the rollback, and the running tokens per forward. `decode.py --trace run.html` w
 
 The trace is a layer, as the bench's timing is (nanospec/bench/timing.py): no method knows about it. While `recording` is
 open, and only then, it wraps from outside:
-  - the target (`Traced`, as probes.Timed): each target forward's length and the cache length before it;
+  - the target (`Traced`, as the bench's timing.Timed): each target forward's length and the cache length before it;
   - run.Run.emit and Run.sample: a step ends when the method emits what its forward produced (`emit` counts the
     forwards); a plain step's token comes from `Run.sample` (ar's), or from verify_step's `sample` (a step of a
     drafting method that checked no guess);
   - chain_step and tree_step, where the methods hold them: the guesses sent, a chain or a tree;
-  - the rules verify_step calls (RULES): each call runs inside `capturing`, which records what torch.rand returned
-    (the uniforms the rule drew, not one more) and what the rule asked of verify.py's pieces (accept_prob, sample,
-    block_acceptance, traverse_tree): their arguments and their answers, as the rule saw them;
+  - the rules verify_step calls (its greedy shortcuts, GREEDY, and those of options.VERIFY_RULES, RULES): each call
+    runs inside `capturing`, which records what torch.rand returned (the uniforms the rule drew, not one more) and
+    what the rule asked of verify.py's pieces (accept_prob, sample, block_acceptance, traverse_tree): their
+    arguments and their answers, as the rule saw them;
   - adaptive.DraftLength: the k each step chose (--adaptive history, confidence, cost, sweep).
 When it closes, each is put back as it was: a run outside `recording` runs no line of this file, so tracing off
 costs nothing (tests/test_trace.py counts host reads and tensor operations), and the wrappers return exactly what
@@ -57,6 +58,7 @@ import torch
 
 from nanospec.rules import verify
 from nanospec.steps import adaptive, run as run_module, verify_step
+from nanospec.steps.options import KINDS, VERIFY_RULES
 from nanospec.tokenizer import write_atomic
 from nanospec.rules.tree import children, depths, path_to
 from nanospec.rules.verify import warp
@@ -385,15 +387,17 @@ def tree_typical(step, a, calls, result):
                          int(drawn.reshape(-1)[0]), last)
 
 
-RULES = {  # the name verify_step calls a rule by -> (the trace's name for it, what it recorded)
+GREEDY = {  # verify_step's greedy shortcuts, by name -> (the trace's name for the rule, what it recorded)
     "verify_chain_greedy": ("greedy", chain_greedy),
-    "verify_chain": ("token", chain_token),
-    "verify_block": ("block", chain_block),
     "verify_tree_greedy": ("greedy", tree_greedy),
-    "verify_tree_descend": ("descend", tree_descend),
-    "verify_tree_without_replacement": ("token", tree_token),
-    "verify_tree_traversal": ("traversal", tree_traversal),
-    "typical_accept": ("typical", tree_typical),
+}
+RULES = {  # (a rule of options.VERIFY_RULES, the guesses it judged) -> (the trace's name for it, what it recorded)
+    ("token", "chain"): ("token", chain_token),
+    ("block", "chain"): ("block", chain_block),
+    ("token", "fixed_tree"): ("descend", tree_descend),
+    ("token", "drawn_tree"): ("token", tree_token),
+    ("traversal", "drawn_tree"): ("traversal", tree_traversal),
+    ("typical", "fixed_tree"): ("typical", tree_typical),
 }
 
 
@@ -402,14 +406,17 @@ RULES = {  # the name verify_step calls a rule by -> (the trace's name for it, w
 
 
 def holders(function):
-    """The modules of nanospec that hold `function` under its name: its own, and those that imported it by name (the
-    methods import chain_step and tree_step)."""
-    return [module for module in list(sys.modules.values()) if getattr(module, "__name__", "").startswith("nanospec")
-            and getattr(module, function.__name__, None) is function]
+    """Where nanospec holds `function`, as (object, name) pairs: its module and the modules that imported it by name
+    (the methods import chain_step and tree_step), and the rules of options.VERIFY_RULES that run it."""
+    modules = [(module, function.__name__) for module in list(sys.modules.values())
+               if getattr(module, "__name__", "").startswith("nanospec")
+               and getattr(module, function.__name__, None) is function]
+    return modules + [(rule, kind) for rule in VERIFY_RULES.values() for kind in KINDS
+                      if getattr(rule, kind) is function]
 
 
 class Traced:
-    """The target, each forward of it noted in the trace (tokens read, the cache length before), as probes.Timed
+    """The target, each forward of it noted in the trace (tokens read, the cache length before), as timing.Timed
     notes its seconds. A call the target says drafts (early-exit's first layers) is not a target forward. Every
     other attribute is the target's."""
 
@@ -488,12 +495,14 @@ class Trace:
 
         patches = [(run_module.Run, "emit", emit_), (run_module.Run, "sample", sample_),
                    (adaptive.DraftLength, "update", update_), (verify_step, "sample", step_sample_)]
-        for name, (rule, record) in RULES.items():
+        for name, (rule, record) in GREEDY.items():
             patches.append((verify_step, name, self.judged(getattr(verify_step, name), rule, record)))
+        for (name, kind), (rule, record) in RULES.items():
+            patches.append((VERIFY_RULES[name], kind, self.judged(getattr(VERIFY_RULES[name], kind), rule, record)))
         for name, kind in (("chain_step", "chain"), ("tree_step", "tree")):
             step = getattr(verify_step, name)
             wrapper = self.sent(step, kind)
-            patches += [(module, name, wrapper) for module in holders(step)]
+            patches += [(holder, attribute, wrapper) for holder, attribute in holders(step)]
         return patches
 
     def sent(self, step_function, kind):
