@@ -287,7 +287,7 @@ def test_the_enumeration_catches_a_broken_walk(name):
 
 
 def test_draws_shared_between_subtrees_break_the_law():
-    """Why traversal needs each node's children drawn on their own (tree_guesses.draw_tree): with medusa's old
+    """Why traversal needs each node's children drawn on their own (tree_guesses.DrawnTree): with medusa's old
     trees, whose nodes of one depth shared one set of draws, the second sibling's subtree is tried after the
     first's failed with the same tokens, and the law is off."""
     parents = [-1, 0, 0, 1, 2]

@@ -76,7 +76,7 @@ def test_fill_tree_topk_and_drawn():
         assert 3 not in tokens[1:]  # token 3 has probability 0
         assert torch.equal(q, warp(logits, 1.0)[[0, 1, 1, 1, 1, 1]])  # row u: u's depth's (a leaf's: unused)
         first_children.add((tokens[3], tokens[5]))
-    # each node draws its children on its own (draw_tree), not one set of draws shared by a depth: the first
+    # each node draws its children on its own (a DrawnTree), not one set of draws shared by a depth: the first
     # children of nodes 1 and 2 differ in some tree (if shared they never would; P(equal 20 times) ~ 0.46^20)
     assert any(a != b for a, b in first_children)
     # top-k 1 leaves one token per depth: the ranks beyond it go, with everything below them

@@ -23,10 +23,10 @@ import torch
 from nanospec.steps.adaptive import PRICED_OPTIONS, draft_length, step_costs
 from nanospec.steps.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options, verify_option
 from nanospec.steps.run import cache_for, drafter_of, first_token, new_run, tensor
-from nanospec.steps.tree_guesses import draw_tree
+from nanospec.steps.tree_guesses import DrawnTree
 from nanospec.steps.verify_step import tree_step
 from nanospec.model.gpt import Output
-from nanospec.rules.tree import draw_rank_paths, frontier_mask
+from nanospec.rules.tree import draw_rank_paths, frontier_mask, rooted
 from nanospec.rules.verify import warp
 
 NEEDS = ("eagle",)
@@ -90,31 +90,30 @@ def grow_tree(eagle, target, dcache, root, head_out, depth, width, total_tokens)
     dcache.rollback(L)
     # rerank: the best nodes overall; ties go to the older node, so a parent always precedes its child
     keep = sorted(sorted(range(len(cand_tok)), key=lambda c: (-cand_score[c], c))[:total_tokens - 1])
-    node = {c: i + 1 for i, c in enumerate(keep)}
-    return [root] + [cand_tok[c] for c in keep], [-1] + [node.get(cand_parent[c], 0) for c in keep]
+    return rooted(root, cand_tok, cand_parent, keep)
     # END SOLUTION ex9
 
 
 def grow_sampled_tree(eagle, target, dcache, root, head_out, depth, width, total_tokens, sampling, generator):
-    """The tree of DRAWN guesses (--draft-sampling sample): a fixed shape of total_tokens - 1 nodes by draw rank
-    (tree.draw_rank_paths), filled by tree_guesses.draw_tree: one head pass per level (grow_tree's `expand`)
-    gives each node's warped q. Returns (tokens, parents, q_draft (N, V)), the head's cache as it was."""
+    """The tree of DRAWN guesses (--draft-sampling sample): a shape of total_tokens - 1 nodes by draw rank, fixed
+    first (tree.draw_rank_paths), filled one depth at a time (tree_guesses.DrawnTree): the root's children from the
+    head's q at the root, then one head pass over each depth's drawn nodes (grow_tree's `expand`) gives their q.
+    Returns (tokens, parents, q_draft (N, V)), the head's cache as it was."""
     if depth < 1 or total_tokens < 2:
         return [root], [-1], None
     L = dcache.length  # the head's slots end at the root
-    fed = {}  # candidate -> its slot among the nodes fed to the head, as in grow_tree
-    f_hat = {0: head_out.hidden[0, -1]}  # node -> the head's predicted feature there
-
-    def next_q(d, level, tokens, parents):  # expand's pass, by node: node u is candidate u - 1 (the root -1)
-        feats = torch.stack([f_hat[parents[u]] for u in level])[None]  # (1, K, C) each one's parent's f̂
-        frontier = [u - 1 for u in level]
-        out = expand(eagle, target, dcache, L, d, frontier, tokens[1:], [p - 1 for p in parents[1:]], fed, feats)
-        f_hat.update((u, out.hidden[0, i]) for i, u in enumerate(level))
-        return warp(out.logits[0], *sampling)  # (K, V)
-    shape = draw_rank_paths(total_tokens - 1, depth, width, ACCEPT_GUESS)
-    tree = draw_tree(root, shape, warp(head_out.logits[0, -1], *sampling), next_q, generator)
+    tree = DrawnTree(draw_rank_paths(total_tokens - 1, depth, width, ACCEPT_GUESS))
+    level = tree.draw([-1], warp(head_out.logits[:, -1], *sampling), generator)  # the root's children
+    f_hat, fed = {-1: head_out.hidden[0, -1]}, {}  # candidate -> the head's predicted feature there; as grow_tree
+    for d in range(1, depth):
+        if not level:
+            break
+        feats = torch.stack([f_hat[tree.parents[c]] for c in level])[None]  # (1, K, C) each one's parent's f̂
+        out = expand(eagle, target, dcache, L, d, level, tree.tokens, tree.parents, fed, feats)
+        f_hat.update(zip(level, out.hidden[0]))
+        level = tree.draw(level, warp(out.logits[0], *sampling), generator)  # (K, V) their children's law
     dcache.rollback(L)
-    return tree
+    return tree.result(root)
 
 
 @torch.inference_mode()

@@ -114,7 +114,7 @@ def gumbel_top_k(probs, k, generator=None):
     """`sample_without_replacement`'s draws without its check (no host read): the k first arrivals of `sample`'s
     race (= the k largest of log probs + Gumbel noise), as (values: minus their arrival times, indices) (..., k),
     in the order they arrived. Where a row has fewer than k possible tokens, the values past them are -inf and their
-    indices meaningless: the caller drops them (tree_guesses.draw_tree keeps the finite ones)."""
+    indices meaningless: the caller drops them (tree_guesses.DrawnTree keeps the finite ones)."""
     return race(probs, generator).topk(k, dim=-1)
 
 
@@ -486,7 +486,7 @@ def verify_tree_traversal(p_target, q_draft, tokens, parents, generator=None):
     2505.12398) of a tree of drawn guesses: `traverse_tree` with coins from `generator`, then the next token.
     Lossless, like verify_tree_without_replacement (same inputs, same outputs), and it can keep a path whose first
     token the top-down rule would have rejected. Each node's children must be drawn independently of every other
-    node's (tree_guesses.draw_tree): the walk judges several siblings' subtrees, and draws shared between them
+    node's (tree_guesses.DrawnTree): the walk judges several siblings' subtrees, and draws shared between them
     would make the later ones depend on the earlier ones' failure. The walk runs on the host over float64 copies
     of the tree's rows, one read for them and the uniforms. Returns (path, next_token)."""
     (N, V), tokens = p_target.shape, [int(t) for t in tokens]
