@@ -30,7 +30,7 @@ from nanospec.model.checkpoint import CheckpointError
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.decoding.batched import BATCHED, generate as generate_batch
 from nanospec.steps.options import MIN_TEMPERATURE, Sampling, read_options
-from nanospec.device import add_threads_flag, check_seed, pick_device, set_threads
+from nanospec.device import add_runtime_flag, add_threads_flag, check_seed, pick_device, set_threads
 from nanospec.bench import calibration
 from nanospec.model.load import load_models
 from nanospec.fast.runtime import RUNTIMES, prepare
@@ -263,10 +263,7 @@ def parse_args(argv=None):
                    help="folder with tokenizer.tiktoken and target.pt from `make train` (default out)")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or mps")
     add_threads_flag(p)
-    p.add_argument("--runtime", default="auto", choices=RUNTIMES,
-                   help="how the models' forwards run (nanospec/fast/runtime.py): eager = plain PyTorch; static = "
-                        "shape-static forwards, replayed from CUDA graphs on CUDA; auto (default) = static on CUDA, "
-                        "eager elsewhere")
+    add_runtime_flag(p, RUNTIMES)
     p.add_argument("--json", action="store_true",
                    help="print one JSON object on one line instead (a batch: one per row, JSON lines; --method list: "
                         "the methods)")

@@ -64,7 +64,7 @@ from nanospec.bench import report
 from nanospec.model.checkpoint import CheckpointError
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.steps.options import DRAFT_SAMPLING
-from nanospec.device import MAX_SEED, check_seed, pick_device
+from nanospec.device import MAX_SEED, add_runtime_flag, check_seed, pick_device
 from nanospec.model.load import load_models
 from nanospec.bench.timing import Ledger, counting_host_reads, counting_ops, fastest, timed, timed_models
 from nanospec.fast.runtime import RUNTIMES, prepare
@@ -105,10 +105,7 @@ def parse_args(argv=None):
                    help="float64 is slow but rules out near-ties when checking greedy equality (tests)")
     p.add_argument("--quick", action="store_true", help="smoke run: 2 prompts per category, 16 tokens (unless "
                    "those flags are given), forward costs for n = 1..8 only")
-    p.add_argument("--runtime", default="auto", choices=RUNTIMES,
-                   help="how the forwards run (nanospec/fast/runtime.py wraps the models once): eager = plain PyTorch; "
-                        "static = shape-static forwards, replayed from CUDA graphs on CUDA; auto = static on CUDA, "
-                        "eager elsewhere. On CUDA, auto compares the two (--compare-runtimes)")
+    add_runtime_flag(p, RUNTIMES, ". On CUDA, auto compares the two (--compare-runtimes)")
     p.add_argument("--compare-runtimes", action="store_true",
                    help="run every method on the static path plus an eager row \"name (eager)\" of each; forward "
                         "costs and drafter costs both ways (the default with --runtime auto on CUDA)")

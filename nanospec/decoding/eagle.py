@@ -131,8 +131,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     # prefill: the target reads the prompt and picks the first root; the head has x_1..x_P with f_0..f_{P-1} to read
     last, out = first_token(run, target, cache)
     unread, features, head_out = run.prompt[1:] + [last], [out.hidden[0]], None  # unread, and f before each
-    done = run.emit([last])
-    while not done:
+    while not run.done:
         k = draft_policy.k  # guesses, k + 1 tokens, as deep as the budget, context and k allow: d
         if k:  # the head reads what it has not (a plain step leaves it to the next draft): its Output at the root
             head_out, unread, features = refresh(eagle, target, dcache, unread, torch.cat(features)), [], []
@@ -145,7 +144,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         emitted, path, out = tree_step(run.sampling, run.generator, target, cache, tokens, parents, q_draft,
                                        opts.verify)
         draft_policy.update(len(tokens) - 1, path)
-        done = run.emit(emitted, drafted=len(tokens) - 1)
+        run.emit(emitted, drafted=len(tokens) - 1)
         last = emitted[-1]  # the head reads the accepted nodes again, with the target's features at the node before
         unread, features = unread + emitted, features + [out.hidden[0, [0] + path]]  # each (emitted: path + last)
     return run.out, run.stats(tree_nodes=sum(run.drafted_per_step) / max(1, run.target_forwards - 1))  # per tree

@@ -64,8 +64,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         return exit_logits(target, adapter, E, hidden[-1])[:, -1]  # (1, V) the exit's guess of the next token
 
     last, _ = first_token(run, target, cache)  # the whole target reads the prompt
-    done = run.emit([last])
-    while not done:
+    while not run.done:
         k = run.draft_room(draft_policy.k)  # fewer guesses near the context end or budget
         drafts, q_draft, upper = [[]], None, {}  # k = 0: a plain step, one forward through every block
         if k:  # Draft: blocks 1..E read the newest token, the exit guesses, each guess read back by blocks 1..E
@@ -79,7 +78,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         [emitted], [n], _ = chain_step(run.sampling, run.generator, target, cache, [last], drafts, q_draft,
                                        opts.verify, **upper)  # one row
         draft_policy.update(len(drafts[0]), n)
-        done = run.emit(emitted, drafted=len(drafts[0]))
+        run.emit(emitted, drafted=len(drafts[0]))
         last = emitted[-1]
 
     return run.out, run.stats(exit_layer=E, adapter=adapter is not None)

@@ -57,9 +57,8 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     cache = target.new_cache()
 
     last, _ = first_token(run, target, cache)
-    done = run.emit([last])
     iterate = []  # no guesses yet: the first block pads
-    while not done:
+    while not run.done:
         last = run.seq[-1]
         k = run.draft_room(draft_policy.k)  # a shorter block near the context end or the token budget
         iterate = pad(iterate, last, k)  # (k,)
@@ -69,6 +68,6 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         # refined guesses for the tokens after the emitted ones.
         iterate = out.logits[0, n + 1:].argmax(-1).tolist()  # k - n tokens: the next iterate
         draft_policy.update(k, n)
-        done = run.emit(emitted, drafted=k)
+        run.emit(emitted, drafted=k)
 
     return run.out, run.stats(block=opts.block)

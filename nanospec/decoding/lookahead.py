@@ -132,8 +132,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     accepted_window = step = 0  # step: Jacobi steps of the window so far
 
     last, _ = first_token(run, target, cache)
-    done = run.emit([last])
-    while not done:
+    while not run.done:
         root = run.seq[-1]
         depth = run.draft_room(min(N - 1, draft_policy.k))  # shorter near the context end or budget; 0: a plain step
         grams = [g[:depth] for g in reversed(pool.get(root, []))]  # newest first: tried first
@@ -149,7 +148,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
             levels = [levels[1][1:]] + levels[2:] + [new]
             step += 1
         draft_policy.update(len(tokens) - 1, path)
-        done = run.emit(emitted, drafted=len(tokens) - 1)
+        run.emit(emitted, drafted=len(tokens) - 1)
         if path and path[0] >= len(tokens) - sum(map(len, where)):  # the accepted path runs through the window
             accepted_window += run.guesses_per_step[-1]  # its guesses the run kept
         learn(pool, run.seq, len(emitted), N, G)  # the text itself: the newest n-grams, tried first

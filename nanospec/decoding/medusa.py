@@ -62,8 +62,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     # prefill: the main head gives the first token (the first root), the heads the first candidates
     last, out = first_token(run, target, cache)
     head_logits = target.head_logits(out.hidden[:, -1:])[0, :, 0]  # (n_future, V) at the position that chose last
-    done = run.emit([last])
-    while not done:
+    while not run.done:
         d = run.draft_room(depth)  # near the end of the budget or context, a shallower tree
         step_paths = [p for p in paths if len(p) <= d][:draft_policy.k]  # its first k guesses
         tokens, parents, q_draft = fill_tree(last, head_logits[:d], step_paths, run.sampling, drawn, run.generator)
@@ -73,7 +72,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
             print_verified_tree(f"medusa step {run.target_forwards}", tokens, parents, path, emitted, models.tokenizer,
                                 drawn, paths=None if drawn else step_paths)
         draft_policy.update(len(tokens) - 1, path)
-        done = run.emit(emitted, drafted=len(tokens) - 1)
+        run.emit(emitted, drafted=len(tokens) - 1)
         last = emitted[-1]
         node = path[-1] if path else 0  # the last accepted node: its main head chose `last`, its heads guess on
         if draft_policy.k:  # (n_future, V), unless the next step guesses nothing

@@ -66,10 +66,9 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     last, out = first_token(run, model, cache)
     head_logits = model.head_logits(out.hidden[:, -1:])[0, :draft_policy.k, 0]  # (k, V)
     drafts, q_draft = chain_at_once(head_logits, draft_policy, run.sampling, drawn, run.generator)  # (1, k, V)
-    done = run.emit([last])
     drafted = [0] * n_future  # per head: guesses verified
     accepted = [0] * n_future  # per head: guesses accepted
-    while not done:
+    while not run.done:
         drafts = drafts[:run.draft_room(len(drafts))]  # near the end of the budget or context, guess fewer
         q_draft = q_draft[:, :len(drafts)] if q_draft is not None and drafts else None
         [emitted], [n], out = chain_step(run.sampling, run.generator, model, cache, [last], [drafts], q_draft,
@@ -78,7 +77,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
             drafted[i] += 1
             accepted[i] += i < n
         draft_policy.update(len(drafts), n)
-        done = run.emit(emitted, drafted=len(drafts))
+        run.emit(emitted, drafted=len(drafts))
         last = emitted[-1]
         # position n is the last accepted token's, whose main head chose `last`: its heads guess the tokens after
         drafts, q_draft = [], None  # the next step guesses nothing, or k guesses from the heads at position n:

@@ -88,8 +88,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     last, _ = first_token(run, target, cache)
     new_tokens = run.prompt + [last]  # what the drafter has not read yet, ending with the root
     mask_logits = None  # (d, V) the drafter's, once it has made a pass
-    done = run.emit([last])
-    while not done:
+    while not run.done:
         step_paths = None if paths is None else paths[:draft_policy.k]  # a tree: its first k guesses
         d = run.draft_room(draft_policy.k if paths is None else max(map(len, step_paths), default=0))
         if d:  # one drafter pass over the tokens it has not read (1, T) and d masks after the root, the last of them
@@ -111,7 +110,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
                                              opts.verify)
             drafted = len(tokens) - 1
         draft_policy.update(drafted, accepted)
-        done = run.emit(emitted, drafted)
+        run.emit(emitted, drafted)
         new_tokens += emitted  # the accepted guesses and the new root: the drafter's next read
         last = emitted[-1]
     return run.out, run.stats()

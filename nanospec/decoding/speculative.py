@@ -54,8 +54,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
 
     last, _ = first_token(run, target, target_cache)
     draft(tensor(run.prompt, draft_cache.device), cache=draft_cache)  # the draft reads the prompt too, once
-    done = run.emit([last])
-    while not done:
+    while not run.done:
         seq = run.seq
         k = run.draft_room(draft_policy.k)  # fewer guesses near the context end or the token budget
         x = tensor(seq[draft_cache.length:], draft_cache.device)  # (1, T) what the draft has not read: T = 1 or 2
@@ -70,6 +69,6 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         # The draft cache read seq and d1..d(k-1). Keep seq + the accepted drafts, as far as it read them:
         # after n == k it lacks d_k, which the next step feeds it with the target's new token.
         draft_cache.rollback(min(draft_cache.length, len(seq) + n))
-        done = run.emit(emitted, drafted=k)
+        run.emit(emitted, drafted=k)
 
     return run.out, run.stats(draft_forwards=sum(run.drafted_per_step))  # one draft forward per guess

@@ -5,10 +5,11 @@ end-of-text, the token budget or the context limit, and the stats dict that `dec
 and the tests read. The settings and the methods' options themselves are options.py.
 
 A method calls `run.emit(tokens, drafted)` once per target forward with the tokens that forward produced (the
-accepted guesses plus the target's own next token) and the number of guesses it checked; `emit` keeps what fits,
-says when to stop, and counts: the run is the one acceptance counter every method's stats come from. How long
-the forwards and the drafting took is not the method's business: decode.py and the benchmark time them from
-outside (nanospec/bench/timing.py wraps the models).
+accepted guesses plus the target's own next token) and the number of guesses it checked, until `run.done`; `emit`
+keeps what fits, says when to stop, and counts: the run is the one acceptance counter every method's stats come
+from (`acceptance`). How long the forwards and the drafting took is not the method's business: decode.py and the
+benchmark time them from outside (nanospec/bench/timing.py wraps the models). Beside the run: what every method
+does the same way, written once (the first token, a cache with room past the context, a drafter that fits).
 """
 from dataclasses import dataclass, field
 
@@ -38,6 +39,11 @@ class Run:
     @property
     def seq(self):
         return self.prompt + self.out
+
+    @property
+    def done(self):
+        """Has the run stopped (an end-of-text, the token budget or the context)?"""
+        return self.stop is not None
 
     def room(self):
         """How many more tokens the sequence can take before it fills the context."""
@@ -130,10 +136,13 @@ def tensor(ids, device):
 
 
 def first_token(run, target, cache):
-    """The target reads the prompt and picks the first token itself, like `ar`. Returns (that token, the
-    forward's Output: logits (1, P, V), hidden (1, P, C)). The token is not emitted yet, nor in the cache."""
+    """The target reads the prompt and picks the first token itself, like `ar`; the run emits it (run.done says
+    whether that was all). Returns (that token, the forward's Output: logits (1, P, V), hidden (1, P, C)). The
+    token is not in the cache yet: it opens the next forward."""
     out = target(tensor(run.prompt, cache.device), cache=cache)
-    return run.sample(out.logits[0, -1]), out
+    token = run.sample(out.logits[0, -1])
+    run.emit([token])
+    return token, out
 
 
 def cache_for(model, context, forward, **kwargs):

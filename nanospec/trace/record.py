@@ -13,7 +13,7 @@ the rollback, and the running tokens per forward. `decode.py --trace run.html` w
 
 The trace is a layer, as the bench's timing is (nanospec/bench/timing.py): no method knows about it. While `recording` is
 open, and only then, it wraps from outside:
-  - the target (`Traced`, as the bench's timing.Timed): each target forward's length and the cache length before it;
+  - the target (`Traced`, as timing.Timed): each target forward's length and the cache length before it;
   - run.Run.emit and Run.sample: a step ends when the method emits what its forward produced (`emit` counts the
     forwards); a plain step's token comes from `Run.sample` (ar's), or from verify_step's `sample` (a step of a
     drafting method that checked no guess);
