@@ -9,11 +9,10 @@ The registry: every `--method` name maps to a module with the same three things,
              each into a --kebab-case flag, and generate reads them with options.read_options (defaults and
              bounds are written only there)
 
-`decode.py`, the benchmark and the tests all go through `METHODS`. Beside the methods: options.py (the sampling
-settings and option tables), run.py (the run record), verify_step.py (the verify step over a chain or a tree of
-guesses), draft_chain.py (a drafter's chain of guesses), tree_guesses.py (which tokens fill a tree), adaptive.py
-(the draft-length rules) and pricing.py (the cost rule's books). A method never knows how its forwards run:
-nanospec/fast/runtime.py wraps the models first.
+`decode.py`, the benchmark and the tests all go through `METHODS`, and check a method with `check_method`. What
+the methods share is nanospec/steps/ (the run record, the options, the verify steps, drafting a chain or a tree,
+the draft-length rules); batched.py, beside them, decodes B prompts at once. A method never knows how its forwards
+run: nanospec/fast/runtime.py wraps the models first.
 """
 from nanospec.decoding import ar
 from nanospec.decoding import prompt_lookup, jacobi, lookahead

@@ -17,11 +17,11 @@ The accepted guesses plus the target's own token are the committed prefix, and t
 next iterate: every argmax past the commit point (Jacobi's update, for the positions still open).
 
 The rule. Committing "the guesses equal to the argmax" is the chain point-mass rule in its greedy form, so
-sampling uses that rule on the iterate (nanospec/rules/verify.py, verify_chain with q = point_mass(x)): guess x is accepted
-with probability p(x); on rejection the emitted token is a sample of p with x removed. The iterate is fixed
-by what earlier steps produced, before this step draws anything, which is all the rule needs to reproduce
-p exactly. Under sampling the next iterate still takes each position's argmax: the most
-likely token is the guess the rule accepts most often.
+sampling uses that rule on the iterate (nanospec/rules/verify.py, verify_chain with q = point_mass(x)): guess x
+is accepted with probability p(x); on rejection the emitted token is a sample of p with x removed. The iterate
+is fixed by what earlier steps produced, before this step draws anything, which is all the rule needs to
+reproduce p exactly. Under sampling the next iterate still takes each position's argmax: the most likely token
+is the guess the rule accepts most often.
 
 Honest expectation: on real models plain Jacobi commits little more than one token per forward (the CLLM
 paper, arXiv 2403.00835, puts its speedup near 1.05x), because a guess is computed from the guesses before

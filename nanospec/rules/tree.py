@@ -103,7 +103,7 @@ def tree_positions(parents, prefix_len, device="cpu"):
 
 # ---------------------------------------------------------------------------------------------------------
 # Shapes from paths of ranks (Medusa's "medusa_choices", and the shape of a tree of drawn guesses; filling one
-# with guesses is decoding/tree_guesses.py), and views of any tree: its root-to-leaf paths and printouts.
+# with guesses is steps/tree_guesses.py), and views of any tree: its root-to-leaf paths and printouts.
 
 
 def tree_from_paths(paths):

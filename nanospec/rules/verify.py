@@ -10,8 +10,8 @@ Everything rests on one rule (Leviathan et al. 2022, arXiv 2211.17192; Chen et a
 a token x drawn from q is accepted with probability `accept_prob = min(1, p(x)/q(x))`; on rejection the
 emitted token is drawn from `residual = norm(max(0, p - q))`. The output then follows p exactly:
     P(out = y) = min(p(y), q(y)) + (1 - sum min(p, q)) * residual(y) = p(y).
-The other rules are the same two functions applied differently. What the methods run (through
-decoding/verify_step.py), each held by the tests to the exact law:
+The other rules are the same two functions applied differently. What the methods run (nanospec/steps/verify_step.py
+picks the one that fits by its --verify name, steps/options.VERIFY_RULES), each held by the tests to the exact law:
   - verify_chain             the rule at each position of a drafted chain, bonus token from p at the end;
                              deterministic drafts (n-gram copies, top-k, Jacobi iterates) go through it as
                              point masses, q = point_mass(x) = one_hot(x): accept_prob = p(x) and the residual is
@@ -22,7 +22,7 @@ decoding/verify_step.py), each held by the tests to the exact law:
                              point-mass rule as "draw y ~ p at the node, step into the child holding y"
   - verify_tree_without_replacement
                              a tree whose children at each node are draws from q WITHOUT replacement
-                             (`sample_without_replacement`; Jeon et al. 2024, arXiv 2402.14160), judged all at once
+                             (`gumbel_top_k`; Jeon et al. 2024, arXiv 2402.14160), judged all at once
   - verify_tree_traversal    a drawn tree judged from its leaves up (`--verify traversal`): the same law
   - verify_chain_greedy, verify_tree_greedy
                              the greedy case of the rules above, with no distribution built
@@ -397,7 +397,7 @@ def verify_tree_without_replacement(p_target, q_draft, tokens, parents, generato
     arXiv 2402.14160). What the sampling modes of medusa, eagle and parallelspec run, through tree_step.
 
     p_target, q_draft (..., N, V): the target's next-token law after each node, and the law q_u node u's children
-    were drawn from (`sample_without_replacement`, children in draw order = index order). tokens (..., N) (a list
+    were drawn from (`gumbel_top_k`'s draws, children in draw order = index order). tokens (..., N) (a list
     for one tree), parents (N,). At node u, from P = p_target[u], for its children x_1, x_2, ... in order:
       child j was drawn from q_j = q_u without x_1..x_{j-1}, renormalised (`without_replacement_proposals`);
       accept it with probability min(1, P(x_j) / q_j(x_j)) and descend into it;

@@ -2,6 +2,10 @@
 What a caller asks of a decoding method, checked: the sampling settings (`Sampling`: temperature, top-k, top-p)
 and the method's own options (`Option`, one table per method, read by decode.py for its flags and by
 `read_options` for the method's values). Every default and every bound is written once, in that table.
+
+The verification rules by name (`VERIFY_RULES`): the one table from a --verify name to its rule, the functions of
+nanospec/rules/verify.py that judge each kind of guesses it can judge. Every --verify option (`verify_option`) and
+the verify steps (verify_step.py) read it, and so does the trace (nanospec/trace/record.py), which wraps them.
 """
 import math
 from dataclasses import dataclass
