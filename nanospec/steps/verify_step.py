@@ -43,8 +43,8 @@ def chain_step(sampling, generator, target, cache, last, drafts, q_draft=None, r
     last: B ints, each row's newest emitted token, not yet in the cache; drafts: B lists of guesses for the tokens
     after it (a row's own k_b of them, the shorter rows padded up to K = max k_b); q_draft (B, K, V): the law
     each was drawn from, or None for deterministic guesses; rule: a name in VERIFY_RULES that judges a chain
-    ("token", or "block" for one row). forward: more arguments of the target's forward (heads=True for the MTP
-    heads' logits; early-exit's layers and hidden_in). Returns (emitted: B lists, each the row's accepted drafts +
+    ("token", or "block" for one row). forward: more arguments of the target's forward (early-exit's layers, the
+    range of blocks to run, and hidden_in). Returns (emitted: B lists, each the row's accepted drafts +
     the target's next token; n: B ints, the drafts accepted; the forward's Output)."""
     judge = judge_of(rule, "chain")
     before = cache.rows  # each row's tokens before its `last`
@@ -81,7 +81,7 @@ def own_guesses(p_target, n, nxt, k_rows, generator):
     return torch.where(full, k_rows, n), torch.where(full, after, nxt)
 
 
-def tree_step(sampling, generator, target, cache, tokens, parents, q_draft=None, rule="token", heads=False):
+def tree_step(sampling, generator, target, cache, tokens, parents, q_draft=None, rule="token"):
     """One target forward over a tree of guesses and the tree rule; the cache then holds the prefix, the root and
     the accepted path.
 
@@ -98,7 +98,7 @@ def tree_step(sampling, generator, target, cache, tokens, parents, q_draft=None,
     device = cache.device
     ids = torch.tensor([tokens], device=device)  # (1, N)
     out = target(ids, pos=tree_positions(parents, prefix, device) if tree else None, cache=cache,
-                 mask=tree_mask(parents, prefix, device) if tree else None, heads=heads)  # logits (1, N, V)
+                 mask=tree_mask(parents, prefix, device) if tree else None)  # logits (1, N, V)
     logits = out.logits[0]  # (N, V)
     if sampling.greedy:  # every rule is "follow the argmax"
         path, nxt = verify_tree_greedy(logits, tokens, parents)
