@@ -26,11 +26,11 @@ if __name__ == "__main__":  # first, before torch loads: Ctrl-C, a closed pipe a
     from nanospec.device import plain_exits
     plain_exits()
 
-from nanospec.model.checkpoint import CheckpointError, train_hint
+from nanospec.model.checkpoint import CheckpointError
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.decoding.batched import BATCHED, generate as generate_batch
 from nanospec.steps.options import MIN_TEMPERATURE, Sampling, read_options
-from nanospec.device import add_threads_flag, check_seed, pick_device, set_threads
+from nanospec.device import add_runtime_flag, add_threads_flag, check_seed, pick_device, set_threads
 from nanospec.bench import calibration
 from nanospec.model.load import load_models
 from nanospec.fast.runtime import RUNTIMES, prepare
@@ -169,8 +169,7 @@ def colour_on(args):
 def check_request(args, options):
     """The method, its options (bounds and choices, as generate checks them) and the sampling settings, checked
     before any model is loaded. Returns the method options that were set."""
-    if args.method not in METHODS:
-        raise ValueError(f"unknown method {args.method!r}; choose one of: {', '.join(METHODS)} (or --method list)")
+    check_method(args.method)
     for name, methods in options.items():
         if getattr(args, name) is not None and args.method not in methods:
             raise ValueError(f"--{name.replace('_', '-')} is an option of {', '.join(methods)}, not of {args.method}")
@@ -264,10 +263,7 @@ def parse_args(argv=None):
                    help="folder with tokenizer.tiktoken and target.pt from `make train` (default out)")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or mps")
     add_threads_flag(p)
-    p.add_argument("--runtime", default="auto", choices=RUNTIMES,
-                   help="how the models' forwards run (nanospec/fast/runtime.py): eager = plain PyTorch; static = "
-                        "shape-static forwards, replayed from CUDA graphs on CUDA; auto (default) = static on CUDA, "
-                        "eager elsewhere")
+    add_runtime_flag(p, RUNTIMES)
     p.add_argument("--json", action="store_true",
                    help="print one JSON object on one line instead (a batch: one per row, JSON lines; --method list: "
                         "the methods)")
@@ -329,11 +325,7 @@ def main(argv=None):
         batch = batch_mode(args)
         prompts = read_prompts(args) if batch else [(read_prompt(args), "the prompt")]
         models = load_models(args.ckpt, pick_device(args.device), parts_for([args.method]))  # only what it uses
-        missing = [part for part in MODULES[args.method].NEEDS if getattr(models, part, None) is None]
-        if missing:  # named with the folder it was asked of: the command trains into that folder
-            raise ValueError(f"--method {args.method} needs the {missing[0]} model, which {args.ckpt} lacks: "
-                             f"{train_hint(missing[0], args.ckpt)}")
-        check_method(args.method, models)
+        check_method(args.method, models, args.ckpt)  # a missing part: the command trains it into that folder
         encoded = check_lengths(prompts, models.tokenizer, models.target.config.block_size)
         models, path = prepare(models, args.runtime)  # the speed layer, chosen once: the method never knows
         if not batch:  # --adaptive cost prices its steps with this machine's step times: measured once, kept

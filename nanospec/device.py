@@ -50,6 +50,15 @@ def add_threads_flag(parser):
     parser.add_argument("--threads", type=int, default=DECODE_THREADS, help=THREADS_HELP)
 
 
+def add_runtime_flag(parser, runtimes, more=""):
+    """--runtime, as decode.py and the bench take it: runtimes = nanospec/fast/runtime.py's RUNTIMES (auto first);
+    `more`, what the command adds to its help."""
+    parser.add_argument("--runtime", default=runtimes[0], choices=runtimes,
+                        help="how the models' forwards run (nanospec/fast/runtime.py wraps the models once): eager = "
+                             "plain PyTorch; static = shape-static forwards, replayed from CUDA graphs on CUDA; auto "
+                             f"(default) = static on CUDA, eager elsewhere{more}")
+
+
 def set_threads(threads, flag="--threads"):
     """Set torch's CPU threads for decoding: threads (0 = torch's default, one per core), checked against the
     machine's cores with a one-line ValueError. Returns the number torch now uses."""

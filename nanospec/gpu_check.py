@@ -44,7 +44,7 @@ if __name__ == "__main__":  # first, before torch loads: Ctrl-C and a closed pip
 import torch
 
 from nanospec.bench import compare as bench
-from nanospec.model.checkpoint import CheckpointError, train_hint
+from nanospec.model.checkpoint import CheckpointError
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.decoding.batched import BATCHED, generate as generate_batch
 from nanospec.device import add_threads_flag, pick_device, set_threads
@@ -135,11 +135,7 @@ def run_methods(models, args):
     for name in MODULES:  # ar first: the reference
         rows = rows_of(name, args.runtime)
         try:
-            missing = [part for part in MODULES[name].NEEDS if getattr(models, part, None) is None]
-            if missing:  # the command that trains it into this very folder (check_method's trains into out/)
-                raise ValueError(f"it needs the {missing[0]} model, which {args.ckpt} lacks: "
-                                 f"{train_hint(missing[0], args.ckpt)}")
-            check_method(name, models)
+            check_method(name, models, args.ckpt)  # a missing part: the command trains it into this very folder
         except ValueError as e:
             grid.update({label: {s: f"cannot run: {e}" for s, _ in SETTINGS} for label in rows})
             progress(f"gpu-check: {name}: cannot run: {e}")

@@ -72,7 +72,8 @@ def test_helpers_on_literal_examples():
     # k = 2 where a step drafted: prefill 1, then steps keeping 3 (2 accepted), 1 (a plain step: nothing to say
     # of a), 1 (0 accepted, a rejection), 2 (1, a rejection): 3 accepted, 2 rejections -> a = 3/5; 6 tokens in
     # the 3 steps that drafted
-    stats = {"drafted_per_step": [0, 2, 0, 2, 2], "accepted_per_step": [1, 3, 1, 1, 2]}
+    stats = {"drafted_per_step": [0, 2, 0, 2, 2], "accepted_per_step": [1, 3, 1, 1, 2],
+             "guesses_per_step": [0, 2, 0, 0, 1]}
     a, per_step, ks = report.acceptance_mle([stats])
     assert a == pytest.approx(3 / 5) and per_step == pytest.approx(6 / 3) and ks == [2, 0, 2, 2]
     assert report.leviathan(0.0, 4, 0.5) == pytest.approx(1 / 3)  # nothing accepted: 1 token for 4c + 1

@@ -67,13 +67,14 @@ def edited(function, old, new):
     return scope[function.__name__]
 
 
+UNCAPPED_WEIGHT = "w.append(torch.where(q_x[:, i] > 0, w[-1] * p_x[:, i] / q_x[:, i], (w[-1] * p_x[:, i] > 0) * 1.0))"
 BROKEN_BLOCKS = {
     # the token rule's residual max(p - q, 0) at the stopping point, not the block's max(w p - q, 0)
     "token residual": ("excess = (w[:, :k, None] * p_target[:, :k] - q_draft)", "excess = (p_target[:, :k] - q_draft)"),
     # each position's test built from the next position's weight
     "weight off by one": ("fail = mass + 1 - w[:, :k]", "fail = mass + 1 - w[:, 1:]"),
-    # the weight as a plain cumulative ratio, never capped at 1
-    "no cap": ("w.append(ratio.clamp(max=1).to(p_x.dtype))", "w.append(ratio.to(p_x.dtype))"),
+    # the weight as a plain cumulative ratio (q(x) = 0 as verify.capped_ratio has it), never capped at 1
+    "no cap": ("w.append(capped_ratio(w[-1] * p_x[:, i], q_x[:, i]))", UNCAPPED_WEIGHT),
 }
 
 
@@ -286,7 +287,7 @@ def test_the_enumeration_catches_a_broken_walk(name):
 
 
 def test_draws_shared_between_subtrees_break_the_law():
-    """Why traversal needs each node's children drawn on their own (tree_guesses.draw_tree): with medusa's old
+    """Why traversal needs each node's children drawn on their own (tree_guesses.DrawnTree): with medusa's old
     trees, whose nodes of one depth shared one set of draws, the second sibling's subtree is tried after the
     first's failed with the same tokens, and the law is off."""
     parents = [-1, 0, 0, 1, 2]

@@ -311,7 +311,8 @@ GALLERY = [
     (14, "block_acceptance", "the token rule's residual max(p - q, 0), not the block's max(w p - q, 0)",
      Edit("excess = (w[:, :k, None] * p_target[:, :k] - q_draft)", "excess = (p_target[:, :k] - q_draft)")),
     (14, "block_acceptance", "the weight never capped at 1",
-     Edit("w.append(ratio.clamp(max=1).to(p_x.dtype))", "w.append(ratio.to(p_x.dtype))")),
+     Edit("w.append(capped_ratio(w[-1] * p_x[:, i], q_x[:, i]))",  # q(x) = 0 as capped_ratio has it, no cap
+          "w.append(torch.where(q_x[:, i] > 0, w[-1] * p_x[:, i] / q_x[:, i], (w[-1] * p_x[:, i] > 0) * 1.0))")),
     (14, "block_acceptance", "h_i = w_i: the chance of reaching a prefix taken for the chance of stopping there",
      Edit("h = torch.cat([torch.where(fail > 0, mass / fail.clamp(min=1e-30), 1.0), w[:, k:]], 1)", "h = w")),
 ]

@@ -193,7 +193,7 @@ def test_head_cache_after_each_step_equals_fresh_run_over_accepted_text(models, 
 @pytest.mark.parametrize("draft_sampling, sampling, n, width, runtime", [
     ("sample", (0.9, 4, None), 1000, 2, "eager"),  # drawn tree: shape 5 nodes deep 2; warping must reach q and p
     # the static runtime (models wrapped by runtime.prepare): width 3 under top-k 2 leaves every node's third
-    # draw undrawn (q has two tokens), so tree_guesses.draw_tree must leave it out of the tree
+    # draw undrawn (q has two tokens), so tree_guesses.DrawnTree must leave it out of the tree
     ("sample", (1.0, 2, None), 1000, 3, "static"),
     ("topk", (1.0, None, None), 1000, 2, "static"),  # EAGLE-2's reranked tree, point-mass rule
 ])

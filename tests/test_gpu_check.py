@@ -217,7 +217,7 @@ def test_a_missing_part_names_the_folder_to_train_it_into(toy_out, CPU, monkeypa
     for name in ("tokenizer.tiktoken", "target.pt", "draft.pt"):
         (folder / name).write_bytes((Path(toy_out) / name).read_bytes())
     grid = grid_of(str(folder), CPU, monkeypatch, ["ar", "eagle"])
-    assert grid["eagle"]["greedy"] == (f"cannot run: it needs the eagle model, which {folder} lacks: run `python "
-                                       f"train_tiny.py --stage eagle --out-dir {folder}` (with the --preset and "
-                                       f"--data-dir {folder} was trained with)")
+    assert grid["eagle"]["greedy"] == (f"cannot run: --method eagle needs the eagle model, which {folder} lacks: "
+                                       f"run `python train_tiny.py --stage eagle --out-dir {folder}` (with the "
+                                       f"--preset and --data-dir {folder} was trained with)")
     assert grid["ar"]["greedy"] is None

@@ -76,7 +76,7 @@ def test_fill_tree_topk_and_drawn():
         assert 3 not in tokens[1:]  # token 3 has probability 0
         assert torch.equal(q, warp(logits, 1.0)[[0, 1, 1, 1, 1, 1]])  # row u: u's depth's (a leaf's: unused)
         first_children.add((tokens[3], tokens[5]))
-    # each node draws its children on its own (draw_tree), not one set of draws shared by a depth: the first
+    # each node draws its children on its own (a DrawnTree), not one set of draws shared by a depth: the first
     # children of nodes 1 and 2 differ in some tree (if shared they never would; P(equal 20 times) ~ 0.46^20)
     assert any(a != b for a, b in first_children)
     # top-k 1 leaves one token per depth: the ranks beyond it go, with everything below them
@@ -198,7 +198,7 @@ def tree_decode(target, prompt, n, make_tree, sampling=(0.0, None, None), seed=0
     done = run.emit([last])
     while not done:
         tokens, parents = make_tree(last, rng)
-        emitted, path, out = tree_step(run, target, cache, tokens, parents)
+        emitted, path, out = tree_step(run.sampling, run.generator, target, cache, tokens, parents)
         assert emitted[:-1] == [tokens[i] for i in path] and path == path_to(parents, path[-1] if path else 0)[1:]
         done = run.emit(emitted)
         last = emitted[-1]
@@ -249,7 +249,7 @@ def test_tree_step_accepts_long_paths_and_keeps_the_cache_exact(models):
     while not done:
         candidates = target.head_logits(hidden)[0, :, 0].topk(2, dim=-1).indices  # (3 heads, top-2)
         tokens, parents = medusa_tree(last, candidates, tree)
-        emitted, path, out = tree_step(run, target, cache, tokens, parents)
+        emitted, path, out = tree_step(run.sampling, run.generator, target, cache, tokens, parents)
         done = run.emit(emitted)
         node = path[-1] if path else 0
         last, hidden = emitted[-1], out.hidden[:, node:node + 1]

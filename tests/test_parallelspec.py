@@ -209,13 +209,13 @@ def test_sampling_test_sees_a_biased_rule(monkeypatch):
     """Negative control: a rule that accepts every guess (and then samples the bonus) must fail the test
     above, even with few draws: the guesses are the drafter's top-1, not samples of the target. The bound
     for n = 300 is 0.41; this rule comes out near 0.96."""
-    import nanospec.steps.verify_step as verify_step_module
+    from nanospec.steps.options import VERIFY_RULES
 
     def accept_all(p_target, q_draft, draft_tokens, generator):  # the rule chain_step runs: (1, k+1, V), (1, k, V),
         k = draft_tokens.size(1)  # (1, k): one row
         return torch.tensor([k]), torch.multinomial(p_target[0, k], 1, generator=generator)
 
-    monkeypatch.setattr(verify_step_module, "verify_chain", accept_all)
+    monkeypatch.setattr(VERIFY_RULES["token"], "chain", accept_all)
     models, n, sampling = parallelspec_sampling_models(), 300, (1.0, None, None)
     law, _ = parallelspec_sampled_law(models, PROMPT, 3, n, sampling, tree="chain", draft_sampling="topk")
     assert tv(law, exact_law(models.target, PROMPT, 3, sampling)) > tv_bound(V ** 3, n)

@@ -157,9 +157,9 @@ def test_sampling_follows_the_targets_law(k, sampling, n):
 def test_misaligned_draft_probabilities_are_caught(monkeypatch):
     """Negative control at the method level: verify each guess against the q of the guess before it (a bug
     the draft loop could make). The same statistic, with only 1000 runs, must exceed its bound."""
-    def misaligned(run, target, cache, last, drafts, q_draft, *rule, **forward):
+    def misaligned(sampling, generator, target, cache, last, drafts, q_draft, *rule, **forward):
         q_wrong = None if q_draft is None else torch.roll(q_draft, 1, 1)  # (1, k, V) row i = q of guess i-1
-        return chain_step(run, target, cache, last, drafts, q_wrong, *rule, **forward)
+        return chain_step(sampling, generator, target, cache, last, drafts, q_wrong, *rule, **forward)
 
     monkeypatch.setattr(speculative_module, "chain_step", misaligned)
     distance, bound = sampled_tv(2, (1.0, None, None), 1000)

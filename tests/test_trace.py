@@ -185,9 +185,10 @@ def edited(function, old, new):
 
 
 def put(monkeypatch, function, wrong):
-    """`wrong` wherever nanospec holds `function` (its module, and the modules that imported it by name)."""
-    for module in trace.holders(function):
-        monkeypatch.setattr(module, function.__name__, wrong)
+    """`wrong` wherever nanospec holds `function` (its module, the modules that imported it by name, the rules of
+    VERIFY_RULES that run it)."""
+    for holder, name in trace.holders(function):
+        monkeypatch.setattr(holder, name, wrong)
 
 
 def keeps_the_first_rejected(p_target, q_draft, draft_tokens, generator=None):

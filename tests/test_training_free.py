@@ -25,6 +25,7 @@ from nanospec.decoding.lookahead import build_tree
 from nanospec.decoding.prompt_lookup import lookup
 from nanospec.rules.tree import path_to, tree_mask, tree_positions
 from nanospec.rules.verify import sample
+from nanospec.steps.options import VERIFY_RULES
 from laws import empirical_law, exact_law, sequence_codes, tv, tv_bound
 from toys import full_logits, random_ids, tiny_gpt
 
@@ -314,7 +315,7 @@ def resample_after_mismatch(p_target, q_draft, draft_tokens, generator=None):
 
 def test_broken_rule_fails_the_sampling_test(monkeypatch):
     """Negative control: the sampling test has the power to see the bias this classic bug causes."""
-    monkeypatch.setattr("nanospec.steps.verify_step.verify_chain", resample_after_mismatch)
+    monkeypatch.setattr(VERIFY_RULES["token"], "chain", resample_after_mismatch)
     models, n, sampling = Models(target=tiny_gpt(3, **SAMPLING_MODEL)), 1500, (1.0, None, None)
     law = exact_law(models.target, SAMPLING_PROMPT, L, sampling)
     distance = tv(method_law(models, "prompt-lookup", n, sampling, max_ngram=2), law)

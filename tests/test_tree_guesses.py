@@ -1,6 +1,7 @@
 """Which tokens fill a tree (nanospec/steps/tree_guesses.py): fill_tree (guesses whose law depends on the depth
-only: MTP heads, ParallelSpec's masks) and draw_tree (a law at each node that depends on the tokens above it:
-EAGLE's head), held to slow host oracles and, drawn, to the target's law once verified.
+only: MTP heads, ParallelSpec's masks) and a DrawnTree filled one depth at a time (a law at each node that depends on
+the tokens above it: EAGLE's head; toys.draw_tree runs its loop as eagle's does), held to slow host oracles and,
+drawn, to the target's law once verified.
 
   - top-k: fill_tree's candidate r at depth d is the (r+1)-th most likely token of its row (a sort, the oracle);
   - drawn: with the same generator state, fill_tree and draw_tree give the slow oracle's tree node for node, with
@@ -18,12 +19,13 @@ import torch
 
 from nanospec.steps import tree_guesses
 from nanospec.steps.options import Sampling
-from nanospec.steps.tree_guesses import draw_tree, fill_tree
+from nanospec.steps.tree_guesses import fill_tree
 from nanospec.rules.tree import children, tree_from_paths
 from nanospec.rules.verify import (gumbel_top_k, host_path, verify_tree_traversal, verify_tree_without_replacement, warp,
                              without_replacement_proposals)
 from nanospec.bench.timing import counting_host_reads
 from laws import empirical_law, node_law, ordered_draws, tv, tv_bound
+from toys import draw_tree
 
 F64 = torch.float64
 V = 5

@@ -32,6 +32,7 @@ from nanospec.model.load import Models
 from nanospec.training.pipeline import lm_losses
 from nanospec.tokenizer import Tokenizer, save_tokenizer
 from nanospec.rules.tree import path_to
+from nanospec.steps.tree_guesses import DrawnTree
 
 ROOT = Path(__file__).resolve().parent.parent  # the project
 PROMPTS = str(ROOT / "data" / "prompts.json")  # the bench's committed prompts
@@ -175,6 +176,18 @@ def slow_tree(head, target, prefix_tokens, prefix_features, root, depth, width, 
 
 # ---------------------------------------------------------------------------------------------------------
 # Trained for a second: guesses often right, long paths accepted
+
+
+def draw_tree(root, paths, q_root, next_q, generator=None):
+    """A DrawnTree filled by a drafter given as a function, the loop eagle.grow_sampled_tree runs with its head:
+    next_q(d, level, tokens, parents) -> (K, V), the drafter's laws at the drawn nodes `level` of depth d, in the
+    tree's numbering (the root 0: candidate c of the DrawnTree is node c + 1). Returns (tokens, parents, q_draft)."""
+    tree = DrawnTree(paths)
+    level, d = tree.draw([-1], q_root[None], generator), 1
+    while level:
+        tokens, parents = [root] + tree.tokens, [-1] + [p + 1 for p in tree.parents]
+        level, d = tree.draw(level, next_q(d, [c + 1 for c in level], tokens, parents), generator), d + 1
+    return tree.result(root)
 
 
 def trained_tiny(n_future, steps=150, lr=0.5, seed=0):

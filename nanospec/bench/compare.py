@@ -64,7 +64,7 @@ from nanospec.bench import report
 from nanospec.model.checkpoint import CheckpointError
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.steps.options import DRAFT_SAMPLING
-from nanospec.device import MAX_SEED, check_seed, pick_device
+from nanospec.device import MAX_SEED, add_runtime_flag, check_seed, pick_device
 from nanospec.model.load import load_models
 from nanospec.bench.timing import Ledger, counting_host_reads, counting_ops, fastest, timed, timed_models
 from nanospec.fast.runtime import RUNTIMES, prepare
@@ -106,10 +106,7 @@ def parse_args(argv=None):
                    help="float64 is slow but rules out near-ties when checking greedy equality (tests)")
     p.add_argument("--quick", action="store_true", help="smoke run: 2 prompts per category, 16 tokens (unless "
                    "those flags are given), forward costs for n = 1..8 only")
-    p.add_argument("--runtime", default="auto", choices=RUNTIMES,
-                   help="how the forwards run (nanospec/fast/runtime.py wraps the models once): eager = plain PyTorch; "
-                        "static = shape-static forwards, replayed from CUDA graphs on CUDA; auto = static on CUDA, "
-                        "eager elsewhere. On CUDA, auto compares the two (--compare-runtimes)")
+    add_runtime_flag(p, RUNTIMES, ". On CUDA, auto compares the two (--compare-runtimes)")
     p.add_argument("--compare-runtimes", action="store_true",
                    help="run every method on the static path plus an eager row \"name (eager)\" of each; forward "
                         "costs and drafter costs both ways (the default with --runtime auto on CUDA)")
@@ -296,15 +293,16 @@ def load_parts(ckpt, device, parts, dtype):
     return models, broken
 
 
-def choose_methods(wanted, models, broken):
-    """(the methods that can run, ar first; '- skipped name: why' lines for the others)."""
+def choose_methods(wanted, models, broken, folder="out"):
+    """(the methods that can run, ar first; '- skipped name: why' lines for the others). folder: where the models
+    came from, for the command that trains a missing part."""
     names, notes = [], [f"- part {part} left out: {why}" for part, why in broken.items()]
     for name in dict.fromkeys(["ar"] + wanted):
         damaged = [part for part in MODULES[name].NEEDS if part in broken]
         try:
             if damaged:
                 raise ValueError(f"its {damaged[0]} part did not load ({broken[damaged[0]]})")
-            check_method(name, models)
+            check_method(name, models, folder)
             names.append(name)
         except ValueError as e:
             notes.append(f"- skipped {name}: {e}")
@@ -320,15 +318,14 @@ def set_up(args):
     device = pick_device(args.device)
     wanted = list(MODULES) if args.methods == "all" else [m.strip() for m in args.methods.split(",")]
     for name in wanted:
-        if name not in MODULES:
-            raise ValueError(f"unknown method {name!r}; choose from: {', '.join(MODULES)}")
+        check_method(name)
     categories = None if args.categories == "all" else [c.strip() for c in args.categories.split(",")]
     prompts = load_prompts(args.prompts, categories, args.prompts_per_category)  # before the models: it is quick
     if args.seed + len(prompts) - 1 > MAX_SEED:
         raise ValueError(f"--seed {args.seed}: prompt i runs with seed + i, and {len(prompts)} prompts would pass "
                          f"2**63-1: use a seed up to {MAX_SEED - len(prompts) + 1}")
     models, broken = load_parts(args.ckpt, device, parts_for(["ar"] + wanted), args.dtype)
-    names, notes = choose_methods(wanted, models, broken)
+    names, notes = choose_methods(wanted, models, broken, args.ckpt)
     block = models.target.config.block_size
     if args.max_new_tokens >= block:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt in the "

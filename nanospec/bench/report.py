@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from nanospec.decoding import MODULES, parts_for
-from nanospec.steps.run import tensor
+from nanospec.steps.run import acceptance, tensor
 from nanospec.training.presets import PRESETS
 
 
@@ -140,23 +140,18 @@ def ngram_repeats(context, out, n=4):
 
 
 def acceptance_mle(per_prompt):
-    """Leviathan's per-token acceptance rate a from speculative's steps: a step that checked d guesses accepted n
-    of them, and n < d means one rejection. Under the model (each guess accepted with probability a,
-    independently), the maximum-likelihood a = accepted / (accepted + rejections). The prefill and the plain
-    steps (d = 0: they say nothing of a) are left out; a step cut by the token budget (it kept fewer tokens than
-    it accepted) counts what it kept. Returns (a, tokens per step that drafted, the d of every step but the
-    prefill). Example: drafted [0, 2, 2, 0, 2], kept [1, 3, 1, 1, 2] -> a = 3/5 (2 + 0 + 1 accepted, 2
-    rejections), 6/3 tokens per drafting step."""
-    accepted = rejections = steps = 0
+    """Leviathan's per-token acceptance rate a from speculative's runs: the runs' own estimate (run.acceptance,
+    accepted / judged, the maximum-likelihood a), pooled over the runs. Returns (a, tokens per step that drafted,
+    the d of every step but the prefill). Example: drafted [0, 2, 0, 2, 2], guesses accepted [0, 2, 0, 0, 1] ->
+    a = 3/5 (2 + 0 + 1 accepted, 2 rejections), 6/3 tokens per drafting step (the accepted ones and the target's)."""
+    accepted = judged = steps = 0
     ks = []
     for stats in per_prompt:
-        for d, kept in zip(stats["drafted_per_step"][1:], stats["accepted_per_step"][1:]):
-            ks.append(d)
-            if d:
-                n = kept - 1  # the guesses it accepted (kept = accepted + the target's own token)
-                accepted, rejections, steps = accepted + n, rejections + (n < d), steps + 1
-    a = accepted / max(1, accepted + rejections)
-    return a, (accepted + steps) / max(1, steps), ks
+        a, j = acceptance(stats["guesses_per_step"], stats["drafted_per_step"])
+        accepted, judged = accepted + a, judged + j
+        ks += stats["drafted_per_step"][1:]
+        steps += sum(1 for d in stats["drafted_per_step"][1:] if d)
+    return accepted / max(1, judged), (accepted + steps) / max(1, steps), ks
 
 
 def leviathan(a, k, c, verify=1.0):

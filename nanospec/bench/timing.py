@@ -36,18 +36,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from nanospec.steps.run import drafts
+
 READS = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__", "nonzero")  # host reads of a tensor
 aten = torch.ops.aten
 # ops that put nothing on a GPU although they make a tensor or write one: a change of metadata in place
 # (detach_), memory handed out by the caching allocator and left untouched (empty)
 NO_LAUNCH = {aten.detach_.default, aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default}
 BORROWED = ("unembed", "head_logits")  # the target's methods drafters call outside its forward: drafting, no pass
-
-
-def drafts(target, layers=None, **call):
-    """Does a target call with these keywords draft? One through blocks 0..E-1 only, E < n_layer, does
-    (early-exit's draft: the target's own first layers); every other is a target forward."""
-    return layers is not None and layers[0] == 0 and layers[1] < target.config.n_layer
 
 
 class Ledger:

@@ -9,11 +9,10 @@ The registry: every `--method` name maps to a module with the same three things,
              each into a --kebab-case flag, and generate reads them with options.read_options (defaults and
              bounds are written only there)
 
-`decode.py`, the benchmark and the tests all go through `METHODS`. Beside the methods: options.py (the sampling
-settings and option tables), run.py (the run record), verify_step.py (the verify step over a chain or a tree of
-guesses), draft_chain.py (a drafter's chain of guesses), tree_guesses.py (which tokens fill a tree), adaptive.py
-(the draft-length rules) and pricing.py (the cost rule's books). A method never knows how its forwards run:
-nanospec/fast/runtime.py wraps the models first.
+`decode.py`, the benchmark and the tests all go through `METHODS`, and check a method with `check_method`. What
+the methods share is nanospec/steps/ (the run record, the options, the verify steps, drafting a chain or a tree,
+the draft-length rules); batched.py, beside them, decodes B prompts at once. A method never knows how its forwards
+run: nanospec/fast/runtime.py wraps the models first.
 """
 from nanospec.decoding import ar
 from nanospec.decoding import prompt_lookup, jacobi, lookahead
@@ -22,6 +21,7 @@ from nanospec.decoding import mtp, medusa
 from nanospec.decoding import eagle
 from nanospec.decoding import parallelspec
 from nanospec.decoding import early_exit
+from nanospec.model.checkpoint import train_hint
 
 MODULES = {
     "ar": ar,
@@ -37,21 +37,20 @@ MODULES = {
 }
 METHODS = {name: module.generate for name, module in MODULES.items()}
 
+
 def parts_for(names):
     """The model parts the methods `names` need or use: what load_models should read for them."""
     modules = [MODULES[name] for name in names if name in MODULES]
     return tuple(dict.fromkeys(p for module in modules for p in module.NEEDS + module.USES))
 
 
-# The command that trains each optional part, for the error a method gives when its part is missing.
-TRAIN_COMMAND = {part: f"python train_tiny.py --stage {part}" for part in ("draft", "eagle", "parallelspec")}
-
-
-def check_method(name, models):
-    """Raise a one-line ValueError if `name` is unknown or the checkpoint lacks a part it needs."""
+def check_method(name, models=None, folder="out"):
+    """A one-line ValueError if `name` is no method or, given its `models`, they lack a part it needs: named with
+    the command that trains it into `folder`, the run folder the models came from. Every command checks a method
+    here: decode.py, the bench, gpu-check."""
     if name not in MODULES:
         raise ValueError(f"unknown method {name!r}; choose one of: {', '.join(MODULES)}")
-    for part in MODULES[name].NEEDS:
+    for part in MODULES[name].NEEDS if models is not None else ():
         if getattr(models, part, None) is None:
-            raise ValueError(f"--method {name} needs the {part} model, which the checkpoint lacks: "
-                             f"run `{TRAIN_COMMAND.get(part, 'make train')}`")
+            raise ValueError(f"--method {name} needs the {part} model, which {folder} lacks: "
+                             f"{train_hint(part, folder)}")

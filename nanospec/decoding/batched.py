@@ -28,14 +28,13 @@ caches fell out of step; vLLM keeps a committed length per row and lets rejected
 """
 import torch
 
-from nanospec.steps.draft_chain import draft_chain
-from nanospec.steps.options import Sampling
 from nanospec.decoding import prompt_lookup, speculative
 from nanospec.decoding.prompt_lookup import lookup
-from nanospec.steps.run import new_run
-from nanospec.decoding.speculative import check_draft
-from nanospec.steps.verify_step import chain_step
 from nanospec.rules.verify import sample, warp
+from nanospec.steps.draft_chain import draft_chain
+from nanospec.steps.options import Sampling
+from nanospec.steps.run import cache_for, drafter_of, new_run
+from nanospec.steps.verify_step import chain_step
 
 BATCHED = ("ar", "speculative", "prompt-lookup")
 
@@ -73,21 +72,20 @@ def generate(models, prompts, max_new_tokens, *, method="ar", temperature=0.0, t
         raise ValueError("no prompts: give at least one")
     sampling = Sampling(temperature, top_k, top_p).check()
     runs = [new_run(models, p, max_new_tokens, sampling, seed) for p in prompts]  # each row checked and recorded
-    judge = runs[0]  # whose sampling and generator judge every row: one generator, each row its own slice
+    generator = runs[0].generator  # one generator for every row, each row its own slice of every draw
     target = models.target
-    draft = models.draft
+    draft = drafter_of(models, "draft", features=False) if method == "speculative" else None
     own = {"speculative": speculative.OPTIONS, "prompt-lookup": prompt_lookup.OPTIONS}.get(method, {})
     k = (own["draft_len"].default if draft_len is None else draft_len) if own else 0
     max_ngram = prompt_lookup.OPTIONS["max_ngram"].default if max_ngram is None else max_ngram
-    room = target.config.block_size + k + 1  # a verify forward's padded guesses fit at the context end
-    cache = target.new_cache(batch_size=len(runs), max_len=room)
+    block = target.config.block_size  # a verify forward's padded guesses fit at the context end
+    cache = cache_for(target, block, k + 1, batch_size=len(runs))
     logits = read_prompts(target, cache, runs)  # (B, V)
     caches = [cache]
     if method == "speculative":
-        check_draft(target, draft)
-        caches.append(draft.new_cache(batch_size=len(runs), max_len=room + 1))
+        caches.append(cache_for(draft, block, k + 2, batch_size=len(runs)))
         read_prompts(draft, caches[1], runs)  # the draft reads each prompt once, before the first step
-    last = sample(warp(logits, *sampling), judge.generator).tolist()  # each row's first token
+    last = sample(warp(logits, *sampling), generator).tolist()  # each row's first token
     done = [run.emit([t]) for run, t in zip(runs, last)]
     live = runs  # the rows still decoding
     forwards = 1
@@ -100,11 +98,11 @@ def generate(models, prompts, max_new_tokens, *, method="ar", temperature=0.0, t
         k_rows = [run.draft_room(k) for run in live]  # fewer guesses near a row's budget or the context end
         q_draft = None  # copies (and ar's no guesses) are point masses
         if method == "speculative":
-            drafts, q_draft = draft_rows(draft, caches[1], live, max(k_rows), sampling, judge.generator)
+            drafts, q_draft = draft_rows(draft, caches[1], live, max(k_rows), sampling, generator)
             drafts = [d[:kb] for d, kb in zip(drafts, k_rows)]
         else:  # prompt-lookup: each row copies from its own text; ar: k_rows are all 0
             drafts = [lookup(run.seq, max_ngram, kb) for run, kb in zip(live, k_rows)]
-        emitted, n, _ = chain_step(judge, target, cache, [run.seq[-1] for run in live], drafts, q_draft)
+        emitted, n, _ = chain_step(sampling, generator, target, cache, [run.seq[-1] for run in live], drafts, q_draft)
         forwards += 1
         if method == "speculative":  # the draft keeps what it read of each row's accepted guesses
             caches[1].rollback_rows([min(m, len(run.seq) + a) for m, run, a in zip(caches[1].row_lengths, live, n)])

@@ -22,11 +22,11 @@ import torch
 
 from nanospec.steps.adaptive import PRICED_OPTIONS, draft_length, step_costs
 from nanospec.steps.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options, verify_option
-from nanospec.steps.run import first_token, new_run, tensor
-from nanospec.steps.tree_guesses import draw_tree
+from nanospec.steps.run import cache_for, drafter_of, first_token, new_run, tensor
+from nanospec.steps.tree_guesses import DrawnTree
 from nanospec.steps.verify_step import tree_step
 from nanospec.model.gpt import Output
-from nanospec.rules.tree import draw_rank_paths, frontier_mask
+from nanospec.rules.tree import draw_rank_paths, frontier_mask, rooted
 from nanospec.rules.verify import warp
 
 NEEDS = ("eagle",)
@@ -36,7 +36,7 @@ OPTIONS = {  # the defaults, and ACCEPT_GUESS below: docs/measurements.md (eagle
     "width": Option(int, 4, "nodes expanded per level, children per node (EAGLE-2's top_k)", low=1, high=32),
     "total_tokens": Option(int, 8, "tree size per target forward, root included (adaptive: the most)", low=2, high=256),
     **DRAFT_SAMPLING_OPTION, **PRICED_OPTIONS,  # cost: a tree of k guesses, k + 1 tokens
-    **verify_option("token", "traversal"),  # traversal: a drawn tree from its leaves up
+    **verify_option("drawn_tree"),  # traversal: a drawn tree from its leaves up
 }
 ACCEPT_GUESS = 0.75  # shapes the drawn tree: the chance a draw is accepted, about sum(min(p, q)) of a trained head
 
@@ -90,52 +90,48 @@ def grow_tree(eagle, target, dcache, root, head_out, depth, width, total_tokens)
     dcache.rollback(L)
     # rerank: the best nodes overall; ties go to the older node, so a parent always precedes its child
     keep = sorted(sorted(range(len(cand_tok)), key=lambda c: (-cand_score[c], c))[:total_tokens - 1])
-    node = {c: i + 1 for i, c in enumerate(keep)}
-    return [root] + [cand_tok[c] for c in keep], [-1] + [node.get(cand_parent[c], 0) for c in keep]
+    return rooted(root, cand_tok, cand_parent, keep)
     # END SOLUTION ex9
 
 
 def grow_sampled_tree(eagle, target, dcache, root, head_out, depth, width, total_tokens, sampling, generator):
-    """The tree of DRAWN guesses (--draft-sampling sample): a fixed shape of total_tokens - 1 nodes by draw rank
-    (tree.draw_rank_paths), filled by tree_guesses.draw_tree: one head pass per level (grow_tree's `expand`)
-    gives each node's warped q. Returns (tokens, parents, q_draft (N, V)), the head's cache as it was."""
+    """The tree of DRAWN guesses (--draft-sampling sample): a shape of total_tokens - 1 nodes by draw rank, fixed
+    first (tree.draw_rank_paths), filled one depth at a time (tree_guesses.DrawnTree): the root's children from the
+    head's q at the root, then one head pass over each depth's drawn nodes (grow_tree's `expand`) gives their q.
+    Returns (tokens, parents, q_draft (N, V)), the head's cache as it was."""
     if depth < 1 or total_tokens < 2:
         return [root], [-1], None
     L = dcache.length  # the head's slots end at the root
-    fed = {}  # candidate -> its slot among the nodes fed to the head, as in grow_tree
-    f_hat = {0: head_out.hidden[0, -1]}  # node -> the head's predicted feature there
-
-    def next_q(d, level, tokens, parents):  # expand's pass, by node: node u is candidate u - 1 (the root -1)
-        feats = torch.stack([f_hat[parents[u]] for u in level])[None]  # (1, K, C) each one's parent's f̂
-        frontier = [u - 1 for u in level]
-        out = expand(eagle, target, dcache, L, d, frontier, tokens[1:], [p - 1 for p in parents[1:]], fed, feats)
-        f_hat.update((u, out.hidden[0, i]) for i, u in enumerate(level))
-        return warp(out.logits[0], *sampling)  # (K, V)
-    shape = draw_rank_paths(total_tokens - 1, depth, width, ACCEPT_GUESS)
-    tree = draw_tree(root, shape, warp(head_out.logits[0, -1], *sampling), next_q, generator)
+    tree = DrawnTree(draw_rank_paths(total_tokens - 1, depth, width, ACCEPT_GUESS))
+    level = tree.draw([-1], warp(head_out.logits[:, -1], *sampling), generator)  # the root's children
+    f_hat, fed = {-1: head_out.hidden[0, -1]}, {}  # candidate -> the head's predicted feature there; as grow_tree
+    for d in range(1, depth):
+        if not level:
+            break
+        feats = torch.stack([f_hat[tree.parents[c]] for c in level])[None]  # (1, K, C) each one's parent's f̂
+        out = expand(eagle, target, dcache, L, d, level, tree.tokens, tree.parents, fed, feats)
+        f_hat.update(zip(level, out.hidden[0]))
+        level = tree.draw(level, warp(out.logits[0], *sampling), generator)  # (K, V) their children's law
     dcache.rollback(L)
-    return tree
+    return tree.result(root)
 
 
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
     opts = read_options(OPTIONS, options)
     target = models.target
-    eagle = models.eagle
-    if eagle.config.n_embd != target.config.n_embd or eagle.config.vocab_size != target.config.vocab_size:
-        raise ValueError("the eagle head was trained for another target: run `python train_tiny.py --stage eagle`")
+    eagle = drafter_of(models, "eagle")
     width = min(opts.width, target.config.vocab_size)  # a node has at most V distinct children
     size = opts.total_tokens  # the most: --adaptive cost chooses k + 1 tokens each step
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     draft_policy = draft_length(opts, size - 1, costs=step_costs(models, __name__, run.sampling, opts))
-    cache = target.new_cache(max_len=target.config.block_size + size)  # room for a whole tree at the context end
-    dcache = eagle.new_cache(max_len=target.config.block_size + max(opts.depth * width, size))  # and for a grown one
+    cache = cache_for(target, target.config.block_size, size)  # room for a whole tree at the context end
+    dcache = cache_for(eagle, target.config.block_size, max(opts.depth * width, size))  # and for a grown one
 
     # prefill: the target reads the prompt and picks the first root; the head has x_1..x_P with f_0..f_{P-1} to read
     last, out = first_token(run, target, cache)
     unread, features, head_out = run.prompt[1:] + [last], [out.hidden[0]], None  # unread, and f before each
-    done = run.emit([last])
-    while not done:
+    while not run.done:
         k = draft_policy.k  # guesses, k + 1 tokens, as deep as the budget, context and k allow: d
         if k:  # the head reads what it has not (a plain step leaves it to the next draft): its Output at the root
             head_out, unread, features = refresh(eagle, target, dcache, unread, torch.cat(features)), [], []
@@ -145,9 +141,10 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
                                                          run.sampling, run.generator)
         else:  # EAGLE-2's top-k tree: its guesses are point masses
             (tokens, parents), q_draft = grow_tree(eagle, target, dcache, last, head_out, d, width, k + 1), None
-        emitted, path, out = tree_step(run, target, cache, tokens, parents, q_draft, opts.verify)
+        emitted, path, out = tree_step(run.sampling, run.generator, target, cache, tokens, parents, q_draft,
+                                       opts.verify)
         draft_policy.update(len(tokens) - 1, path)
-        done = run.emit(emitted, drafted=len(tokens) - 1)
+        run.emit(emitted, drafted=len(tokens) - 1)
         last = emitted[-1]  # the head reads the accepted nodes again, with the target's features at the node before
         unread, features = unread + emitted, features + [out.hidden[0, [0] + path]]  # each (emitted: path + last)
     return run.out, run.stats(tree_nodes=sum(run.drafted_per_step) / max(1, run.target_forwards - 1))  # per tree

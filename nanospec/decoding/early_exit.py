@@ -24,7 +24,7 @@ import torch
 
 from nanospec.steps.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
 from nanospec.steps.draft_chain import draft_chain
-from nanospec.steps.options import CHAIN_RULES, Option, Sampling, read_options, verify_option
+from nanospec.steps.options import Option, Sampling, read_options, verify_option
 from nanospec.steps.run import first_token, new_run, tensor
 from nanospec.steps.verify_step import chain_step
 from nanospec.model.drafters.early_exit import exit_logits
@@ -35,7 +35,7 @@ OPTIONS = {
     "exit_layer": Option(int, None, "blocks the draft runs before exiting, 1..n_layer-1 (None = default_exit_layer)"),
     "draft_len": Option(int, 4, "tokens the draft guesses per target forward (k; the most, adaptive)", low=1,
                         high=64),
-    **ADAPTIVE_OPTIONS, **verify_option(*CHAIN_RULES),
+    **ADAPTIVE_OPTIONS, **verify_option("chain"),
 }
 
 
@@ -64,8 +64,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         return exit_logits(target, adapter, E, hidden[-1])[:, -1]  # (1, V) the exit's guess of the next token
 
     last, _ = first_token(run, target, cache)  # the whole target reads the prompt
-    done = run.emit([last])
-    while not done:
+    while not run.done:
         k = run.draft_room(draft_policy.k)  # fewer guesses near the context end or budget
         drafts, q_draft, upper = [[]], None, {}  # k = 0: a plain step, one forward through every block
         if k:  # Draft: blocks 1..E read the newest token, the exit guesses, each guess read back by blocks 1..E
@@ -76,9 +75,10 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
             upper = dict(layers=(E, L), hidden_in=torch.cat(hidden, 1))  # (1, k+1, C): blocks E+1..L verify
         # The chain rule on the verify forward's logits; every layer's cache rolls back to the newest token + the
         # accepted guesses.
-        [emitted], [n], _ = chain_step(run, target, cache, [last], drafts, q_draft, opts.verify, **upper)  # one row
+        [emitted], [n], _ = chain_step(run.sampling, run.generator, target, cache, [last], drafts, q_draft,
+                                       opts.verify, **upper)  # one row
         draft_policy.update(len(drafts[0]), n)
-        done = run.emit(emitted, drafted=len(drafts[0]))
+        run.emit(emitted, drafted=len(drafts[0]))
         last = emitted[-1]
 
     return run.out, run.stats(exit_layer=E, adapter=adapter is not None)

@@ -17,11 +17,11 @@ The accepted guesses plus the target's own token are the committed prefix, and t
 next iterate: every argmax past the commit point (Jacobi's update, for the positions still open).
 
 The rule. Committing "the guesses equal to the argmax" is the chain point-mass rule in its greedy form, so
-sampling uses that rule on the iterate (nanospec/rules/verify.py, verify_chain with q = point_mass(x)): guess x is accepted
-with probability p(x); on rejection the emitted token is a sample of p with x removed. The iterate is fixed
-by what earlier steps produced, before this step draws anything, which is all the rule needs to reproduce
-p exactly. Under sampling the next iterate still takes each position's argmax: the most
-likely token is the guess the rule accepts most often.
+sampling uses that rule on the iterate (nanospec/rules/verify.py, verify_chain with q = point_mass(x)): guess x
+is accepted with probability p(x); on rejection the emitted token is a sample of p with x removed. The iterate
+is fixed by what earlier steps produced, before this step draws anything, which is all the rule needs to
+reproduce p exactly. Under sampling the next iterate still takes each position's argmax: the most likely token
+is the guess the rule accepts most often.
 
 Honest expectation: on real models plain Jacobi commits little more than one token per forward (the CLLM
 paper, arXiv 2403.00835, puts its speedup near 1.05x), because a guess is computed from the guesses before
@@ -57,18 +57,17 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     cache = target.new_cache()
 
     last, _ = first_token(run, target, cache)
-    done = run.emit([last])
     iterate = []  # no guesses yet: the first block pads
-    while not done:
+    while not run.done:
         last = run.seq[-1]
         k = run.draft_room(draft_policy.k)  # a shorter block near the context end or the token budget
         iterate = pad(iterate, last, k)  # (k,)
         # One target forward over [last, y1..yk] checks the iterate; the cache keeps last + accepted guesses.
-        [emitted], [n], out = chain_step(run, target, cache, [last], [iterate])  # one row
+        [emitted], [n], out = chain_step(run.sampling, run.generator, target, cache, [last], [iterate])  # one row
         # Row j of the logits predicts the token after y_j. Rows past the commit point (n + 1 tokens) are the
         # refined guesses for the tokens after the emitted ones.
         iterate = out.logits[0, n + 1:].argmax(-1).tolist()  # k - n tokens: the next iterate
         draft_policy.update(k, n)
-        done = run.emit(emitted, drafted=k)
+        run.emit(emitted, drafted=k)
 
     return run.out, run.stats(block=opts.block)

@@ -35,7 +35,7 @@ import torch
 
 from nanospec.steps.adaptive import PRICED_OPTIONS, draft_length, step_costs
 from nanospec.steps.options import Option, Sampling, read_options
-from nanospec.steps.run import first_token, new_run
+from nanospec.steps.run import cache_for, first_token, new_run
 from nanospec.steps.verify_step import tree_step
 
 NEEDS = ()  # model parts beyond the target
@@ -124,7 +124,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     costs = step_costs(models, __name__, run.sampling, opts)
     draft_policy = draft_length(opts, size - 1, costs=costs, menu=(0, size - 1))  # cost: all or nothing
-    cache = target.new_cache(max_len=target.config.block_size + size)  # room for a whole forward at the context end
+    cache = cache_for(target, target.config.block_size, size)  # room for a whole forward at the context end
     pool = {}  # key token -> list of (N-1)-tuples that followed it, newest last
     learn(pool, run.prompt, len(run.prompt), N, G)
     rng = random.Random(0)  # the first window: random prompt tokens; a private RNG leaves the sampling stream alone
@@ -132,14 +132,14 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     accepted_window = step = 0  # step: Jacobi steps of the window so far
 
     last, _ = first_token(run, target, cache)
-    done = run.emit([last])
-    while not done:
+    while not run.done:
         root = run.seq[-1]
         depth = run.draft_room(min(N - 1, draft_policy.k))  # shorter near the context end or budget; 0: a plain step
         grams = [g[:depth] for g in reversed(pool.get(root, []))]  # newest first: tried first
         use_window = depth > 0 and W + N - 3 <= run.room()  # its deepest node's position must exist (context end)
         tokens, parents, where, chain = build_tree(root, grams, levels if use_window else [])
-        emitted, path, out = tree_step(run, target, cache, tokens, parents)  # the cache keeps root + path
+        # One target forward over the tree; the cache keeps the root and the accepted path.
+        emitted, path, out = tree_step(run.sampling, run.generator, target, cache, tokens, parents)
         if use_window:  # one Jacobi step of the window, and its fresh n-grams into the pool
             new = out.logits[0, where[-1]].argmax(-1).tolist()  # (W,) the top level's argmax: guesses for t+N-1+i
             if step >= N - 2:  # the first N-2 steps only fill the levels with real Jacobi outputs: no pooling yet
@@ -148,7 +148,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
             levels = [levels[1][1:]] + levels[2:] + [new]
             step += 1
         draft_policy.update(len(tokens) - 1, path)
-        done = run.emit(emitted, drafted=len(tokens) - 1)
+        run.emit(emitted, drafted=len(tokens) - 1)
         if path and path[0] >= len(tokens) - sum(map(len, where)):  # the accepted path runs through the window
             accepted_window += run.guesses_per_step[-1]  # its guesses the run kept
         learn(pool, run.seq, len(emitted), N, G)  # the text itself: the newest n-grams, tried first

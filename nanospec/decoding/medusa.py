@@ -30,8 +30,8 @@ arXiv 1811.03115; Gloeckle et al. 2024, Multi-token Prediction, arXiv 2404.19737
 import torch
 
 from nanospec.steps.adaptive import PRICED_OPTIONS, draft_length, step_costs
-from nanospec.steps.options import DRAFT_SAMPLING_OPTION, TREE_RULES, Option, Sampling, read_options, verify_option
-from nanospec.steps.run import first_token, new_run
+from nanospec.steps.options import DRAFT_SAMPLING_OPTION, VERIFY_RULES, Option, Sampling, read_options, verify_option
+from nanospec.steps.run import cache_for, first_token, new_run
 from nanospec.steps.tree_guesses import TREES, fill_tree, parse_tree  # noqa: F401 (TREES: the presets)
 from nanospec.steps.verify_step import tree_step
 from nanospec.rules.tree import print_verified_tree
@@ -41,7 +41,7 @@ USES = ("heads",)  # heads.pt, the heads retrained alone, replaces the jointly t
 OPTIONS = {
     "tree": Option(str, "default", "medusa's candidate tree: a preset (default, large, chain, wide) or paths like "
                                    "'0;0,0;1' where '0,1' = head 1's top-1 then head 2's top-2"),
-    **verify_option(*TREE_RULES),
+    **verify_option("drawn_tree", "fixed_tree"),
     "show_tree": Option(bool, False, "print medusa's candidate tree for the first two steps, accepted path marked *"),
     **DRAFT_SAMPLING_OPTION, **PRICED_OPTIONS,  # cost: the tree's first k guesses
 }
@@ -54,25 +54,25 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     paths = parse_tree(opts.tree, target.config.n_future, target.config.vocab_size)
     depth = max(map(len, paths))
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
-    drawn = run.sampling.guesses_drawn(opts.draft_sampling) and opts.verify != "typical"  # typical judges top-k guesses
+    # drawn guesses, unless the rule judges only guesses not drawn (typical: the heads' top-k)
+    drawn = run.sampling.guesses_drawn(opts.draft_sampling) and VERIFY_RULES[opts.verify].drawn_tree is not None
     draft_policy = draft_length(opts, len(paths), costs=step_costs(models, __name__, run.sampling, opts))
-    cache = target.new_cache(max_len=target.config.block_size + len(paths) + 1)  # room for a tree at the end
+    cache = cache_for(target, target.config.block_size, len(paths) + 1)  # room for a tree at the context end
 
     # prefill: the main head gives the first token (the first root), the heads the first candidates
     last, out = first_token(run, target, cache)
     head_logits = target.head_logits(out.hidden[:, -1:])[0, :, 0]  # (n_future, V) at the position that chose last
-    done = run.emit([last])
-    while not done:
+    while not run.done:
         d = run.draft_room(depth)  # near the end of the budget or context, a shallower tree
-        slots = cache.max_len - cache.length - 1  # cache slots left for guesses in this forward
-        step_paths = [p for p in paths if len(p) <= d][:min(slots, draft_policy.k)]  # its first k guesses
+        step_paths = [p for p in paths if len(p) <= d][:draft_policy.k]  # its first k guesses
         tokens, parents, q_draft = fill_tree(last, head_logits[:d], step_paths, run.sampling, drawn, run.generator)
-        emitted, path, out = tree_step(run, target, cache, tokens, parents, q_draft, opts.verify)
+        emitted, path, out = tree_step(run.sampling, run.generator, target, cache, tokens, parents, q_draft,
+                                       opts.verify)
         if opts.show_tree and run.target_forwards <= 2:  # the first two trees (the first forward read the prompt)
             print_verified_tree(f"medusa step {run.target_forwards}", tokens, parents, path, emitted, models.tokenizer,
                                 drawn, paths=None if drawn else step_paths)
         draft_policy.update(len(tokens) - 1, path)
-        done = run.emit(emitted, drafted=len(tokens) - 1)
+        run.emit(emitted, drafted=len(tokens) - 1)
         last = emitted[-1]
         node = path[-1] if path else 0  # the last accepted node: its main head chose `last`, its heads guess on
         if draft_policy.k:  # (n_future, V), unless the next step guesses nothing

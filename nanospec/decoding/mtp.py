@@ -34,30 +34,18 @@ Faster Large Language Models via Multi-token Prediction, arXiv 2404.19737.
 import torch
 
 from nanospec.steps.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
-from nanospec.steps.options import (CHAIN_RULES, DRAFT_SAMPLING_OPTION, Option, Sampling, read_options,
-                                       verify_option)
+from nanospec.steps.draft_chain import chain_at_once
+from nanospec.steps.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options, verify_option
 from nanospec.steps.run import first_token, new_run
 from nanospec.steps.verify_step import chain_step
-from nanospec.rules.verify import sample, warp
 
 NEEDS = ()  # the MTP heads are part of the target
 USES = ("heads",)  # heads.pt, the heads retrained alone, replaces the jointly trained ones when present
 OPTIONS = {
     "draft_len": Option(int, None, "tokens to guess per forward: MTP heads to use, 1..n_future (None = all heads)"),
     **ADAPTIVE_OPTIONS,  # confidence: a head's softmax probability of its guess
-    **DRAFT_SAMPLING_OPTION, **verify_option(*CHAIN_RULES),
+    **DRAFT_SAMPLING_OPTION, **verify_option("chain"),
 }
-
-
-def head_guesses(logits, draft_policy, sampling, drawn=False, generator=None):
-    """logits (k, V) of heads 1..k at one position -> (guesses, a list of k ints, q_draft). The guesses are each
-    head's top-1 (q_draft None), or when `drawn`, draws from each head's warped law q_draft (k, V). Cut after
-    the first unconfident head when `draft_policy` (adaptive.DraftLength) uses the confidence rule."""
-    if not drawn:
-        return draft_policy.cut(logits, logits.argmax(-1).tolist()), None
-    q_draft = warp(logits, *sampling)  # (k, V) warped like the target's p
-    guesses = draft_policy.cut(logits, sample(q_draft, generator).tolist())  # k ints
-    return guesses, q_draft[:len(guesses)]
 
 
 @torch.inference_mode()
@@ -77,24 +65,23 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     # prefill: the main head gives the first token, the heads at the last prompt position the first guesses
     last, out = first_token(run, model, cache)
     head_logits = model.head_logits(out.hidden[:, -1:])[0, :draft_policy.k, 0]  # (k, V)
-    drafts, q_draft = head_guesses(head_logits, draft_policy, run.sampling, drawn, run.generator)
-    done = run.emit([last])
+    drafts, q_draft = chain_at_once(head_logits, draft_policy, run.sampling, drawn, run.generator)  # (1, k, V)
     drafted = [0] * n_future  # per head: guesses verified
     accepted = [0] * n_future  # per head: guesses accepted
-    while not done:
+    while not run.done:
         drafts = drafts[:run.draft_room(len(drafts))]  # near the end of the budget or context, guess fewer
-        q_draft = q_draft[:len(drafts)] if q_draft is not None and len(drafts) else None
-        [emitted], [n], out = chain_step(run, model, cache, [last], [drafts],
-                                         None if q_draft is None else q_draft[None], opts.verify)  # one row
+        q_draft = q_draft[:, :len(drafts)] if q_draft is not None and drafts else None
+        [emitted], [n], out = chain_step(run.sampling, run.generator, model, cache, [last], [drafts], q_draft,
+                                         opts.verify)  # one row
         for i in range(len(drafts)):
             drafted[i] += 1
             accepted[i] += i < n
         draft_policy.update(len(drafts), n)
-        done = run.emit(emitted, drafted=len(drafts))
+        run.emit(emitted, drafted=len(drafts))
         last = emitted[-1]
         # position n is the last accepted token's, whose main head chose `last`: its heads guess the tokens after
         drafts, q_draft = [], None  # the next step guesses nothing, or k guesses from the heads at position n:
         if draft_policy.k:
             head_logits = model.head_logits(out.hidden[:, n:n + 1], draft_policy.k)[0, :, 0]  # (k, V)
-            drafts, q_draft = head_guesses(head_logits, draft_policy, run.sampling, drawn, run.generator)
+            drafts, q_draft = chain_at_once(head_logits, draft_policy, run.sampling, drawn, run.generator)
     return run.out, run.stats(head_acceptance=[a / d for a, d in zip(accepted, drafted) if d])  # heads used

@@ -70,13 +70,12 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     cache = target.new_cache()
 
     last, _ = first_token(run, target, cache)
-    done = run.emit([last])
-    while not done:
+    while not run.done:
         seq = run.seq
         drafts = lookup(seq, opts.max_ngram, run.draft_room(draft_policy.k))  # fewer near the context end or budget
         # One target forward over [last, d1..dk]; the cache keeps last + the accepted drafts.
-        [emitted], [n], _ = chain_step(run, target, cache, [seq[-1]], [drafts])  # one row
+        [emitted], [n], _ = chain_step(run.sampling, run.generator, target, cache, [seq[-1]], [drafts])  # one row
         draft_policy.update(len(drafts), n)
-        done = run.emit(emitted, drafted=len(drafts))
+        run.emit(emitted, drafted=len(drafts))
 
     return run.out, run.stats()

@@ -30,33 +30,22 @@ import torch
 
 from nanospec.steps.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
 from nanospec.steps.draft_chain import draft_chain
-from nanospec.steps.options import CHAIN_RULES, Option, Sampling, read_options, verify_option
-from nanospec.steps.run import first_token, new_run, tensor
+from nanospec.steps.options import Option, Sampling, read_options, verify_option
+from nanospec.steps.run import drafter_of, first_token, new_run, tensor
 from nanospec.steps.verify_step import chain_step
 
 NEEDS = ("draft",)  # model parts beyond the target
 USES = ()  # parts used when present
 OPTIONS = {"draft_len": Option(int, 4, "tokens the draft guesses per target forward (k; the most, adaptive)", low=1,
                         high=64),
-           **ADAPTIVE_OPTIONS, **verify_option(*CHAIN_RULES)}
-
-
-def check_draft(target, draft):
-    """A one-line ValueError unless the draft GPT fits the target: same tokenizer, a context at least as long."""
-    if draft.config.vocab_size != target.config.vocab_size:
-        raise ValueError(f"draft and target use different tokenizers (vocab {draft.config.vocab_size} vs "
-                         f"{target.config.vocab_size}): retrain the draft")
-    if draft.config.block_size < target.config.block_size:
-        raise ValueError(f"the draft's context ({draft.config.block_size}) is shorter than the target's "
-                         f"({target.config.block_size}): retrain the draft with the target's block_size")
+           **ADAPTIVE_OPTIONS, **verify_option("chain")}
 
 
 @torch.inference_mode()
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
     opts = read_options(OPTIONS, options)
     target = models.target
-    draft = models.draft
-    check_draft(target, draft)
+    draft = drafter_of(models, "draft", features=False)  # a GPT of its own: its width is its own
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     draft_policy = draft_length(opts, opts.draft_len, costs=step_costs(models, __name__, run.sampling, opts))
     target_cache = target.new_cache()
@@ -65,8 +54,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
 
     last, _ = first_token(run, target, target_cache)
     draft(tensor(run.prompt, draft_cache.device), cache=draft_cache)  # the draft reads the prompt too, once
-    done = run.emit([last])
-    while not done:
+    while not run.done:
         seq = run.seq
         k = run.draft_room(draft_policy.k)  # fewer guesses near the context end or the token budget
         x = tensor(seq[draft_cache.length:], draft_cache.device)  # (1, T) what the draft has not read: T = 1 or 2
@@ -75,11 +63,12 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         k = len(drafts[0])
 
         # One target forward over [last, d1..dk]; the target cache rolls back to last + accepted drafts.
-        [emitted], [n], _ = chain_step(run, target, target_cache, [seq[-1]], drafts, q_draft, opts.verify)  # one row
+        [emitted], [n], _ = chain_step(run.sampling, run.generator, target, target_cache, [seq[-1]], drafts,
+                                         q_draft, opts.verify)  # one row
         draft_policy.update(k, n)
         # The draft cache read seq and d1..d(k-1). Keep seq + the accepted drafts, as far as it read them:
         # after n == k it lacks d_k, which the next step feeds it with the target's new token.
         draft_cache.rollback(min(draft_cache.length, len(seq) + n))
-        done = run.emit(emitted, drafted=k)
+        run.emit(emitted, drafted=k)
 
     return run.out, run.stats(draft_forwards=sum(run.drafted_per_step))  # one draft forward per guess

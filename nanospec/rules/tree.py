@@ -85,6 +85,15 @@ def frontier_mask(prefix_len, fed, frontier, parent, device="cpu"):
     # END SOLUTION ex9
 
 
+def rooted(root, tokens, parents, keep):
+    """The tree of `root` and the candidates `keep` of a tree a drafter grew (indices into tokens and parents, in
+    order, each one's parent kept before it; parent -1 = the root), as (tokens, parents) with the root at node 0,
+    the way tree_step takes a tree. Example: root 7, tokens [5, 3, 9], parents [-1, -1, 0], keep [0, 2]
+    -> [7, 5, 9], [-1, 0, 1]."""
+    node = {c: i + 1 for i, c in enumerate(keep)}  # candidate c is node i + 1 of the tree
+    return [root] + [tokens[c] for c in keep], [-1] + [node.get(parents[c], 0) for c in keep]
+
+
 def tree_positions(parents, prefix_len, device="cpu"):
     """(N,) position ids: prefix_len + depth."""
     # BEGIN SOLUTION ex6
@@ -94,7 +103,7 @@ def tree_positions(parents, prefix_len, device="cpu"):
 
 # ---------------------------------------------------------------------------------------------------------
 # Shapes from paths of ranks (Medusa's "medusa_choices", and the shape of a tree of drawn guesses; filling one
-# with guesses is decoding/tree_guesses.py), and views of any tree: its root-to-leaf paths and printouts.
+# with guesses is steps/tree_guesses.py), and views of any tree: its root-to-leaf paths and printouts.
 
 
 def tree_from_paths(paths):

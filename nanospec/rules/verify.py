@@ -10,8 +10,8 @@ Everything rests on one rule (Leviathan et al. 2022, arXiv 2211.17192; Chen et a
 a token x drawn from q is accepted with probability `accept_prob = min(1, p(x)/q(x))`; on rejection the
 emitted token is drawn from `residual = norm(max(0, p - q))`. The output then follows p exactly:
     P(out = y) = min(p(y), q(y)) + (1 - sum min(p, q)) * residual(y) = p(y).
-The other rules are the same two functions applied differently. What the methods run (through
-decoding/verify_step.py), each held by the tests to the exact law:
+The other rules are the same two functions applied differently. What the methods run (nanospec/steps/verify_step.py
+picks the one that fits by its --verify name, steps/options.VERIFY_RULES), each held by the tests to the exact law:
   - verify_chain             the rule at each position of a drafted chain, bonus token from p at the end;
                              deterministic drafts (n-gram copies, top-k, Jacobi iterates) go through it as
                              point masses, q = point_mass(x) = one_hot(x): accept_prob = p(x) and the residual is
@@ -22,7 +22,7 @@ decoding/verify_step.py), each held by the tests to the exact law:
                              point-mass rule as "draw y ~ p at the node, step into the child holding y"
   - verify_tree_without_replacement
                              a tree whose children at each node are draws from q WITHOUT replacement
-                             (`sample_without_replacement`; Jeon et al. 2024, arXiv 2402.14160), judged all at once
+                             (`gumbel_top_k`; Jeon et al. 2024, arXiv 2402.14160), judged all at once
   - verify_tree_traversal    a drawn tree judged from its leaves up (`--verify traversal`): the same law
   - verify_chain_greedy, verify_tree_greedy
                              the greedy case of the rules above, with no distribution built
@@ -114,7 +114,7 @@ def gumbel_top_k(probs, k, generator=None):
     """`sample_without_replacement`'s draws without its check (no host read): the k first arrivals of `sample`'s
     race (= the k largest of log probs + Gumbel noise), as (values: minus their arrival times, indices) (..., k),
     in the order they arrived. Where a row has fewer than k possible tokens, the values past them are -inf and their
-    indices meaningless: the caller drops them (tree_guesses.draw_tree keeps the finite ones)."""
+    indices meaningless: the caller drops them (tree_guesses.DrawnTree keeps the finite ones)."""
     return race(probs, generator).topk(k, dim=-1)
 
 
@@ -122,18 +122,25 @@ def gumbel_top_k(probs, k, generator=None):
 # The two pieces every lossless rule is made of.
 
 
+def capped_ratio(a, b):
+    """min(1, a / b) for tensors a, b >= 0: the chance that an `a` the draft gave `b` is accepted (a = p(x), or
+    w p(x) for block and traversal verification's weighted p). The convention for b = q(x) = 0, written here once:
+    a token the draft could not have produced counts as accepted if a > 0, refused if a = 0. It never happens when
+    x really was drawn from q, and it keeps every rule free of 0/0. Example: [0.2, 0.5, 0.0] over [0.6, 0.0, 0.0] ->
+    [1/3, 1, 0]."""
+    return (a / b).nan_to_num(nan=0.0).clamp(max=1.0)  # a / 0 = inf -> 1 (accepted); 0 / 0 = nan -> 0
+
+
 def accept_prob(p, q, x):
     """Probability of accepting token x drawn from q when the target is p: min(1, p(x) / q(x)).
 
     p, q (..., V); x (...) LongTensor -> (...). Example: p = [0.2, 0.8], q = [0.6, 0.4]:
     x = 0 -> 0.2/0.6 = 1/3; x = 1 -> min(1, 2) = 1. Summed over x ~ q this is sum(min(p, q)).
-    A token the draft could not have produced (q(x) = 0) counts as accepted if p(x) > 0: it never happens
-    when x really was drawn from q, and the convention keeps the rule free of 0/0.
+    A token the draft could not have produced (q(x) = 0) counts as accepted if p(x) > 0 (capped_ratio).
     """
     # BEGIN SOLUTION ex3
     x = x.unsqueeze(-1)  # (..., 1)
-    ratio = p.gather(-1, x) / q.gather(-1, x)  # (..., 1) p(x) / q(x): p(x) / 0 = inf, and 0 / 0 = nan
-    return ratio.nan_to_num(nan=0.0).clamp(max=1.0).squeeze(-1)  # (...) inf -> 1 (accepted), nan -> 0
+    return capped_ratio(p.gather(-1, x), q.gather(-1, x)).squeeze(-1)  # (...) min(1, p(x) / q(x))
     # END SOLUTION ex3
 
 
@@ -237,9 +244,8 @@ def block_acceptance(p_target, q_draft, draft_tokens):
     p_x = p_target[:, :k].gather(-1, draft_tokens[..., None])[..., 0]  # (B, k) p_i(x_i)
     q_x = q_draft.gather(-1, draft_tokens[..., None])[..., 0]  # (B, k) q_i(x_i)
     w = [p_target.new_ones(B)]  # (B,) w_0
-    for i in range(k):  # q_i(x_i) = 0 cannot happen for a real draw: count it as accepted when p_i(x_i) > 0
-        ratio = torch.where(q_x[:, i] > 0, w[-1] * p_x[:, i] / q_x[:, i].clamp(min=1e-30), (w[-1] * p_x[:, i] > 0))
-        w.append(ratio.clamp(max=1).to(p_x.dtype))
+    for i in range(k):
+        w.append(capped_ratio(w[-1] * p_x[:, i], q_x[:, i]))  # (B,) min(w_{i-1} p_i(x_i) / q_i(x_i), 1)
     w = torch.stack(w, 1)  # (B, k+1)
     excess = (w[:, :k, None] * p_target[:, :k] - q_draft).clamp(min=0)  # (B, k, V)
     mass = excess.sum(-1)  # (B, k) R_i
@@ -391,7 +397,7 @@ def verify_tree_without_replacement(p_target, q_draft, tokens, parents, generato
     arXiv 2402.14160). What the sampling modes of medusa, eagle and parallelspec run, through tree_step.
 
     p_target, q_draft (..., N, V): the target's next-token law after each node, and the law q_u node u's children
-    were drawn from (`sample_without_replacement`, children in draw order = index order). tokens (..., N) (a list
+    were drawn from (`gumbel_top_k`'s draws, children in draw order = index order). tokens (..., N) (a list
     for one tree), parents (N,). At node u, from P = p_target[u], for its children x_1, x_2, ... in order:
       child j was drawn from q_j = q_u without x_1..x_{j-1}, renormalised (`without_replacement_proposals`);
       accept it with probability min(1, P(x_j) / q_j(x_j)) and descend into it;
@@ -459,8 +465,7 @@ def traverse_tree(p_target, q_draft, tokens, parents, coin):
     while True:
         if tried[node] < len(kids[node]):  # down into the next untried child
             c = kids[node][tried[node]]
-            px, qx = P[node, tokens[c]].item(), Q[node, tokens[c]].item()
-            w[c] = min(w[node] * px / qx, 1.0) if qx > 0 else float(w[node] * px > 0)
+            w[c] = capped_ratio(w[node] * P[node, tokens[c]], Q[node, tokens[c]]).item()
             node, path = c, path + [c]
         elif node == 0 or coin(w[node]):  # no child left to try: the node passes with probability w
             return path, P[node]
@@ -481,7 +486,7 @@ def verify_tree_traversal(p_target, q_draft, tokens, parents, generator=None):
     2505.12398) of a tree of drawn guesses: `traverse_tree` with coins from `generator`, then the next token.
     Lossless, like verify_tree_without_replacement (same inputs, same outputs), and it can keep a path whose first
     token the top-down rule would have rejected. Each node's children must be drawn independently of every other
-    node's (tree_guesses.draw_tree): the walk judges several siblings' subtrees, and draws shared between them
+    node's (tree_guesses.DrawnTree): the walk judges several siblings' subtrees, and draws shared between them
     would make the later ones depend on the earlier ones' failure. The walk runs on the host over float64 copies
     of the tree's rows, one read for them and the uniforms. Returns (path, next_token)."""
     (N, V), tokens = p_target.shape, [int(t) for t in tokens]

@@ -16,17 +16,12 @@ long wastes draft work and verify width when they are not, and the right k chang
               The probability is the drafter's plain softmax (temperature 1, no top-k/top-p): the warped q is
               one-hot when greedy and would never stop anything.
   cost        price every step (Leviathan et al. 2022, arXiv 2211.17192, section 3.4; SpecDec++ and SmartSpec
-              choose per step): draft the k in 0..draft_len that maximises expected tokens per second,
-              E(k) / T(k), and k = 0, a plain step, when no draft pays. T(k) is the seconds a step with k guesses
-              takes on this machine (nanospec/bench/calibration.py measures it once per checkpoint, device, dtype and
-              thread count; decode.py and the bench attach it to the models as `step_costs`). E(k) = 1 +
-              pi_1 + .. + pi_k, pi_i the chance that guess i (a chain's i-th, a tree's i-th node) is accepted,
-              estimated from the steps verified so far, decayed so that the estimate follows the text, and
-              drawn back towards a prior: the chances the calibration saw (PRIOR, decaying, without them), so
-              that a stretch of plain steps tries a draft again as often as the method's guesses deserve.
-              The books (the step times, the chances, the choice) are nanospec/steps/pricing.py.
-              T = {0: 1.0, 1: 1.2, 2: 1.3, 3: 1.45} ms, pi = 0.8, 0.6, 0.3 -> E/T = 1.0, 1.5, 1.85, 1.86 per
-              ms: k = 3; with pi = 0.2, 0.05, 0.01 -> 1.0, 1.0, 0.96, 0.86: k = 0.
+              choose per step): draft the k in 0..draft_len with the most expected tokens per second, E(k) / T(k),
+              and k = 0, a plain step, when no draft pays. T(k): the seconds of a step with k guesses on this
+              machine (nanospec/bench/calibration.py measures them once; decode.py and the bench attach them to
+              the models as `step_costs`). E(k) = 1 + pi_1 + .. + pi_k, pi_i the chance guess i is accepted,
+              learnt from the steps verified so far (decayed, drawn back towards the calibration's chances, so
+              that a stretch of plain steps tries a draft again). The books and a worked example: pricing.py.
               Without step_costs (a library call on models nobody calibrated) it drafts draft_len, as "off".
   sweep       what the calibration runs: every k of 0..draft_len in turn, SWEEP_STEPS steps each.
 

@@ -1,7 +1,8 @@
 """
-A drafter's chain of guesses, for the methods that draft autoregressively (`speculative`: the draft GPT;
-`early-exit`: the target's first layers and its exit): each guess is drawn from the drafter's warped law q and fed
-back to the drafter before the next one.
+A drafter's chain of guesses. `draft_chain`, for the methods that draft autoregressively (`speculative`: the draft
+GPT; `early-exit`: the target's first layers and its exit): each guess is drawn from the drafter's warped law q
+and fed back to the drafter before the next one. `chain_at_once`, for drafters that guess every position in one
+pass (`mtp`'s heads, `parallelspec`'s masks): guess i never sees the guesses before it.
 
     draft reads [12] -> law q1, draws 5; reads [5] -> q2, draws 9; reads [9] -> q3, draws 2
     -> drafts [[5, 9, 2]] and q_draft [[q1, q2, q3]] (1, 3, V): Leviathan's rule needs the law each guess came from
@@ -32,3 +33,15 @@ def draft_chain(step, x, k, sampling, generator=None, stop=None):
         if stop is not None and stop(logits[0], drafts[-1][0]):
             break
     return torch.stack(drafts, 1).tolist(), torch.stack(q_rows, 1)  # one host read: the guesses (B, j)
+
+
+def chain_at_once(logits, draft_policy, sampling, drawn=False, generator=None):
+    """The chain of a drafter that guesses every position at once: logits (k, V), row i for guess i+1. The guesses
+    are each row's top-1 (q_draft None: point masses), or when `drawn`, draws from each row's warped law q_draft
+    (warped like the target's p); cut after the first unconfident one (draft_policy.cut, --adaptive confidence).
+    Returns (guesses: j ints, q_draft (1, j, V) or None): one row, as chain_step takes it."""
+    if not drawn:
+        return draft_policy.cut(logits, logits.argmax(-1).tolist()), None
+    q_draft = warp(logits, *sampling)  # (k, V)
+    guesses = draft_policy.cut(logits, sample(q_draft, generator).tolist())  # k ints, or fewer (confidence)
+    return guesses, q_draft[None, :len(guesses)]

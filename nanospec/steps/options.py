@@ -2,10 +2,18 @@
 What a caller asks of a decoding method, checked: the sampling settings (`Sampling`: temperature, top-k, top-p)
 and the method's own options (`Option`, one table per method, read by decode.py for its flags and by
 `read_options` for the method's values). Every default and every bound is written once, in that table.
+
+The verification rules by name (`VERIFY_RULES`): the one table from a --verify name to its rule, the functions of
+nanospec/rules/verify.py that judge each kind of guesses it can judge. Every --verify option (`verify_option`) and
+the verify steps (verify_step.py) read it, and so does the trace (nanospec/trace/record.py), which wraps them.
 """
 import math
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import NamedTuple
+
+from nanospec.rules.verify import (typical_accept, verify_block, verify_chain, verify_tree_descend,
+                                   verify_tree_traversal, verify_tree_without_replacement)
 
 MIN_TEMPERATURE = 1e-4  # below it (and above 0) logits / temperature can overflow to inf: use 0 for greedy
 
@@ -61,24 +69,45 @@ DRAFT_SAMPLING_OPTION = {
 }
 
 
-# The verification rules, by the name every method's --verify option takes (the one table of them; run by
-# decoding/verify_step.py). Greedy, each is "accept while the guess is the argmax".
+# The verification rules, by the name every method's --verify option takes: the one table of them, which
+# verify_step.py runs and every --verify option reads. Greedy, each is "accept while the guess is the argmax".
+@dataclass
+class Rule:
+    """A verification rule: what it does, and the function of nanospec/rules/verify.py that judges each kind of
+    guesses it can judge (None: it cannot). A method's guesses come as a chain, a tree of guesses DRAWN from a
+    drafter's q (judged against q_draft), or a tree of guesses not drawn (copies, top-k, iterates: point masses)."""
+    meaning: str  # for --verify's help
+    chain: object = None  # (p_target, q_draft, guesses, generator) -> (n accepted, next token), tensors (B,)
+    drawn_tree: object = None  # (p_target, q_draft, tokens, parents, generator) -> (path, next token)
+    fixed_tree: object = None  # (p_target, tokens, parents, generator=) -> (path, next token)
+    padded: bool = False  # its chain rule judges each guess by those before it alone: a padded row may stop at its own
+
+
+KINDS = ("chain", "drawn_tree", "fixed_tree")  # what guesses a rule judges: Rule's fields of that name
 VERIFY_RULES = {
-    "token": "one guess at a time, from the root down (Leviathan's rule; on a tree, recursive rejection)",
-    "block": "a chain jointly (block verification, arXiv 2403.10444: the same law, at least as many accepted)",
-    "traversal": "a drawn tree from its leaves up (traversal verification, arXiv 2505.12398: the same law, more "
-                 "accepted)",
-    "typical": "Medusa's typical acceptance of the top-k guesses, whatever --draft-sampling says (LOSSY when "
-               "sampling)",
+    "token": Rule("one guess at a time, from the root down (Leviathan's rule; on a tree, recursive rejection)",
+                  chain=verify_chain, drawn_tree=verify_tree_without_replacement, fixed_tree=verify_tree_descend,
+                  padded=True),
+    "block": Rule("a chain jointly (block verification, arXiv 2403.10444: the same law, at least as many accepted)",
+                  chain=verify_block),
+    "traversal": Rule("a drawn tree from its leaves up (traversal verification, arXiv 2505.12398: the same law, "
+                      "more accepted)", drawn_tree=verify_tree_traversal),
+    "typical": Rule("Medusa's typical acceptance of the top-k guesses, whatever --draft-sampling says (LOSSY when "
+                    "sampling)", fixed_tree=typical_accept),
 }
-CHAIN_RULES = ("token", "block")  # the rules for a chain of guesses
-TREE_RULES = ("token", "traversal", "typical")  # the rules for a tree of guesses
 
 
-def verify_option(*rules):
-    """The --verify option of a method whose guesses the `rules` (names in VERIFY_RULES) can judge; the default,
-    "token", comes first."""
-    meanings = "; ".join(f"{rule} = {VERIFY_RULES[rule]}" for rule in rules)
+def rules_for(*kinds):
+    """The names of the rules that judge any of `kinds` (KINDS), "token" first:
+    rules_for("chain") -> ("token", "block")."""
+    return tuple(name for name, rule in VERIFY_RULES.items() if any(getattr(rule, kind) is not None for kind in kinds))
+
+
+def verify_option(*kinds):
+    """The --verify option of a method whose guesses come as `kinds` (see rules_for); the default, "token", comes
+    first."""
+    rules = rules_for(*kinds)
+    meanings = "; ".join(f"{rule} = {VERIFY_RULES[rule].meaning}" for rule in rules)
     return {"verify": Option(str, "token", f"how the target judges the guesses when sampling: {meanings}",
                              choices=rules)}
 

@@ -5,19 +5,20 @@ end-of-text, the token budget or the context limit, and the stats dict that `dec
 and the tests read. The settings and the methods' options themselves are options.py.
 
 A method calls `run.emit(tokens, drafted)` once per target forward with the tokens that forward produced (the
-accepted guesses plus the target's own next token) and the number of guesses it checked; `emit` keeps what fits,
-says when to stop, and counts: the run is the one acceptance counter every method's stats come from. How long
-the forwards and the drafting took is not the method's business: decode.py and the benchmark time them from
-outside (nanospec/bench/timing.py wraps the models).
+accepted guesses plus the target's own next token) and the number of guesses it checked, until `run.done`; `emit`
+keeps what fits, says when to stop, and counts: the run is the one acceptance counter every method's stats come
+from (`acceptance`). How long the forwards and the drafting took is not the method's business: decode.py and the
+benchmark time them from outside (nanospec/bench/timing.py wraps the models). Beside the run: what every method
+does the same way, written once (the first token, a cache with room past the context, a drafter that fits).
 """
 from dataclasses import dataclass, field
 
 import torch
 
 from nanospec.device import seeded_generator
-
-from nanospec.steps.options import Sampling
+from nanospec.model.checkpoint import train_hint
 from nanospec.rules.verify import sample, warp
+from nanospec.steps.options import Sampling
 
 
 @dataclass
@@ -38,6 +39,11 @@ class Run:
     @property
     def seq(self):
         return self.prompt + self.out
+
+    @property
+    def done(self):
+        """Has the run stopped (an end-of-text, the token budget or the context)?"""
+        return self.stop is not None
 
     def room(self):
         """How many more tokens the sequence can take before it fills the context."""
@@ -80,18 +86,25 @@ class Run:
     def stats(self, **extra):
         """What the run did: tokens, target forwards, tokens per forward (and per forward, accepted_per_step; the
         guesses each forward checked, drafted_per_step: 0 is a plain step), the guesses drafted and accepted, why
-        it stopped, and the method's own figures (`extra`). acceptance_rate estimates a guess's chance to pass:
-        accepted / judged, where a guess is judged if every guess before it was accepted (the ones after a
-        rejection say nothing). No clock: decode.py and the bench time a run."""
+        it stopped, and the method's own figures (`extra`). acceptance_rate = accepted / judged (`acceptance`).
+        No clock: decode.py and the bench time a run."""
         n = len(self.out)
-        accepted = sum(self.guesses_per_step)
-        judged = sum(min(a + 1, d) for a, d in zip(self.guesses_per_step, self.drafted_per_step))
+        accepted, judged = acceptance(self.guesses_per_step, self.drafted_per_step)
         return {"new_tokens": n, "target_forwards": self.target_forwards,
                 "tokens_per_forward": n / max(1, self.target_forwards),
                 "accepted_per_step": self.accepted_per_step, "guesses_per_step": self.guesses_per_step,
                 "drafted_per_step": self.drafted_per_step,
                 "drafted": sum(self.drafted_per_step), "accepted": accepted, "judged": judged,
                 "acceptance_rate": accepted / max(1, judged), "stop": self.stop, **extra}
+
+
+def acceptance(guesses_per_step, drafted_per_step):
+    """Leviathan's a, the chance a guess passes, as (accepted, judged): a = accepted / judged. A guess is judged if
+    every guess before it was accepted (the ones after a rejection say nothing): a step that accepted n of its d
+    guesses judged min(n + 1, d). If each guess passes with probability a, independently, accepted / judged is the
+    maximum-likelihood a. Steps that checked no guess (the prefill, plain steps) count nothing.
+    Example: accepted [0, 2, 0, 0, 1] of drafted [0, 2, 0, 2, 2] -> (3, 5): a = 3/5."""
+    return sum(guesses_per_step), sum(min(n + 1, d) for n, d in zip(guesses_per_step, drafted_per_step))
 
 
 def new_run(models, prompt_ids, max_new_tokens, sampling=Sampling(), seed=None):
@@ -117,13 +130,47 @@ def new_run(models, prompt_ids, max_new_tokens, sampling=Sampling(), seed=None):
     return Run(prompt, max_new_tokens, block_size, sampling, generator, models.eot)
 
 
+def drafts(target, layers=None, **call):
+    """Does a target call with these keywords draft? One through blocks 0..E-1 only, E < n_layer, does
+    (early-exit's draft: the target's own first layers); every other is a target forward. The bench's timing and
+    the trace both ask, so that they count the forwards the run counts."""
+    return layers is not None and layers[0] == 0 and layers[1] < target.config.n_layer
+
+
 def tensor(ids, device):
     """Token ids -> a (1, T) LongTensor on `device` (the model's: cache.device or model.wte.weight.device)."""
     return torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
 
 
 def first_token(run, target, cache):
-    """The target reads the prompt and picks the first token itself, like `ar`. Returns (that token, the
-    forward's Output: logits (1, P, V), hidden (1, P, C)). The token is not emitted yet, nor in the cache."""
+    """The target reads the prompt and picks the first token itself, like `ar`; the run emits it (run.done says
+    whether that was all). Returns (that token, the forward's Output: logits (1, P, V), hidden (1, P, C)). The
+    token is not in the cache yet: it opens the next forward."""
     out = target(tensor(run.prompt, cache.device), cache=cache)
-    return run.sample(out.logits[0, -1]), out
+    token = run.sample(out.logits[0, -1])
+    run.emit([token])
+    return token, out
+
+
+def cache_for(model, context, forward, **kwargs):
+    """`model`'s KV cache for a sequence of up to `context` tokens and then one forward of `forward` more: a tree, a
+    window or a padded chain read at the context's end takes slots past it (each node one slot, whatever its
+    position). kwargs: the model's own (batch_size)."""
+    return model.new_cache(max_len=context + forward, **kwargs)
+
+
+def drafter_of(models, part, features=True):
+    """models.<part>, a drafter, checked to fit models.target: a one-line ValueError unless it is there, has the
+    target's vocabulary (its tokenizer) and at least its context, and, if it reads the target's `features`
+    (eagle, parallelspec), the target's width. A draft GPT of its own (speculative) may be narrower."""
+    drafter, target = getattr(models, part, None), models.target
+    if drafter is None:
+        raise ValueError(f"the {part} model is missing: {train_hint(part)}")
+    unfit = {"vocab_size": f"the {part} model and the target use different tokenizers",
+             "block_size": f"the {part} model's context is shorter than the target's",
+             "n_embd": f"the {part} model was trained for another target"}
+    for name in ("vocab_size", "block_size") + (("n_embd",) if features else ()):
+        mine, its = getattr(drafter.config, name), getattr(target.config, name)
+        if mine < its if name == "block_size" else mine != its:
+            raise ValueError(f"{unfit[name]} ({name} {mine}, the target's {its}): retrain it, {train_hint(part)}")
+    return drafter

@@ -7,13 +7,14 @@ A shape is a list of paths of ranks (tree.tree_from_paths): (1, 0) = the second 
 the root, then the first candidate below it.
   medusa_tree      fills a shape from each depth's candidates, best first (Medusa's heads' top-k)
   fill_tree        for drafters whose guess at depth d does not depend on the guesses above it (MTP heads,
-                   ParallelSpec's masks): each depth's candidates are its top-k, or drawn as draw_tree draws
-  draw_tree        for drafters whose law at a node depends on the tokens above it (EAGLE's head): one drafter
-                   pass per level, each node's children drawn from its own q
+                   ParallelSpec's masks): each depth's candidates are its top-k, or drawn as a DrawnTree
+  DrawnTree        a shape filled with draws, each node's children drawn from its own q: all at once (fill_tree),
+                   or one depth at a time by a drafter whose law at a node depends on the tokens above it (EAGLE's
+                   head: its loop is eagle.grow_sampled_tree)
 """
 import torch
 
-from nanospec.rules.tree import children, tree_from_paths
+from nanospec.rules.tree import rooted, tree_from_paths
 from nanospec.rules.verify import gumbel_top_k, warp
 
 # medusa's default: 4 paths chosen by scripts/medusa_tree.py on the trained model (docs/measurements.md); "large"
@@ -73,8 +74,8 @@ def fill_tree(root, logits, paths, sampling, drawn=False, generator=None):
     medusa_tree ((1, 0) = depth 1's candidate 1, then depth 2's candidate 0).
       top-k (drawn False): candidate r at depth d is the (r+1)-th most likely token of row d-1; the guesses
               are point masses (q_draft None).
-      drawn (drawn True): each node's children are draws WITHOUT replacement from warp(row d) (draw_tree, the
-              law the same at every node of a depth), in rank order: a path of rank r needs ranks 0..r-1 beside
+      drawn (drawn True): each node's children are draws WITHOUT replacement from warp(row d) (a DrawnTree,
+              the law the same at every node of a depth), in rank order: a path of rank r needs ranks 0..r-1 beside
               it (a skipped draw would leave its sibling verified against the wrong q); a rank beyond what q
               allows (top-k, top-p) has no draw, and its path is left out, with everything under it.
     Example: root 7, paths [(0,), (1,), (0, 0)], top-2 of row 0 = [5, 3], top-1 of row 1 = [9]
@@ -90,57 +91,59 @@ def fill_tree(root, logits, paths, sampling, drawn=False, generator=None):
         if p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in have:
             raise ValueError(f"with drawn guesses tree path {p} needs {p[:-1] + (p[-1] - 1,)} too: rank r is the "
                              f"(r+1)-th draw, and each node's children must be draws 1..m in order")
-    parents, nodes = tree_from_paths(paths)
+    tree = DrawnTree(paths)
     q = warp(logits[:D], *sampling)  # (D, V) the law of each depth's guesses, whatever the tokens above them
-    q_draft = q[[min(len(node), D - 1) for node in nodes]]  # (N, V) row u: the law of u's children (a leaf: unused)
-    draws = gumbel_top_k(q_draft, width, generator)  # (N, width) every node's draws at once, each its own
-    ids = torch.where(torch.isfinite(draws.values), draws.indices, -1).tolist()  # -1: q ran out; one read
-    tokens = [int(root)] + [ids[parents[u]][node[-1]] for u, node in enumerate(nodes) if u]  # rank r: draw r
-    return kept(tokens, parents, q_draft)
+    rows = [0] + [min(d, D - 1) for d in tree.depth]  # (N,) row u: the law of u's children (a leaf's: unused)
+    tree.draw(list(range(-1, len(tree.depth))), q[rows], generator)  # every node's draws at once, each its own
+    return tree.result(root)
 
 
-def draw_tree(root, paths, q_root, next_q, generator=None):
-    """A tree of DRAWN guesses with a shape fixed in advance, for a drafter whose law at a node depends on the
-    tokens above it (EAGLE's head; fill_tree's laws depend on the depth only): paths = the shape in draw ranks
-    (tree.draw_rank_paths); q_root (V,) the drafter's warped law below the root; next_q(d, level, tokens,
-    parents) -> (K, V) its warped laws at the nodes `level` (the drawn nodes of depth d that have children in the
-    shape), given tokens (None where not drawn) and the shape's parents: one drafter pass per level, one host read
-    per level. Each node's children are draws without replacement from its q, in rank order, independent of every
-    other node's (traversal verification needs it); where q allows fewer tokens than the shape has children
-    (top-k, top-p), the rest are left out, with everything under them. The shape is fixed before any draw and no drawn
-    node is pruned for its value, as verify_tree_without_replacement needs.
-    Example: root 7, shape [(0,), (1,), (0, 0)]: draws 5, 3 from q_root; then next_q at node 1 (token 5), draw 9
-             -> tokens [7, 5, 3, 9], parents [-1, 0, 0, 1], q_draft rows [q_root, q at 5, 0, 0].
-    Returns (tokens, parents, q_draft (N, V): the law each node's children were drawn from)."""
-    parents, nodes = tree_from_paths(paths)
-    N = len(nodes)
-    kids = children(parents)  # kids[u] in rank order = draw order
-    tokens = [int(root)] + [None] * (N - 1)  # None: not drawn
-    q_draft = q_root.new_zeros(N, q_root.numel())  # (N, V)
-    q_draft[0] = q_root
-    for d in range(max(map(len, nodes))):
-        level = [u for u in range(N) if len(nodes[u]) == d and kids[u] and tokens[u] is not None]
-        if not level:
-            break
-        if d > 0:
-            q_draft[level] = next_q(d, level, tokens, parents)  # (K, V)
-        width = max(len(kids[u]) for u in level)
-        draws = gumbel_top_k(q_draft[level], width, generator)  # (K, width) each node's draws, in order
+class DrawnTree:
+    """A tree of DRAWN guesses whose shape is fixed before any draw (paths of draw ranks, tree.draw_rank_paths), as
+    verify_tree_without_replacement needs: no drawn node is pruned for its value. Each node's children are draws
+    without replacement from the law q given for it, in rank order, independent of every other node's (traversal
+    verification needs it). Where q allows fewer tokens than the shape has children (top-k, top-p), the rest are
+    left undrawn, and out of the tree with everything under them.
+    Its nodes are numbered as a drafter grows them (eagle's grow_tree and expand): candidates 0.., the shape's
+    nodes in order, parent -1 = the root. A drafter whose law at a node depends on the tokens above it (EAGLE's
+    head) draws one depth at a time, in its own loop:
+        tree = DrawnTree(paths)
+        level = tree.draw([-1], q_root[None], generator)     # the root's children
+        while level:                                         # its laws at the drawn nodes of the next depth
+            level = tree.draw(level, drafter's q at level (K, V), generator)
+        tokens, parents, q_draft = tree.result(root)
+    Example: shape [(0,), (1,), (0, 0)]: draws 5, 3 below root 7; then q at candidate 0 (token 5) draws 9
+             -> tokens [7, 5, 3, 9], parents [-1, 0, 0, 1], q_draft rows [q_root, q at 5, 0, 0]."""
+
+    def __init__(self, paths):
+        parents, nodes = tree_from_paths(paths)  # node u of the shape is candidate u - 1
+        self.parents = [p - 1 for p in parents[1:]]  # each candidate's parent, -1: the root
+        self.depth = [len(node) for node in nodes[1:]]  # each candidate's depth below the root
+        self.tokens = [None] * len(self.parents)  # None: not drawn
+        self.kids = {c: [] for c in range(-1, len(self.parents))}  # in rank order = draw order
+        for c, p in enumerate(self.parents):
+            self.kids[p].append(c)
+        self.q = None  # (N, V) row 0: the root's law, row c + 1: candidate c's, once given
+
+    def draw(self, level, q, generator=None):
+        """Draw the children of the candidates `level` (-1: the root) from their laws q (K, V): one gumbel_top_k
+        for all of them, one host read. Returns the next level: the drawn children that have children."""
+        if self.q is None:
+            self.q = q.new_zeros(len(self.tokens) + 1, q.size(-1))  # (N, V)
+        self.q[[c + 1 for c in level]] = q
+        draws = gumbel_top_k(q, max(len(self.kids[c]) for c in level), generator)  # (K, width) in draw order
         ids = torch.where(torch.isfinite(draws.values), draws.indices, -1).tolist()  # -1: q ran out; one read
-        for i, u in enumerate(level):
-            for r, c in enumerate(kids[u]):
-                tokens[c] = ids[i][r] if ids[i][r] >= 0 else None
-    return kept(tokens, parents, q_draft)
+        for i, c in enumerate(level):
+            for r, child in enumerate(self.kids[c]):
+                self.tokens[child] = ids[i][r] if ids[i][r] >= 0 else None
+        return [child for c in level for child in self.kids[c] if self.tokens[child] is not None and self.kids[child]]
 
-
-def kept(tokens, parents, q_draft):
-    """The drawn part of a tree: every node whose token and ancestors' tokens were drawn (None or -1: not drawn,
-    q ran out), renumbered. Returns (tokens, parents, q_draft rows), as draw_tree."""
-    drawn = [True] * len(tokens)
-    for u, t in enumerate(tokens):  # parents come before their children
-        drawn[u] = t is not None and t >= 0 and (u == 0 or drawn[parents[u]])
-    keep = [u for u in range(len(tokens)) if drawn[u]]
-    if len(keep) == len(tokens):
-        return tokens, parents, q_draft
-    index = {u: i for i, u in enumerate(keep)}
-    return [tokens[u] for u in keep], [index.get(parents[u], -1) for u in keep], q_draft[keep]
+    def result(self, root):
+        """The drawn part, root at node 0: (tokens, parents, q_draft (N, V), row u = the law u's children were drawn
+        from), every node whose token and ancestors' tokens were drawn."""
+        keep, drawn = [], {-1}
+        for c, t in enumerate(self.tokens):  # parents come before their children
+            if t is not None and self.parents[c] in drawn:
+                keep.append(c)
+                drawn.add(c)
+        return (*rooted(int(root), self.tokens, self.parents, keep), self.q[[0] + [c + 1 for c in keep]])

@@ -11,16 +11,17 @@ the rollback, and the running tokens per forward. `decode.py --trace run.html` w
     check(doc)               # -> []: every verdict follows from its recorded randomness and probabilities
     write("run.html", doc)
 
-The trace is a layer, as the bench's timing is (nanospec/bench/timing.py): no method knows about it. While `recording` is
+The trace is a layer, as the bench's timing is (bench/timing.py): no method knows about it. While `recording` is
 open, and only then, it wraps from outside:
   - the target (`Traced`, as timing.Timed): each target forward's length and the cache length before it;
   - run.Run.emit and Run.sample: a step ends when the method emits what its forward produced (`emit` counts the
     forwards); a plain step's token comes from `Run.sample` (ar's), or from verify_step's `sample` (a step of a
     drafting method that checked no guess);
   - chain_step and tree_step, where the methods hold them: the guesses sent, a chain or a tree;
-  - the rules verify_step calls (RULES): each call runs inside `capturing`, which records what torch.rand returned
-    (the uniforms the rule drew, not one more) and what the rule asked of verify.py's pieces (accept_prob, sample,
-    block_acceptance, traverse_tree): their arguments and their answers, as the rule saw them;
+  - the rules verify_step calls (its greedy shortcuts, GREEDY, and those of options.VERIFY_RULES, RULES): each call
+    runs inside `capturing`, which records what torch.rand returned (the uniforms the rule drew, not one more) and
+    what the rule asked of verify.py's pieces (accept_prob, sample, block_acceptance, traverse_tree): their
+    arguments and their answers, as the rule saw them;
   - adaptive.DraftLength: the k each step chose (--adaptive history, confidence, cost, sweep).
 When it closes, each is put back as it was: a run outside `recording` runs no line of this file, so tracing off
 costs nothing (tests/test_trace.py counts host reads and tensor operations), and the wrappers return exactly what
@@ -55,9 +56,10 @@ from dataclasses import replace
 
 import torch
 
-from nanospec.bench import timing
 from nanospec.rules import verify
 from nanospec.steps import adaptive, run as run_module, verify_step
+from nanospec.steps.run import drafts
+from nanospec.steps.options import KINDS, VERIFY_RULES
 from nanospec.tokenizer import write_atomic
 from nanospec.rules.tree import children, depths, path_to
 from nanospec.rules.verify import warp
@@ -162,6 +164,11 @@ def law_of(name, probs, token, drawn=None, row=None, gap=None):
             "gap": None if gap is None else num(gap, 3)}
 
 
+def capped(a, b):
+    """verify.capped_ratio, min(1, a / b) with its convention for b = 0, on two floats."""
+    return float(verify.capped_ratio(torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)))
+
+
 def gathered(probs, x):
     """probs (..., V) at tokens x (...) -> a flat list of floats."""
     return probs.gather(-1, x.unsqueeze(-1)).reshape(-1).tolist()
@@ -258,7 +265,7 @@ def chain_block(step, a, calls, result):
     p_x, q_x, h, u = gathered(p[:, :k], xs), gathered(q, xs), h.reshape(-1).tolist(), uniforms(calls, k + 1)
     w = [1.0]  # the weight of the first i guesses, as block_acceptance defines it (for reading; h decides)
     for i in range(k):
-        w.append(min(w[-1] * p_x[i] / q_x[i], 1.0) if q_x[i] > 0 else float(w[-1] * p_x[i] > 0))
+        w.append(capped(w[-1] * p_x[i], q_x[i]))
     step["nodes"] = [guess(i, xs[0, i - 1], i, p_x[i - 1], q_x[i - 1], u=u[i] if u else None, w=num(w[i], 6),
                            h=num(h[i]), verdict="accepted" if i <= n else "rejected") for i in range(1, k + 1)]
     step["path"] = list(range(1, n + 1))
@@ -381,15 +388,17 @@ def tree_typical(step, a, calls, result):
                          int(drawn.reshape(-1)[0]), last)
 
 
-RULES = {  # the name verify_step calls a rule by -> (the trace's name for it, what it recorded)
+GREEDY = {  # verify_step's greedy shortcuts, by name -> (the trace's name for the rule, what it recorded)
     "verify_chain_greedy": ("greedy", chain_greedy),
-    "verify_chain": ("token", chain_token),
-    "verify_block": ("block", chain_block),
     "verify_tree_greedy": ("greedy", tree_greedy),
-    "verify_tree_descend": ("descend", tree_descend),
-    "verify_tree_without_replacement": ("token", tree_token),
-    "verify_tree_traversal": ("traversal", tree_traversal),
-    "typical_accept": ("typical", tree_typical),
+}
+RULES = {  # (a rule of options.VERIFY_RULES, the guesses it judged) -> (the trace's name for it, what it recorded)
+    ("token", "chain"): ("token", chain_token),
+    ("block", "chain"): ("block", chain_block),
+    ("token", "fixed_tree"): ("descend", tree_descend),
+    ("token", "drawn_tree"): ("token", tree_token),
+    ("traversal", "drawn_tree"): ("traversal", tree_traversal),
+    ("typical", "fixed_tree"): ("typical", tree_typical),
 }
 
 
@@ -398,15 +407,18 @@ RULES = {  # the name verify_step calls a rule by -> (the trace's name for it, w
 
 
 def holders(function):
-    """The modules of nanospec that hold `function` under its name: its own, and those that imported it by name (the
-    methods import chain_step and tree_step)."""
-    return [module for module in list(sys.modules.values()) if getattr(module, "__name__", "").startswith("nanospec")
-            and getattr(module, function.__name__, None) is function]
+    """Where nanospec holds `function`, as (object, name) pairs: its module and the modules that imported it by name
+    (the methods import chain_step and tree_step), and the rules of options.VERIFY_RULES that run it."""
+    modules = [(module, function.__name__) for module in list(sys.modules.values())
+               if getattr(module, "__name__", "").startswith("nanospec")
+               and getattr(module, function.__name__, None) is function]
+    return modules + [(rule, kind) for rule in VERIFY_RULES.values() for kind in KINDS
+                      if getattr(rule, kind) is function]
 
 
 class Traced:
     """The target, each forward of it noted in the trace (tokens read, the cache length before), as timing.Timed
-    notes its seconds. A call that drafts (early-exit's first layers: timing.drafts) is not a target forward. Every
+    notes its seconds. A call that drafts (early-exit's first layers: run.drafts) is not a target forward. Every
     other attribute is the target's."""
 
     def __init__(self, model, trace):
@@ -416,7 +428,7 @@ class Traced:
         return getattr(self.model, name)
 
     def __call__(self, idx, **kwargs):
-        if not timing.drafts(self.model, **kwargs):
+        if not drafts(self.model, **kwargs):
             self.trace.forward(idx, kwargs.get("cache"))
         return self.model(idx, **kwargs)
 
@@ -484,12 +496,14 @@ class Trace:
 
         patches = [(run_module.Run, "emit", emit_), (run_module.Run, "sample", sample_),
                    (adaptive.DraftLength, "update", update_), (verify_step, "sample", step_sample_)]
-        for name, (rule, record) in RULES.items():
+        for name, (rule, record) in GREEDY.items():
             patches.append((verify_step, name, self.judged(getattr(verify_step, name), rule, record)))
+        for (name, kind), (rule, record) in RULES.items():
+            patches.append((VERIFY_RULES[name], kind, self.judged(getattr(VERIFY_RULES[name], kind), rule, record)))
         for name, kind in (("chain_step", "chain"), ("tree_step", "tree")):
             step = getattr(verify_step, name)
             wrapper = self.sent(step, kind)
-            patches += [(module, name, wrapper) for module in holders(step)]
+            patches += [(holder, attribute, wrapper) for holder, attribute in holders(step)]
         return patches
 
     def sent(self, step_function, kind):
@@ -621,7 +635,7 @@ def verdict_problems(s):
                             f"children before it were rejected")
         if rule == "token" and g["u"] is not None:
             p, q, a = g["p"], g["q"], g["accept"]
-            should = min(1.0, p / q) if q > 0 else float(p > 0)
+            should = capped(p, q)
             if abs(a - should) > 1e-4 * max(should, 1e-3):
                 problems.append(f"{node}: accept {a:.6g} is not min(1, p/q) = min(1, {p:.6g}/{q:.6g})")
             if (g["u"] < a) != (verdict == "accepted"):
