@@ -104,7 +104,8 @@ class Fast:
         at = self.model.place(*args, cache=cache, pos=pos, mask=mask, **kwargs)  # on the host, as tensors
         given = list(args) + list(kwargs.values())
         tensors = [a for a in given if torch.is_tensor(a)]  # the graph's inputs
-        key = graph_key(cache, given, kwargs, (at.pos, at.mask, *tensors))
+        every_slot = at.mask  # (.., T, S): the shapes depend on B and T alone
+        key = graph_key(cache, given, kwargs, (at.pos, every_slot, *tensors))
 
         def fn(pos, mask, slots, *tensors):  # tensors in, tensors out: what a graph of this key records
             it = iter(tensors)
@@ -117,7 +118,7 @@ class Fast:
             return flatten(out)
 
         try:
-            outputs = self.graphs(fn, at.pos, at.mask, at.slots, *tensors, key=key, protect=(cache.k, cache.v))
+            outputs = self.graphs(fn, at.pos, every_slot, at.slots, *tensors, key=key, protect=(cache.k, cache.v))
         except CaptureFailed as e:
             print(f"warning: CUDA graph capture failed ({e}); the {self.model.__class__.__name__}'s forwards run "
                   f"eager from here", file=sys.stderr)

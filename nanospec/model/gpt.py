@@ -52,10 +52,10 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        k, v = at.update(layer, k, v)  # (B, nh, S, hs): every slot of the cache, or S = T without one
+        k, v = at.update(layer, k, v)  # (B, nh, S', hs): the cache's slots (S' = seen, or S replayed), or T
         p = self.dropout if self.training else 0.0
-        # at.mask (.., T, S) bool, True = may attend; None: plain causal attention over T == S tokens (training)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=at.mask, dropout_p=p, is_causal=at.mask is None)
+        # at.attend (.., T, S') additive, or a given bool mask; None: plain causal attention over T == S' tokens
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=at.attend, dropout_p=p, is_causal=at.attend is None)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.c_proj(y)
 
