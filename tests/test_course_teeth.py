@@ -259,8 +259,8 @@ GALLERY = [
      Edit("if (node, tok) not in trie:  # shared prefixes share nodes: each guess is checked once\n"
           "                trie[node, tok] = add(tok, node)\n            node = trie[node, tok]",
           "node = add(tok, node)")),
-    (11, "group_layout", "the masks' positions start at the anchor, not after it",
-     Edit("anchors[group] + 1 + slot])", "anchors[group] + slot])")),
+    (11, "group_layout", "the masks' positions start at the anchor, not after it", Edit("anchors[group] + 1 + slot])",
+                                                                                      "anchors[group] + slot])")),
     (11, "group_layout", "a mask sees every mask of its group, later ones too",
      Edit("(row_group[:, None] == group[None, :]) & (slot[None, :] <= row_slot[:, None])",
           "row_group[:, None] == group[None, :]")),
