@@ -15,7 +15,7 @@ help:
 	@printf '%s\n' \
 	    "make train         the corpus, tokenizer, target and every drafter into out/ (~9 min on 2 CPU cores)" \
 	    "                   PRESET=gpu: the deep GPU preset, into out-gpu/; PRECISION=fp32: the README's figures" \
-	    "make test          the test suite (~4.5 min on 2 cores)" \
+	    "make test          the test suite (~4 min on 2 cores)" \
 	    "make bench         every method against ar, into bench_results.md (CKPT=out-gpu: another run folder)" \
 	    "make bench-batch   batched ar, speculative and prompt-lookup at B = 1..32, into bench_batch.md" \
 	    "make bench-quick   a smoke run of the bench" \
