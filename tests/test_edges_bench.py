@@ -38,6 +38,8 @@ BAD = [  # (flags, files to make {name: content}, the start of the one line expe
     # issue 40: a file that is not the bench's JSON was replaced, though the help says the figures are merged in
     (["--json", "{tmp}/notes.txt"], {"notes.txt": "my notes"}, "--json {tmp}/notes.txt is not the bench's JSON"),
     (["--json", "{tmp}/r.json"], {"r.json": '{"mine": 1}'}, "--json {tmp}/r.json is not the bench's JSON"),
+    # a user's own file was replaced by the report
+    (["--out", "{tmp}/notes.txt"], {"notes.txt": "my notes"}, "--out {tmp}/notes.txt is not a bench report"),
     (["--seed", "-1"], {}, "--seed must be in 0..2**63-1"),
     (["--seed", str(2**64 - 1)], {}, "--seed must be in 0..2**63-1"),
     (["--seed", str(MAX_SEED)], {}, f"--seed {MAX_SEED}: prompt i runs with seed + i"),
@@ -56,6 +58,14 @@ BAD = [  # (flags, files to make {name: content}, the start of the one line expe
      "--prompts {tmp}/p.json: prompt 1 is not"),
     (["--prompts", "{tmp}/p.json"], {"p.json": '{"prompts": [\n'}, "--prompts {tmp}/p.json is not valid JSON"),
 ]
+
+
+def test_an_earlier_report_may_be_replaced(tmp_path):
+    """--out refuses a user's own file, never the bench's own earlier report (of one prompt or of a batch)."""
+    for title in ("# nanospec bench, 2026-11-27 00:37", "# nanospec bench: batched decoding"):
+        bench.check_writable("--out", write(tmp_path / "r.md", title + "\n\nold figures\n"))
+    with pytest.raises(ValueError, match="is not a bench report"):
+        bench.check_writable("--out", write(tmp_path / "r.md", "my notes about the bench\n"))
 
 
 @pytest.mark.parametrize("flags, files, message", BAD, ids=[" ".join(b[0]) + "".join(b[1].values()) for b in BAD])

@@ -177,9 +177,22 @@ def check_writable(flag, path):
     if flag == "--json" and os.path.isfile(path) and os.path.getsize(path) and not is_bench_json(path):
         raise ValueError(f"--json {path} is not the bench's JSON, which the figures are merged into: it is kept; "
                          f"give another file (or none: bench_results.json beside --out)")
+    if flag == "--out" and os.path.isfile(path) and os.path.getsize(path) and not is_bench_report(path):
+        raise ValueError(f"--out {path} is not a bench report (its first line is not '# nanospec bench...'): it is "
+                         f"kept; give another file")
 
 
 JSON_KEYS = {"methods", "title", "batch", "batch_title"}  # what write() merges into --json: nothing else is ours
+
+
+def is_bench_report(path):
+    """Does the file at `path` open as a report the bench wrote (report.py's or batch.py's title), one it may
+    replace?"""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.readline().startswith("# nanospec bench")
+    except (OSError, ValueError):
+        return False
 
 
 def is_bench_json(path):
