@@ -40,6 +40,7 @@ import functools
 from typing import NamedTuple
 
 import torch
+from torch.nn import functional as F
 
 from nanospec.rules.tree import children, depths, path_to
 
@@ -75,17 +76,22 @@ def warp(logits, temperature=0.0, top_k=None, top_p=None):
 
 
 def sample(probs, generator=None):
-    """Draw one token per row from probabilities (..., V) -> LongTensor (...), as a race: every token v gets an
-    exponential clock of rate p(v), arrival time E_v / p(v) with E_v ~ Exp(1), and the first to arrive wins, which
-    happens with probability p(v). (In logs it is Gumbel-max: -log E_v is Gumbel noise added to log p(v).) A
-    one-hot row always gives its hot index, so greedy decoding through `sample` is deterministic; a zero never
-    wins (its time is infinite); rows need not sum to exactly 1. Four tensor operations for any number of rows:
-    on a CPU about half of torch.multinomial's one row, and no host read (multinomial reads on a GPU)."""
-    return race(probs, generator).argmax(-1)
+    """Draw one token per row from probabilities (..., V) -> LongTensor (...), by inverting the running total: lay
+    the tokens end to end, each as long as its probability, and pick the point u * total, u uniform in (0, 1]; the
+    token whose stretch holds it comes out with probability p(v) / total. Rows need not sum to exactly 1. A token
+    of probability 0 has a stretch of length 0 and never comes out (the search takes the FIRST token whose running
+    total reaches the point), so a one-hot row always gives its hot index and greedy decoding through `sample` is
+    deterministic. Example: probs [0.5, 0.3, 0.2], running total [0.5, 0.8, 1.0], u = 0.6 -> token 1.
+    One pass over the vocabulary (the running total) and a binary search, for any number of rows, with no host read
+    (torch.multinomial reads on a GPU): on a CPU a third of torch.multinomial's time for one row."""
+    total = probs.cumsum(-1)  # (..., V) running total
+    u = 1.0 - torch.rand((*probs.shape[:-1], 1), generator=generator, dtype=probs.dtype, device=probs.device)
+    return torch.searchsorted(total, u * total[..., -1:]).squeeze(-1)  # (...) first token whose total reaches it
 
 
 def race(probs, generator=None):
-    """The race of `sample` and `gumbel_top_k`, probs (..., V) -> (..., V): minus each token's arrival time,
+    """The race of `gumbel_top_k`: every token v gets an exponential clock of rate p(v), and the first to arrive is
+    a draw of p (in logs it is Gumbel-max: -log E_v is Gumbel noise added to log p(v)). probs (..., V) -> (..., V): minus each token's arrival time,
     log(u) / p = -E / p for E = -log(u) ~ Exp(1), u uniform in [0, 1) drawn fresh per entry, so the LARGEST
     arrives first. A token of probability 0 (or with u = 0) gets -inf: it never arrives."""
     u = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)  # (..., V)
@@ -195,10 +201,10 @@ def verify_chain(p_target, q_draft, draft_tokens, generator=None):
     n_accepted = accepted.long().cumprod(-1).sum(-1)  # (...) length of the all-accepted prefix
     # The next token comes from residual(p_i, q_i) at the first rejection i, or from p_k (the bonus) when all
     # k were accepted. A zero row of q at the bonus position makes this one formula: residual(p, 0) = p.
-    q_padded = torch.cat([q_draft, torch.zeros_like(p_target[..., :1, :])], dim=-2)  # (..., k+1, V)
-    at = n_accepted[..., None, None]  # (..., 1, 1) the row of the first rejection, or of the bonus
-    p_at = torch.take_along_dim(p_target, at, dim=-2)[..., 0, :]  # (..., V)
-    q_at = torch.take_along_dim(q_padded, at, dim=-2)[..., 0, :]  # (..., V)
+    q_padded = F.pad(q_draft, (0, 0, 0, 1))  # (..., k+1, V) a zero row after the k
+    at = n_accepted[..., None, None].expand(*n_accepted.shape, 1, p_target.size(-1))  # (..., 1, V) that row
+    p_at = p_target.gather(-2, at)[..., 0, :]  # (..., V) the row of the first rejection, or of the bonus
+    q_at = q_padded.gather(-2, at)[..., 0, :]  # (..., V)
     return n_accepted, sample(residual(p_at, q_at), generator)
     # END SOLUTION ex4
 
@@ -295,12 +301,12 @@ class TreeTables(NamedTuple):
     """The index tensors a tree rule needs of a tree's shape, built once per shape (`tree_tables`), so that a step
     over a tree of the same shape makes none from Python lists. Example: parents [-1, 0, 0, 1] ->
     at [0, 1] (the nodes with children), child [[1, 2], [3, 4]] (each one's children in order, padded with N = 4),
-    child_or_root [[1, 2], [3, 0]], real [[T, T], [T, F]] (K, W, 1), ancestors [[-1, -1], [1, -1], [2, -1],
+    child_or_root [[1, 2], [3, 0]], absent [[F, F], [F, T]] (K, W, 1), ancestors [[-1, -1], [1, -1], [2, -1],
     [1, 3]] (each node's path below the root, padded with -1), nodes [0, 1, 2, 3]."""
     at: torch.Tensor  # (K,) the nodes with children
     child: torch.Tensor  # (K, W) their children in order; N where a node has fewer than W
     child_or_root: torch.Tensor  # (K, W) the same, padded with 0: an index that exists, for gathering tokens
-    real: torch.Tensor  # (K, W, 1) bool: a child is there
+    absent: torch.Tensor  # (K, W, 1) bool: no child there
     ancestors: torch.Tensor  # (N, D) the path from the root to each node, root excluded, padded with -1
     nodes: torch.Tensor  # (N,) 0..N-1
 
@@ -317,7 +323,7 @@ def tree_tables(parents, device):
     ancestors = [(path_to(parents, n)[1:] + [-1] * D)[:D] for n in range(N)]
     tensor = functools.partial(torch.tensor, device=device)
     child = tensor(child)
-    return TreeTables(tensor(at), child, child % N, child[..., None] < N, tensor(ancestors),
+    return TreeTables(tensor(at), child, child % N, child[..., None] == N, tensor(ancestors),
                       torch.arange(N, device=device))
 
 
@@ -426,7 +432,7 @@ def verify_tree_without_replacement(p_target, q_draft, tokens, parents, generato
     if tree is None:  # the root alone: its token follows p
         return torch.full((*lead, 0), -1, device=device), sample(p_target[..., 0, :], generator)
     x = torch.as_tensor(tokens, device=device).expand(*lead, N)[..., tree.child_or_root]  # (..., K, W) children's
-    q = without_replacement_proposals(q_draft[..., tree.at, :], x) * tree.real  # (..., K, W, V); absent child: 0
+    q = without_replacement_proposals(q_draft[..., tree.at, :], x).masked_fill_(tree.absent, 0.0)  # (..., K, W, V)
     P = [p_target[..., tree.at, :]]  # (..., K, V) each: every node's target law before its child j is tried
     for q_j in q.unbind(-2):  # rank j of every node at once: what is left once child j is rejected
         P.append(residual(P[-1], q_j))  # (an absent child's q is 0, and residual(P, 0) = P)

@@ -123,16 +123,14 @@ class DrawnTree:
         self.kids = {c: [] for c in range(-1, len(self.parents))}  # in rank order = draw order
         for c, p in enumerate(self.parents):
             self.kids[p].append(c)
-        self.q = None  # (N, V) row 0: the root's law, row c + 1: candidate c's, once given
+        self.laws = {}  # candidate (-1: the root) -> the law (V,) its children were drawn from, once given
 
     def draw(self, level, q, generator=None):
         """Draw the children of the candidates `level` (-1: the root) from their laws q (K, V): one gumbel_top_k
         for all of them, one host read. Returns the next level: the drawn children that have children."""
-        if self.q is None:
-            self.q = q.new_zeros(len(self.tokens) + 1, q.size(-1))  # (N, V)
-        self.q[[c + 1 for c in level]] = q
+        self.laws.update(zip(level, q))  # row views, no copy
         draws = gumbel_top_k(q, max(len(self.kids[c]) for c in level), generator)  # (K, width) in draw order
-        ids = torch.where(torch.isfinite(draws.values), draws.indices, -1).tolist()  # -1: q ran out; one read
+        ids = draws.indices.masked_fill(draws.values == float("-inf"), -1).tolist()  # -1: q ran out; one read
         for i, c in enumerate(level):
             for r, child in enumerate(self.kids[c]):
                 self.tokens[child] = ids[i][r] if ids[i][r] >= 0 else None
@@ -140,10 +138,12 @@ class DrawnTree:
 
     def result(self, root):
         """The drawn part, root at node 0: (tokens, parents, q_draft (N, V), row u = the law u's children were drawn
-        from), every node whose token and ancestors' tokens were drawn."""
+        from, zeros for a leaf), every node whose token and ancestors' tokens were drawn."""
         keep, drawn = [], {-1}
         for c, t in enumerate(self.tokens):  # parents come before their children
             if t is not None and self.parents[c] in drawn:
                 keep.append(c)
                 drawn.add(c)
-        return (*rooted(int(root), self.tokens, self.parents, keep), self.q[[0] + [c + 1 for c in keep]])
+        none = torch.zeros_like(self.laws[-1])  # (V,) a leaf's row: no child drawn from it
+        return (*rooted(int(root), self.tokens, self.parents, keep),
+                torch.stack([self.laws.get(c, none) for c in [-1] + keep]))
