@@ -60,12 +60,16 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     cache = cache_for(target, target.config.block_size, len(paths) + 1)  # room for a tree at the context end
 
     # prefill: the main head gives the first token (the first root), the heads the first candidates
+    def heads_at(hidden):  # (n, V): the heads the next tree reaches, n = the depth of its first k paths (by depth)
+        n = len(paths[draft_policy.k - 1]) if draft_policy.k else 0
+        return target.head_logits(hidden, n)[0, :, 0] if n else None
+
     last, out = first_token(run, target, cache)
-    head_logits = target.head_logits(out.hidden[:, -1:])[0, :, 0]  # (n_future, V) at the position that chose last
+    head_logits = heads_at(out.hidden[:, -1:])  # at the position that chose last
     while not run.done:
         d = run.draft_room(depth)  # near the end of the budget or context, a shallower tree
         step_paths = [p for p in paths if len(p) <= d][:draft_policy.k]  # its first k guesses
-        tokens, parents, q_draft = fill_tree(last, head_logits[:d], step_paths, run.sampling, drawn, run.generator)
+        tokens, parents, q_draft = fill_tree(last, head_logits, step_paths, run.sampling, drawn, run.generator)
         emitted, path, out = tree_step(run.sampling, run.generator, target, cache, tokens, parents, q_draft,
                                        opts.verify)
         if opts.show_tree and run.target_forwards <= 2:  # the first two trees (the first forward read the prompt)
@@ -75,8 +79,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         run.emit(emitted, drafted=len(tokens) - 1)
         last = emitted[-1]
         node = path[-1] if path else 0  # the last accepted node: its main head chose `last`, its heads guess on
-        if draft_policy.k:  # (n_future, V), unless the next step guesses nothing
-            head_logits = target.head_logits(out.hidden[:, node:node + 1])[0, :, 0]
+        head_logits = heads_at(out.hidden[:, node:node + 1])  # None when the next step guesses nothing
     stats = run.stats()
     trees = max(1, run.target_forwards - 1)  # the first forward read the prompt
     return run.out, {**stats, "tree_nodes": stats["drafted"] / trees, "accepted_per_tree": stats["accepted"] / trees}

@@ -64,8 +64,10 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
 
     # prefill: the main head gives the first token, the heads at the last prompt position the first guesses
     last, out = first_token(run, model, cache)
-    head_logits = model.head_logits(out.hidden[:, -1:])[0, :draft_policy.k, 0]  # (k, V)
-    drafts, q_draft = chain_at_once(head_logits, draft_policy, run.sampling, drawn, run.generator)  # (1, k, V)
+    drafts, q_draft = [], None  # none, or k guesses from the heads at the last prompt position: (1, k, V)
+    if draft_policy.k:
+        head_logits = model.head_logits(out.hidden[:, -1:], draft_policy.k)[0, :, 0]  # (k, V)
+        drafts, q_draft = chain_at_once(head_logits, draft_policy, run.sampling, drawn, run.generator)
     drafted = [0] * n_future  # per head: guesses verified
     accepted = [0] * n_future  # per head: guesses accepted
     while not run.done:

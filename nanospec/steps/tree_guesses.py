@@ -70,8 +70,8 @@ def medusa_tree(root, candidates, paths):
 
 def fill_tree(root, logits, paths, sampling, drawn=False, generator=None):
     """A Medusa-style tree from a drafter whose guess for the token d after the root does not depend on the guesses
-    before it (MTP heads, ParallelSpec's masks): logits (D, V), row d-1 for depth d; paths of ranks as in
-    medusa_tree ((1, 0) = depth 1's candidate 1, then depth 2's candidate 0).
+    before it (MTP heads, ParallelSpec's masks): logits (D, V), row d-1 for depth d (None with no paths); paths of
+    ranks as in medusa_tree ((1, 0) = depth 1's candidate 1, then depth 2's candidate 0).
       top-k (drawn False): candidate r at depth d is the (r+1)-th most likely token of row d-1; the guesses
               are point masses (q_draft None).
       drawn (drawn True): each node's children are draws WITHOUT replacement from warp(row d) (a DrawnTree,
