@@ -39,6 +39,7 @@ All randomness comes from the `generator` passed in; nothing here seeds anything
 import functools
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch.nn import functional as F
 
@@ -133,7 +134,9 @@ def capped_ratio(a, b):
     w p(x) for block and traversal verification's weighted p). The convention for b = q(x) = 0, written here once:
     a token the draft could not have produced counts as accepted if a > 0, refused if a = 0. It never happens when
     x really was drawn from q, and it keeps every rule free of 0/0. Example: [0.2, 0.5, 0.0] over [0.6, 0.0, 0.0] ->
-    [1/3, 1, 0]."""
+    [1/3, 1, 0]. On two floats (traverse_tree's walk on the host) the same, as a float."""
+    if isinstance(b, float):
+        return min(a / b, 1.0) if b > 0 else float(a > 0)
     return (a / b).nan_to_num(nan=0.0).clamp(max=1.0)  # a / 0 = inf -> 1 (accepted); 0 / 0 = nan -> 0
 
 
@@ -451,8 +454,10 @@ def verify_tree_without_replacement(p_target, q_draft, tokens, parents, generato
 def traverse_tree(p_target, q_draft, tokens, parents, coin):
     """Traversal verification's walk over one tree whose children at each node u were drawn WITHOUT replacement
     from q_draft[u], in index order, each node's independently of every other node's; its randomness is coin(prob)
-    -> True with probability prob. p_target, q_draft (N, V); tokens, parents (N,) lists. Returns (path: the
-    accepted nodes, root excluded; the law (V,) of the token emitted after the last of them).
+    -> True with probability prob. p_target, q_draft (N, V) on the host (numpy arrays, or CPU tensors; the walk
+    works on float64 numpy copies: it is scalar work, where numpy's indexing costs a tenth of a torch op); tokens,
+    parents (N,) lists. Returns (path: the accepted nodes, root excluded; the law (V,) of the token emitted after the
+    last of them, a numpy row).
 
     The walk goes leaves first, in post-order (the first child's subtree, then the second's, ...), and judges each
     node by the whole path above it: its weight w_c = min(w_u P_u(x_c) / Q_u(x_c), 1), the chance the output runs
@@ -465,24 +470,24 @@ def traverse_tree(p_target, q_draft, tokens, parents, coin):
     verify_tree_without_replacement. Example: p = [1/3, 2/3], q = [2/3, 1/3] at every node, a chain root -> 0 -> 1:
     w = 1/2 at node 1 and 1 at node 2, which passes every time (the top-down rule rejects token 0 half the time)."""
     parents, kids, _ = tree_lists(parents)
-    P, Q = p_target.clone(), q_draft.clone()  # (N, V) each node's target law and proposal, updated as children fail
+    P, Q = (np.asarray(t, dtype=np.float64).copy() for t in (p_target, q_draft))  # (N, V), updated as children fail
     w, tried = [1.0] + [0.0] * (len(parents) - 1), [0] * len(parents)  # weights; children tried so far
     node, path = 0, []
     while True:
         if tried[node] < len(kids[node]):  # down into the next untried child
             c = kids[node][tried[node]]
-            w[c] = capped_ratio(w[node] * P[node, tokens[c]], Q[node, tokens[c]]).item()
+            w[c] = capped_ratio(w[node] * P[node, tokens[c]], Q[node, tokens[c]])
             node, path = c, path + [c]
         elif node == 0 or coin(w[node]):  # no child left to try: the node passes with probability w
             return path, P[node]
         else:  # it failed: its parent goes on with the mass it could not carry
             u, x = parents[node], tokens[node]
-            excess = (w[u] * P[u] - Q[u]).clamp(min=0)  # (V,)
-            R = excess.sum().item()
+            excess = np.maximum(w[u] * P[u] - Q[u], 0.0)  # (V,)
+            R = excess.sum()
             w[u] = R / (R + 1 - w[u]) if R + 1 - w[u] > 0 else 1.0
             P[u] = excess / R if R > 0 else P[u]
             Q[u, x] = 0.0
-            Q[u] = Q[u] / Q[u].sum().clamp(min=1e-30)
+            Q[u] /= max(Q[u].sum(), 1e-30)
             tried[u] += 1
             node, path = u, path[:-1]
 
@@ -497,12 +502,12 @@ def verify_tree_traversal(p_target, q_draft, tokens, parents, generator=None):
     of the tree's rows, one read for them and the uniforms. Returns (path, next_token)."""
     (N, V), tokens = p_target.shape, [int(t) for t in tokens]
     u = torch.rand(N + 1, generator=generator, dtype=p_target.dtype, device=p_target.device)  # N tests, one draw
-    host = torch.cat([p_target.flatten(), q_draft.flatten(), u]).double().cpu()  # the one read
-    P, Q, u = host[:N * V].view(N, V), host[N * V:2 * N * V].view(N, V), host[2 * N * V:].tolist()
+    host = torch.cat([p_target.flatten(), q_draft.flatten(), u]).double().cpu().numpy()  # the one read
+    P, Q, u = host[:N * V].reshape(N, V), host[N * V:2 * N * V].reshape(N, V), host[2 * N * V:].tolist()
     coins = iter(u)
     path, law = traverse_tree(P, Q, tokens, parents, lambda prob: next(coins) < prob)
-    cdf = law.cumsum(0)  # the next token by inverse CDF from the last uniform: the first where cdf > u * total
-    return path, int(torch.searchsorted(cdf, torch.tensor([u[N] * cdf[-1].item()], dtype=cdf.dtype), right=True))
+    cdf = law.cumsum()  # the next token by inverse CDF from the last uniform: the first where cdf > u * total
+    return path, int(np.searchsorted(cdf, u[N] * cdf[-1], side="right"))
 
 
 def typical_accept(p_target, tokens, parents, posterior_threshold=0.09, posterior_alpha=0.3, generator=None):

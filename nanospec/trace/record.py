@@ -135,7 +135,7 @@ def capturing():
             tests.append((float(prob), bool(passed)))
             return passed
         path, law = piece["traverse_tree"](p, q, tokens, parents, coin_)
-        calls.traversal.append((tests, path, law))
+        calls.traversal.append((tests, path, torch.as_tensor(law)))  # the walk's numpy row, as a tensor
         return path, law
 
     with patched([(torch, "rand", rand_), (verify, "sample", sample_), (verify, "accept_prob", accept_prob_),
