@@ -41,12 +41,13 @@ HOOK = "__course_runs_calls__"  # the module global the trampolines call through
 EXERCISE_OF = {fn: (ex.id, path) for ex in EXERCISES for path, fn in ex.regions}  # "KVCache.rollback" -> (5, ...)
 
 # What the runs share: the verify step of a chain (exercise 2 greedy; 4 and 3 when sampling) and of a tree
-# (exercise 6's mask and positions, 8's walk, 5's compaction; 13 and 3 for drawn children at t=1).
+# (exercise 6's mask and positions, 8's walk, 5's compaction; at t=1 drawn children are judged by traversal, or by
+# 13 and 3 with --verify token).
 CHAIN = ("verify_chain_greedy", "KVCache.rollback")
 CHAIN_SAMPLED = ("verify_chain", "accept_prob", "residual", "KVCache.rollback")
 TREE = ("tree_mask", "tree_positions", "_descend", "KVCache.compact")
-DRAWN_TREE = ("tree_mask", "tree_positions", "tree_from_paths", "without_replacement_proposals", "accept_prob",
-              "residual", "KVCache.compact")
+DRAWN_TREE = ("tree_mask", "tree_positions", "tree_from_paths", "KVCache.compact")  # judged by traversal (default)
+DRAWN_TREE_TOKEN = DRAWN_TREE + ("without_replacement_proposals", "accept_prob", "residual")  # --verify token
 EAGLE = ("grow_tree", "expand", "frontier_mask", "KVCache.rollback")  # the head's cache goes back after growing
 LOOKAHEAD = ("remember", "learn", "build_tree")
 MEDUSA_TOPK = ("tree_from_paths", "medusa_tree")
@@ -81,6 +82,10 @@ RUNS = {
     "lookahead-t1": ("lookahead", 1.0, {}, LOOKAHEAD + TREE),
     "parallelspec-t1": ("parallelspec", 1.0, {}, PSPEC + DRAWN_TREE),
     "parallelspec-topk-t1": ("parallelspec", 1.0, {"draft_sampling": "topk"}, PSPEC + MEDUSA_TOPK + TREE),
+    # --verify token: a drawn tree is judged from the root down by exercises 13 and 3 in place of traversal's walk
+    "medusa-token-t1": ("medusa", 1.0, {"verify": "token"}, DRAWN_TREE_TOKEN),
+    "eagle-token-t1": ("eagle", 1.0, {"verify": "token"}, ("frontier_mask", "KVCache.rollback") + DRAWN_TREE_TOKEN),
+    "parallelspec-token-t1": ("parallelspec", 1.0, {"verify": "token"}, PSPEC + DRAWN_TREE_TOKEN),
     # --verify block: a chain drafted from a q is judged by exercise 14 in place of 4 (greedy: still exercise 2)
     "speculative-block-t1": ("speculative", 1.0, {"verify": "block"}, BLOCK),
     "mtp-block-t1": ("mtp", 1.0, {"verify": "block"}, BLOCK),

@@ -30,7 +30,8 @@ arXiv 1811.03115; Gloeckle et al. 2024, Multi-token Prediction, arXiv 2404.19737
 import torch
 
 from nanospec.steps.adaptive import PRICED_OPTIONS, draft_length, step_costs
-from nanospec.steps.options import DRAFT_SAMPLING_OPTION, VERIFY_RULES, Option, Sampling, read_options, verify_option
+from nanospec.steps.options import (DRAFT_SAMPLING_OPTION, VERIFY_RULES, Option, Sampling, read_options, rule_for,
+                                    verify_option)
 from nanospec.steps.run import cache_for, first_token, new_run
 from nanospec.steps.tree_guesses import TREES, fill_tree, parse_tree  # noqa: F401 (TREES: the presets)
 from nanospec.steps.verify_step import tree_step
@@ -55,7 +56,8 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     depth = max(map(len, paths))
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     # drawn guesses, unless the rule judges only guesses not drawn (typical: the heads' top-k)
-    drawn = run.sampling.guesses_drawn(opts.draft_sampling) and VERIFY_RULES[opts.verify].drawn_tree is not None
+    rule = VERIFY_RULES[rule_for(opts.verify, "drawn_tree")]  # --verify, or what judges a drawn tree by default
+    drawn = run.sampling.guesses_drawn(opts.draft_sampling) and rule.drawn_tree is not None
     draft_policy = draft_length(opts, len(paths), costs=step_costs(models, __name__, run.sampling, opts))
     cache = cache_for(target, target.config.block_size, len(paths) + 1)  # room for a tree at the context end
 

@@ -29,10 +29,10 @@ import torch
 
 from nanospec.steps.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
 from nanospec.steps.draft_chain import chain_at_once
-from nanospec.steps.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options, rules_for, verify_option
+from nanospec.steps.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options, verify_option
 from nanospec.steps.run import cache_for, drafter_of, first_token, new_run, tensor
 from nanospec.steps.tree_guesses import fill_tree, parse_tree
-from nanospec.steps.verify_step import chain_step, tree_step
+from nanospec.steps.verify_step import chain_step, judge_of, tree_step
 
 # Paths of ranks: (1, 0) = mask 1's second choice, then mask 2's first. Top-3 for the next token, then a chain.
 SMALL_TREE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)]
@@ -71,16 +71,15 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         raise ValueError(f"draft_len must be in 1..{n_masks} (the drafter's mask tokens), got {opts.draft_len}")
     by_length = opts.adaptive in ("history", "confidence")  # rules for the length of a chain
     paths = tree_paths(opts.tree or ("chain" if by_length else "small"), k, target.config.vocab_size)
-    if opts.verify not in rules_for("chain" if paths is None else "drawn_tree"):  # block: a chain, traversal: a tree
-        raise ValueError(f"--verify {opts.verify} judges a {'tree' if paths is None else 'chain'} of guesses: "
-                         f"{'drop' if paths is None else 'add'} --tree chain")
     if paths is not None and by_length:
         raise ValueError(f"--adaptive {opts.adaptive} sets the length of a chain: use it with --tree chain")
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+    drawn = run.sampling.guesses_drawn(opts.draft_sampling)
+    if not run.sampling.greedy:  # the rule must judge these guesses (block: a chain; traversal: a drawn tree)
+        judge_of(opts.verify, "chain" if paths is None else "drawn_tree" if drawn else "fixed_tree")
     most = n_masks if paths is None else len(paths)  # a chain's masks, or a tree's guesses
     costs = step_costs(models, __name__, run.sampling, opts)
     draft_policy = draft_length(opts, k if paths is None else most, most, costs)
-    drawn = run.sampling.guesses_drawn(opts.draft_sampling)
     cache = cache_for(target, target.config.block_size, 1 + most)  # room for a step's guesses at the context end
     draft_cache = drafter.new_cache()
 

@@ -84,6 +84,8 @@ class Rule:
 
 
 KINDS = ("chain", "drawn_tree", "fixed_tree")  # what guesses a rule judges: Rule's fields of that name
+KIND_NAMES = {"chain": "a chain of guesses", "drawn_tree": "a tree of drawn guesses",
+              "fixed_tree": "a tree of guesses not drawn (--draft-sampling topk)"}
 VERIFY_RULES = {
     "token": Rule("one guess at a time, from the root down (Leviathan's rule; on a tree, recursive rejection)",
                   chain=verify_chain, drawn_tree=verify_tree_without_replacement, fixed_tree=verify_tree_descend,
@@ -103,13 +105,28 @@ def rules_for(*kinds):
     return tuple(name for name, rule in VERIFY_RULES.items() if any(getattr(rule, kind) is not None for kind in kinds))
 
 
+# The rule a --verify left unset runs, by the guesses it judges: the fastest lossless rule measured on them
+# (docs/benchmark.md, "The defaults"). A drawn tree: traversal, which accepts at least as many guesses and whose walk
+# on the host costs a few numpy operations where the top-down rule runs ~50 tensor operations per tree.
+DEFAULT_RULE = {"chain": "token", "drawn_tree": "traversal", "fixed_tree": "token"}
+
+
+def rule_for(rule, kind):
+    """The name of the rule that judges guesses of `kind` (KINDS) under --verify `rule`; None: DEFAULT_RULE's."""
+    return DEFAULT_RULE[kind] if rule is None else rule
+
+
 def verify_option(*kinds):
-    """The --verify option of a method whose guesses come as `kinds` (see rules_for); the default, "token", comes
-    first."""
+    """The --verify option of a method whose guesses come as `kinds` (see rules_for). A method that draws trees
+    leaves it unset (None): each step's guesses get their kind's DEFAULT_RULE (a tree drawn, or its top-k with
+    --draft-sampling topk); the rest default to "token"."""
     rules = rules_for(*kinds)
     meanings = "; ".join(f"{rule} = {VERIFY_RULES[rule].meaning}" for rule in rules)
-    return {"verify": Option(str, "token", f"how the target judges the guesses when sampling: {meanings}",
-                             choices=rules)}
+    if "drawn_tree" not in kinds:
+        return {"verify": Option(str, "token", f"how the target judges the guesses when sampling: {meanings}",
+                                 choices=rules)}
+    return {"verify": Option(str, None, f"how the target judges the guesses when sampling: {meanings} (default: "
+                                        f"traversal for a tree of drawn guesses, token for the rest)", choices=rules)}
 
 
 def read_options(options, given):

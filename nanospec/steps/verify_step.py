@@ -21,17 +21,18 @@ import torch
 
 from nanospec.rules.tree import tree_mask, tree_positions
 from nanospec.rules.verify import host_path, point_mass, sample, verify_chain_greedy, verify_tree_greedy, warp
-from nanospec.steps.options import VERIFY_RULES, rules_for
+from nanospec.steps.options import KIND_NAMES, VERIFY_RULES, rule_for, rules_for
 
 
 def judge_of(rule, kind):
-    """The function of VERIFY_RULES[rule] that judges guesses of `kind` ("chain", "drawn_tree", "fixed_tree"), or a
-    one-line ValueError naming the rules that do."""
+    """The function of VERIFY_RULES that judges guesses of `kind` ("chain", "drawn_tree", "fixed_tree") under
+    --verify `rule` (None: the default for that kind, options.DEFAULT_RULE), or a one-line ValueError naming the
+    rules that do."""
+    rule = rule_for(rule, kind)
     judge = getattr(VERIFY_RULES[rule], kind) if rule in VERIFY_RULES else None
     if judge is None:
-        guesses = {"chain": "a chain of guesses", "drawn_tree": "a tree of drawn guesses",
-                   "fixed_tree": "a tree of guesses not drawn (--draft-sampling topk)"}[kind]
-        raise ValueError(f"--verify {rule} does not judge {guesses}; the rules that do: {', '.join(rules_for(kind))}")
+        raise ValueError(f"--verify {rule} does not judge {KIND_NAMES[kind]}; the rules that do: "
+                         f"{', '.join(rules_for(kind))}")
     return judge
 
 
@@ -64,7 +65,7 @@ def chain_step(sampling, generator, target, cache, last, drafts, q_draft=None, r
             q_draft = point_mass(guesses, p_target)  # (B, K, V)
         n, nxt = judge(p_target, q_draft, guesses, generator)  # (B,), (B,)
         if min(k_rows) < guesses.size(1):  # padded rows: each keeps at most its own guesses
-            assert VERIFY_RULES[rule].padded, f"the {rule} rule judges a chain whole: pad no row"
+            assert VERIFY_RULES[rule_for(rule, "chain")].padded, f"the {rule} rule judges a chain whole: pad no row"
             n, nxt = own_guesses(p_target, n, nxt, k_rows, generator)
         n, nxt = torch.stack([n, nxt]).tolist()  # one host read
     cache.rollback_rows([b + 1 + m for b, m in zip(before, n)])  # keep last and the accepted drafts, row by row
@@ -81,14 +82,15 @@ def own_guesses(p_target, n, nxt, k_rows, generator):
     return torch.where(full, k_rows, n), torch.where(full, after, nxt)
 
 
-def tree_step(sampling, generator, target, cache, tokens, parents, q_draft=None, rule="token"):
+def tree_step(sampling, generator, target, cache, tokens, parents, q_draft=None, rule=None):
     """One target forward over a tree of guesses and the tree rule; the cache then holds the prefix, the root and
     the accepted path.
 
     sampling, generator: as chain_step's. tokens, parents: the tree (lists; node 0 = the root = the newest
     emitted token, not yet in the cache); q_draft (N, V): for a tree whose children were DRAWN, the law node u's
     children were drawn from (without replacement, in index order), else None; rule: a name in VERIFY_RULES that
-    judges such a tree ("traversal" needs each node's children drawn on their own: tree_guesses.DrawnTree).
+    judges such a tree, None: options.DEFAULT_RULE's ("traversal" needs each node's children drawn on their own:
+    tree_guesses.DrawnTree).
     Returns (emitted, path, out): emitted = the accepted guesses + the target's next token; path = the accepted
     nodes (root excluded), so the last accepted node is path[-1] if path else 0; out = the forward's Output
     (out.hidden[:, node] is the trunk state there, for drafting the next tree)."""
