@@ -64,8 +64,8 @@ def test_a_batch_of_one_is_the_method_itself_when_sampling_too(models, method):
     """One row runs the single-prompt method's steps with its draws in the same order: the same tokens from the
     same seed, at t=1 as greedy."""
     for seed in range(3):
-        one, _ = generate(models, [PROMPTS[3]], 20, method=method, temperature=1.0, seed=seed, draft_len=3)
         options = {} if method == "ar" else {"draft_len": 3}
+        one, _ = generate(models, [PROMPTS[3]], 20, method=method, temperature=1.0, seed=seed, **options)
         assert one[0] == METHODS[method](models, PROMPTS[3], 20, temperature=1.0, seed=seed, **options)[0]
 
 
@@ -168,3 +168,16 @@ def test_a_seeded_batch_is_reproducible(models):
 def test_bad_requests_are_one_line_errors(models, prompts, method, match):
     with pytest.raises(ValueError, match=match):
         generate(models, prompts, 4, method=method)
+
+
+@pytest.mark.parametrize("method, options, match", [
+    ("speculative", {"draft_len": 0}, r"draft_len must be in 1\.\.64"),
+    ("prompt-lookup", {"max_ngram": 0}, r"max_ngram must be in"),
+    ("speculative", {"max_ngram": 2}, r"unknown option\(s\) max_ngram"),
+    ("ar", {"draft_len": 2}, r"unknown option\(s\) draft_len"),
+])
+def test_method_options_are_checked_as_one_prompts_are(models, method, options, match):
+    """Before: the batch read draft_len and max_ngram as given, a 0 or an option the method does not take
+    included (a draft_len of 0 drafted nothing and said nothing)."""
+    with pytest.raises(ValueError, match=match):
+        generate(models, [[1, 2]], 4, method=method, **options)

@@ -32,7 +32,7 @@ from nanospec.decoding import prompt_lookup, speculative
 from nanospec.decoding.prompt_lookup import lookup
 from nanospec.rules.verify import sample, warp
 from nanospec.steps.draft_chain import draft_chain
-from nanospec.steps.options import Sampling
+from nanospec.steps.options import Sampling, read_options
 from nanospec.steps.run import cache_for, drafter_of, new_run
 from nanospec.steps.verify_step import chain_step
 
@@ -70,14 +70,15 @@ def generate(models, prompts, max_new_tokens, *, method="ar", temperature=0.0, t
         raise ValueError(f"batched decoding runs {', '.join(BATCHED)}, not {method!r}")
     if not prompts:
         raise ValueError("no prompts: give at least one")
+    own = {"speculative": speculative.OPTIONS, "prompt-lookup": prompt_lookup.OPTIONS}.get(method, {})
+    given = {name: v for name, v in (("draft_len", draft_len), ("max_ngram", max_ngram)) if v is not None}
+    opts = read_options(own, given)  # the method's defaults, and its bounds checked, as one prompt's are
+    k = opts.draft_len if own else 0
     sampling = Sampling(temperature, top_k, top_p).check()
     runs = [new_run(models, p, max_new_tokens, sampling, seed) for p in prompts]  # each row checked and recorded
     generator = runs[0].generator  # one generator for every row, each row its own slice of every draw
     target = models.target
     draft = drafter_of(models, "draft", features=False) if method == "speculative" else None
-    own = {"speculative": speculative.OPTIONS, "prompt-lookup": prompt_lookup.OPTIONS}.get(method, {})
-    k = (own["draft_len"].default if draft_len is None else draft_len) if own else 0
-    max_ngram = prompt_lookup.OPTIONS["max_ngram"].default if max_ngram is None else max_ngram
     block = target.config.block_size  # a verify forward's padded guesses fit at the context end
     cache = cache_for(target, block, k + 1, batch_size=len(runs))
     logits = read_prompts(target, cache, runs)  # (B, V)
@@ -100,8 +101,10 @@ def generate(models, prompts, max_new_tokens, *, method="ar", temperature=0.0, t
         if method == "speculative":
             drafts, q_draft = draft_rows(draft, caches[1], live, max(k_rows), sampling, generator)
             drafts = [d[:kb] for d, kb in zip(drafts, k_rows)]
-        else:  # prompt-lookup: each row copies from its own text; ar: k_rows are all 0
-            drafts = [lookup(run.seq, max_ngram, kb) for run, kb in zip(live, k_rows)]
+        elif method == "prompt-lookup":  # each row copies from its own text
+            drafts = [lookup(run.seq, opts.max_ngram, kb) for run, kb in zip(live, k_rows)]
+        else:  # ar: no guesses
+            drafts = [[] for _ in live]
         emitted, n, _ = chain_step(sampling, generator, target, cache, [run.seq[-1] for run in live], drafts, q_draft)
         forwards += 1
         if method == "speculative":  # the draft keeps what it read of each row's accepted guesses

@@ -57,7 +57,6 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     draft_policy = draft_length(opts, opts.draft_len, costs=step_costs(models, __name__, run.sampling, opts))
     cache = target.new_cache()
-    stop = draft_policy.stop if draft_policy.rule == "confidence" else None  # confidence: stop after an unsure guess
 
     def lower(x):  # blocks 1..E read token ids x (1, 1); their output (1, 1, C) is kept for the verify forward
         hidden.append(target(x, cache=cache, layers=(0, E)).hidden)
@@ -69,7 +68,8 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         drafts, q_draft, upper = [[]], None, {}  # k = 0: a plain step, one forward through every block
         if k:  # Draft: blocks 1..E read the newest token, the exit guesses, each guess read back by blocks 1..E
             hidden = []  # (1, 1, C) block E's output for the newest token and each guess (the verify reads them)
-            drafts, q_draft = draft_chain(lower, tensor([last], cache.device), k, run.sampling, run.generator, stop)
+            drafts, q_draft = draft_chain(lower, tensor([last], cache.device), k, run.sampling, run.generator,
+                                          draft_policy.stopper)
             x = tensor(drafts[0][-1:], cache.device)  # (1, 1) d_k, never read back: the lower cache runs ahead
             hidden.append(target(x, cache=cache, layers=(0, E)).hidden)  # (1, 1, C)
             upper = dict(layers=(E, L), hidden_in=torch.cat(hidden, 1))  # (1, k+1, C): blocks E+1..L verify

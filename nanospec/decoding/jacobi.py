@@ -56,7 +56,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     target = models.target
     cache = target.new_cache()
 
-    last, _ = first_token(run, target, cache)
+    first_token(run, target, cache)  # the newest token, seq[-1], opens each verify forward
     iterate = []  # no guesses yet: the first block pads
     while not run.done:
         last = run.seq[-1]

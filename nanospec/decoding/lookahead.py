@@ -131,7 +131,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     levels = [[rng.choice(run.prompt) for _ in range(W - (l == 0))] for l in range(N - 1)]
     accepted_window = step = 0  # step: Jacobi steps of the window so far
 
-    last, _ = first_token(run, target, cache)
+    first_token(run, target, cache)  # the newest token, seq[-1], is each tree's root
     while not run.done:
         root = run.seq[-1]
         depth = run.draft_room(min(N - 1, draft_policy.k))  # shorter near the context end or budget; 0: a plain step

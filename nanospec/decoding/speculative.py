@@ -50,16 +50,15 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     draft_policy = draft_length(opts, opts.draft_len, costs=step_costs(models, __name__, run.sampling, opts))
     target_cache = target.new_cache()
     draft_cache = draft.new_cache()
-    stop = draft_policy.stop if draft_policy.rule == "confidence" else None  # confidence: stop after an unsure guess
 
-    last, _ = first_token(run, target, target_cache)
+    first_token(run, target, target_cache)  # the newest token, seq[-1], opens each verify forward
     draft(tensor(run.prompt, draft_cache.device), cache=draft_cache)  # the draft reads the prompt too, once
     while not run.done:
         seq = run.seq
         k = run.draft_room(draft_policy.k)  # fewer guesses near the context end or the token budget
         x = tensor(seq[draft_cache.length:], draft_cache.device)  # (1, T) what the draft has not read: T = 1 or 2
         drafts, q_draft = draft_chain(lambda x: draft(x, cache=draft_cache).logits[:, -1], x, k, run.sampling,
-                                      run.generator, stop)  # one row: [k ints], (1, k, V)
+                                      run.generator, draft_policy.stopper)  # one row: [k ints], (1, k, V)
         k = len(drafts[0])
 
         # One target forward over [last, d1..dk]; the target cache rolls back to last + accepted drafts.

@@ -96,6 +96,12 @@ class DraftLength:
             return False
         return torch.softmax(logits.double(), -1)[guess].item() < self.threshold
 
+    @property
+    def stopper(self):
+        """`stop`, for a drafter that guesses one token at a time (draft_chain), under the confidence rule; None
+        under the others, which never stop a chain early (and read nothing per guess)."""
+        return self.stop if self.rule == "confidence" else None
+
     def cut(self, logits, guesses):
         """For drafters that guess every position at once: logits (k, V), guesses (k,) a list or a LongTensor
         -> the guesses up to and including the first unconfident one. [0.9, 0.3, 0.8] with threshold 0.5 -> the

@@ -19,7 +19,7 @@ def draft_chain(step, x, k, sampling, generator=None, stop=None):
     """k guesses per row, each fed back: step(x) -> the drafter's logits (B, V) for the token after x, x (B, T)
     token ids (T = 1 after the first guess; one prompt is one row); each guess is drawn from q = warp(logits,
     *sampling) with `generator`. stop(logits, guess) -> True ends the chain after that guess (one row:
-    adaptive.DraftLength.stop, --adaptive confidence).
+    adaptive.DraftLength.stopper, --adaptive confidence).
     Returns (drafts: B lists of j ints, q_draft (B, j, V)), j = k unless stopped."""
     if k == 0:
         return [[] for _ in range(x.size(0))], None
