@@ -111,7 +111,7 @@ GALLERY = [
     (4, "verify_chain", "after a rejection, a fresh draw from p instead of the residual",
      Edit("sample(residual(p_at, q_at), generator)", "sample(p_at, generator)")),
     (4, "verify_chain", "the bonus token drawn from q's last row, not p_target[k]",
-     Edit("torch.cat([q_draft, torch.zeros_like(p_target[..., :1, :])], dim=-2)",
+     Edit("F.pad(q_draft, (0, 0, 0, 1))",
           "torch.cat([q_draft, q_draft[..., -1:, :] if k else torch.zeros_like(p_target[..., :1, :])], dim=-2)")),
     (4, "verify_chain", "every accepted guess counted, not the prefix before the first rejection",
      Edit("accepted.long().cumprod(-1).sum(-1)", "accepted.long().sum(-1)")),
@@ -533,7 +533,7 @@ def test_the_handouts_documents_speak_only_of_its_exercises(tmp_path):
     assert "19 graded tests for 18 points" in exercises
     # the methods table: what each method still needs in this copy, greedy and at temperature 1
     assert "| `prompt-lookup` | nothing left to write | 3 |" in exercises
-    assert "| `medusa` | 8 | 3, 8 |" in exercises and "| `ar` | nothing: it runs in any handout |" in exercises
+    assert "| `medusa` | 8 | nothing left to write |" in exercises and "| `ar` | nothing: it runs in any handout |" in exercises
     for doc in (exercises, readme):
         assert "test_course" not in doc and "reference_ex03" not in doc and "one search away" not in doc
         assert "<!--" not in doc
