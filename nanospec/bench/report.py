@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nanospec.decoding import MODULES, parts_for
+from nanospec.decoding import parts_for
 from nanospec.steps.run import acceptance, tensor
 from nanospec.training.presets import PRESETS
 
@@ -154,11 +154,16 @@ def acceptance_mle(per_prompt):
     return accepted / max(1, judged), (accepted + steps) / max(1, steps), ks
 
 
+def expected_tokens(a, k):
+    """Leviathan et al.'s expected tokens per step, k guesses each accepted with chance a: the accepted ones and the
+    target's, (1 - a^(k+1)) / (1 - a); k + 1 where a = 1 (the limit). a 0.5, k 1 -> 1.5; a 0 -> 1."""
+    return k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
 def leviathan(a, k, c, verify=1.0):
-    """Expected speedup: (1 - a^(k+1)) / (1 - a) tokens per step, for k draft forwards (c each, in target
-    forwards) and one target forward over k+1 tokens (`verify`; Leviathan et al. take it as 1)."""
-    tokens = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
-    return tokens / (k * c + verify)
+    """Expected speedup: expected_tokens(a, k) per step, for k draft forwards (c each, in target forwards) and one
+    target forward over k+1 tokens (`verify`; Leviathan et al. take it as 1)."""
+    return expected_tokens(a, k) / (k * c + verify)
 
 
 # ----------------------------------------------------------------------------- tables
@@ -472,7 +477,7 @@ def leviathan_section(m, summaries):
             runs = [m.results[t]["speculative"][i]["stats"] for i in ids]
             a, per_step, ks = acceptance_mle(runs)
             drafted = [k for k in ks if k] or [0]
-            predicted = sum(k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a) for k in drafted) / len(drafted)
+            predicted = sum(expected_tokens(a, k) for k in drafted) / len(drafted)
             speedups = [sum(leviathan(a, k, c, verify(k)) * (k * c + verify(k)) for k in ks)
                         / max(1e-9, sum(k * c + verify(k) for k in ks)) for c, verify in
                         ((c_forward, lambda k: 1.0), (c_step, lambda k: cost[min(k + 1, max(cost))] / cost[1]))]
