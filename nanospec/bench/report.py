@@ -79,6 +79,11 @@ def load_average():
         return "?"
 
 
+def one_line(e):
+    """An exception as one line, for a FAILED row or a note: its type and the first line of its message."""
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+
+
 def device_name(device):
     return torch.cuda.get_device_name(device) if device.startswith("cuda") else device
 
