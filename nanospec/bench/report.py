@@ -28,7 +28,7 @@ from nanospec.training.presets import PRESETS
 
 @dataclass
 class Measured:
-    """Everything `make bench` measured, as the report reads it (bench.py fills it in)."""
+    """Everything `make bench` measured, as the report reads it (compare.measure fills it in)."""
     args: object  # the parsed command line, its settings resolved (--quick applied)
     command: str  # the flags as typed, for the header
     models: object  # nanospec.model.load.Models
@@ -37,8 +37,8 @@ class Measured:
     categories: list  # in the prompt file's order
     temperatures: list
     names: list  # the methods that ran (ar first)
-    rows: dict  # temperature -> {row label: (method, options, runtime path)}, see bench.table_rows
-    results: dict  # temperature -> {row label: {prompt id: dict(ids, stats, seconds, timing)}}, see bench.run_all
+    rows: dict  # temperature -> {row label: (method, options, runtime path)}, see compare.table_rows
+    results: dict  # temperature -> {row label: {prompt id: dict(ids, stats, seconds, timing)}}, see compare.run_all
     notes: list  # "- skipped ..." lines
     failed: dict  # row label -> one-line reason it stopped
     cost: dict  # n -> seconds of one target forward over n new tokens after a cached prefix
@@ -297,7 +297,7 @@ PATHS = {"eager": "eager (plain PyTorch)", "static": "static (shape-static forwa
 
 
 def row_paths(m):
-    """{row label: the runtime path its runs took (bench.table_rows: the models runtime.prepare wrapped for it)},
+    """{row label: the runtime path its runs took (compare.table_rows: the models runtime.prepare wrapped for it)},
     over every temperature."""
     return {label: path for t in m.temperatures for label, (_, _, path) in m.rows[t].items()}
 
