@@ -14,11 +14,9 @@ alternating from one forward to the next. A method that produces several tokens 
 page to open in a browser, .json the same for scripts.
 """
 import argparse
-import contextlib
 import json
 import os
 import re
-import shlex
 import sys
 import time
 
@@ -282,11 +280,6 @@ def parse_args(argv=None):
     return args, options
 
 
-def command(argv):
-    """The command line that made this run, as one line to show and to paste."""
-    return "python decode.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-
-
 def tell(line):
     """A note about what decode.py is doing (calibrating): standard error, so that --json output stays one object."""
     print(line, file=sys.stderr, flush=True)
@@ -333,22 +326,22 @@ def main(argv=None):
         if batch:
             return decode_batches(args, kwargs, models, path, prompts, encoded)
         prompt = prompts[0][0]
-        recorder = None
-        if args.trace is not None:  # a layer around the models and the rules while the method runs (trace.py)
-            from nanospec.trace import record as trace
-            recorder = trace.recording(models)
-        with recorder or contextlib.nullcontext() as traced:
+
+        def run_method(used):  # used: the models, or (--trace) the recording's wrappers around them
             t0 = time.perf_counter()  # timed from outside: the methods hold no clock
-            ids, stats = METHODS[args.method](traced.models if traced else models, encoded[0], args.max_new_tokens,
-                                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                              seed=args.seed, **kwargs)
+            ids, stats = METHODS[args.method](used, encoded[0], args.max_new_tokens, temperature=args.temperature,
+                                              top_k=args.top_k, top_p=args.top_p, seed=args.seed, **kwargs)
             stats["wall_time"] = time.perf_counter() - t0
-        if traced:
+            return ids, stats
+        if args.trace is None:
+            ids, stats = run_method(models)
+        else:  # a layer around the models and the rules while the method runs (nanospec/trace/record.py)
+            from nanospec.trace import record as trace
             settings = {"method": args.method, "temperature": args.temperature, "top_k": args.top_k,
                         "top_p": args.top_p, "seed": args.seed, "options": kwargs, "runtime": path,
-                        "max_new_tokens": args.max_new_tokens, "command": command(argv)}
-            doc = traced.document(models.tokenizer, encoded[0], ids, stats, settings)
-            size = trace.write(args.trace, doc)
+                        "max_new_tokens": args.max_new_tokens}
+            ids, stats, doc, size = trace.traced_run(models, run_method, encoded[0], args.trace, settings,
+                                                     sys.argv[1:] if argv is None else argv)
             problems = f"; {len(doc['problems'])} decisions do not add up (see the page)" if doc["problems"] else ""
             tell(f"trace: {len(doc['steps'])} target forwards into {args.trace} ({size / 1024:.0f} KB){problems}")
     except (ValueError, CheckpointError) as e:

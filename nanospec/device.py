@@ -46,7 +46,7 @@ THREADS_HELP = ("torch CPU threads, 0..this machine's cores (default 1: a model 
 
 
 def add_threads_flag(parser):
-    """--threads, as every command that decodes takes it (decode.py, gpu-check, the figures; the bench's own)."""
+    """--threads, as every command that decodes takes it (decode.py, gpu-check, the figures, the bench)."""
     parser.add_argument("--threads", type=int, default=DECODE_THREADS, help=THREADS_HELP)
 
 

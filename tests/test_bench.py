@@ -76,6 +76,8 @@ def test_helpers_on_literal_examples():
              "guesses_per_step": [0, 2, 0, 0, 1]}
     a, per_step, ks = report.acceptance_mle([stats])
     assert a == pytest.approx(3 / 5) and per_step == pytest.approx(6 / 3) and ks == [2, 0, 2, 2]
+    assert report.expected_tokens(0.5, 1) == pytest.approx(1.5)  # (1 - 0.25) / 0.5
+    assert report.expected_tokens(1.0, 4) == 5 and report.expected_tokens(0.0, 4) == pytest.approx(1.0)
     assert report.leviathan(0.0, 4, 0.5) == pytest.approx(1 / 3)  # nothing accepted: 1 token for 4c + 1
     assert report.leviathan(1.0, 4, 0.0) == pytest.approx(5.0)  # free draft, always right: k + 1
     assert report.leviathan(0.5, 1, 0.0) == pytest.approx(1.5)  # (1 - 0.25) / 0.5

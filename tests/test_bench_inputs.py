@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from nanospec.bench import compare as bench
+from nanospec.device import THREADS_HELP
 from nanospec.model.load import load_models
 from toys import PROMPTS
 
@@ -68,7 +69,7 @@ def test_ar_failing_in_its_warm_up_is_a_one_line_error(toy_out, tmp_path, monkey
     (["--temperatures", "x"], "--temperatures: 'x' is not a number"),
     (["--repeats", "0"], "--repeats must be at least 1"),
     (["--prompts-per-category", "0"], "--prompts-per-category must be at least 1 (or -1 = all)"),
-    (["--threads", "-1"], "--threads must be at least 0"),
+    (["--threads", "-1"], "--threads must be in 0.."),  # decode.py's check (device.set_threads)
     (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
 ])
 def test_bad_settings_are_one_line_errors(toy_out, tmp_path, flags, message):
@@ -77,6 +78,16 @@ def test_bad_settings_are_one_line_errors(toy_out, tmp_path, flags, message):
         bench.main(["--ckpt", str(toy_out), "--prompts", PROMPTS, "--device", "cpu", "--out", str(out), *flags])
     assert str(e.value.code).startswith(f"error: {message}") and "\n" not in str(e.value.code)
     assert not out.exists()
+
+
+def test_threads_is_decode_pys_flag_with_one_thread_by_default(capsys):
+    """The bench takes --threads as decode.py does (device.add_threads_flag): the same help, one thread unless told."""
+    import decode
+    assert bench.parse_args([]).threads == 1 == decode.parse_args([])[0].threads
+    assert bench.parse_args(["--threads", "0"]).threads == 0  # torch's default, one per core
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--help"])
+    assert " ".join(THREADS_HELP.split()) in " ".join(capsys.readouterr().out.split())
 
 
 def test_out_in_a_missing_folder_is_refused_before_the_bench_runs(toy_out, tmp_path, monkeypatch):

@@ -8,8 +8,10 @@ second, E(k) / T(k), from the step costs nanospec/bench/calibration.py measures,
   - sampling keeps the target's law, for a chain (speculative) and a tree (medusa), with step costs at which the
     rule's choice of the second step depends on how the first went (the test checks that it does);
   - the calibration: every k timed, kept in the run folder and read back, never written over a file it did not
-    write, and keyed by the thread count.
+    write, keyed by the thread count and by the weights each method runs (a retrained drafter is measured afresh,
+    an older file's format measured again and replaced).
 Timings are never asserted: the step costs here are tables made up for the test."""
+import copy
 import json
 import os
 
@@ -17,7 +19,7 @@ import pytest
 import torch
 
 from nanospec.bench import calibration
-from nanospec.decoding import METHODS, MODULES
+from nanospec.decoding import METHODS, MODULES, parts_for
 from nanospec.steps.adaptive import DraftLength
 from nanospec.steps.pricing import Price, best_k, interpolate
 from nanospec.model.load import Models
@@ -197,3 +199,57 @@ def test_a_file_of_that_name_that_is_not_a_calibration_is_left_alone(models, tmp
                            log=lines.append)
     assert mine.read_text() == "my notes" and m.step_costs and "left as it is" in lines[-1]
     assert not [f for f in os.listdir(tmp_path) if f != calibration.FILE]  # no temporary file left behind
+
+
+def copied(models, part, retrained):
+    """models with a copy of `part` ("draft", "eagle", ..., or "heads": the target's MTP heads): retrained (one
+    weight moved), or the very same weights."""
+    name = "target" if part == "heads" else part
+    module = copy.deepcopy(getattr(models, name))
+    if retrained:
+        with torch.no_grad():
+            next(iter(module.heads.parameters() if part == "heads" else module.parameters())).add_(0.01)
+    return Models(**{**vars(models), name: module})
+
+
+@pytest.mark.parametrize("part", ["draft", "eagle", "parallelspec", "early_exit", "heads"])
+def test_the_calibration_key_names_the_weights_each_method_runs(models, part):
+    """A retrained part changes the key of every method that runs it (parts_for) and of no other: ar never reads
+    draft.pt, nor speculative the MTP heads. The same weights in another copy keep every key."""
+    same, new = copied(models, part, retrained=False), copied(models, part, retrained=True)
+    for method in MODULES:
+        key = calibration.fingerprints(models, method)
+        assert calibration.fingerprints(same, method) == key, method
+        assert (calibration.fingerprints(new, method) != key) == (part in parts_for([method])), method
+
+
+def test_a_retrained_drafter_is_measured_afresh(models, tmp_path, monkeypatch):
+    measured = []
+    monkeypatch.setattr(calibration, "measure", lambda *a, **k: measured.append(a[1]) or FAKE)
+    wanted = [("speculative", 1.0, {"adaptive": "cost"}), ("prompt-lookup", 0.0, {"adaptive": "cost"})]
+    calibration.attach(Models(**vars(models)), str(tmp_path), wanted)
+    calibration.attach(Models(**vars(models)), str(tmp_path), wanted)  # the same weights: read back
+    assert measured == ["speculative", "prompt-lookup"]
+    calibration.attach(copied(models, "draft", retrained=True), str(tmp_path), wanted)
+    assert measured == ["speculative", "prompt-lookup", "speculative"]  # prompt-lookup runs no draft: read back
+
+
+def test_an_older_calibration_file_is_measured_again_and_replaced(models, tmp_path, monkeypatch):
+    """Format 2 keyed every entry on the target's trunk alone (in the machine's name), so its step costs may be a
+    stale drafter's: read as no file, measured again, and replaced by the current format. A format it does not
+    know (a later nanospec's) is left as it is."""
+    measured = []
+    monkeypatch.setattr(calibration, "measure", lambda *a, **k: measured.append(a[1]) or FAKE)
+    wanted = [("speculative", 1.0, {"adaptive": "cost"})]
+    name = calibration.key(*wanted[0])
+    here = calibration.machine(models, "eager") + "|target c378fe4020ce2011"
+    path = tmp_path / calibration.FILE
+    path.write_text(json.dumps({"format": 2, "machines": {here: {name: {"seconds": {"0": 9.0}, "chances": [0.9]}}}}))
+    m = calibration.attach(Models(**vars(models)), str(tmp_path), wanted)
+    assert measured == ["speculative"] and m.step_costs[name] == FAKE
+    data = json.loads(path.read_text())
+    assert data["format"] == calibration.FORMAT == 3 and here not in data["machines"]
+    later = json.dumps({"format": calibration.FORMAT + 1, "machines": {}})
+    path.write_text(later)
+    calibration.attach(Models(**vars(models)), str(tmp_path), wanted)
+    assert measured == ["speculative", "speculative"] and path.read_text() == later

@@ -133,7 +133,7 @@ def test_every_seed_is_its_own_stream():
 
 
 def test_seeds_0_and_2_to_the_32_decode_differently(ckpt, capsys):
-    """The same through a method's run (decoding/run.py's start): before, --seed 4294967296 gave --seed 0's tokens."""
+    """The same through a method's run (steps/run.py's new_run): before, --seed 4294967296 gave --seed 0's tokens."""
     def tokens(seed):
         decode.main(["--ckpt", ckpt, *ARGS, "--prompt", "x", "--temperature", "1", "--max-new-tokens", "12",
                      "--seed", str(seed), "--json"])

@@ -20,6 +20,7 @@ Tiny random models (toys.every_part), 32 new tokens."""
 import inspect
 import json
 import os
+import shlex
 import struct
 import subprocess
 import sys
@@ -400,6 +401,20 @@ def test_decode_writes_a_trace_with_the_same_tokens(ckpt, tmp_path, capsys):
     doc = json.loads((tmp_path / "run.json").read_text())
     assert doc["ids"] == plain["ids"] and doc["problems"] == [] and doc["settings"]["method"] == "mtp"
     assert doc["settings"]["command"].startswith("python decode.py --ckpt")
+
+
+def test_traced_run_writes_the_run_and_a_command_a_shell_reads_back(models, tmp_path):
+    """trace.traced_run, the one traced run of decode.py --trace and make figures: the tokens are an untraced run's,
+    the file holds the trace it returns, and the command quotes each argument for a shell: a prompt with both
+    quotes reads back whole (Python's repr, which figures once used, leaves a quote a shell never closes)."""
+    run = lambda m: METHODS["speculative"](m, PROMPT, 8, temperature=1.0, seed=0)  # noqa: E731
+    argv = ["--method", "speculative", "--prompt", "it's \"x\"", "--trace", "run.json"]
+    path = tmp_path / "run.json"
+    ids, stats, doc, size = trace.traced_run(models["eager"], run, PROMPT, str(path), {"method": "speculative"}, argv)
+    assert (ids, stats) == run(models["eager"]) and doc["problems"] == []
+    assert json.loads(path.read_text())["ids"] == ids and size == path.stat().st_size
+    assert doc["settings"] == {"method": "speculative", "command": doc["settings"]["command"]}
+    assert shlex.split(doc["settings"]["command"]) == ["python", "decode.py", *argv]
 
 
 def test_decode_refuses_a_bad_trace_path_in_one_line(ckpt, tmp_path, monkeypatch):

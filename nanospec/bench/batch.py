@@ -24,6 +24,7 @@ import statistics
 import torch
 
 from nanospec.bench import report  # the conditions' lines (machine, model) are the main report's own
+from nanospec.bench.report import one_line
 from nanospec.decoding.batched import BATCHED, generate
 from nanospec.bench.timing import fastest, timed
 from nanospec.fast.runtime import prepare
@@ -66,10 +67,6 @@ def verify_cost(target, B, k, reps=5, prefix=100):
 
     one, many = fastest([lambda T=T: forward(T) for T in (1, k + 1)], reps)
     return one, many / one
-
-
-def one_line(e):
-    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
 
 
 def measure(models, methods, prompts, sizes, temperatures, max_new_tokens, repeats, seed, log, got, costs):

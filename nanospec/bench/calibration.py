@@ -10,21 +10,22 @@ included. Each k is the median over its steps.
     costs = measure(models, "speculative", 1.0, {})   # {0: 0.0021, 1: 0.0027, 2: 0.0031, 3: 0.0036, 4: 0.0041}
     attach(models, "out", [("speculative", 1.0, {})])  # from out/calibration.json, or measured and kept there
 
-They are kept per checkpoint, device, dtype, thread count and runtime path, in the run folder beside the
-checkpoints (calibration.json: generated, never committed), so the next run of decode.py or the bench reads them
-instead of measuring again; retraining the target starts afresh. A method only reads the table attached to its
+They are kept per machine (device, dtype, thread count, runtime path, torch) and, for each method, per the weights
+it runs on (the target's, and its drafter's: draft.pt, eagle.pt, heads.pt, parallelspec.pt or early_exit.pt), in
+the run folder beside the checkpoints (calibration.json: generated, never committed), so the next run of decode.py
+or the bench reads them instead of measuring again; retraining the target or a method's drafter measures that
+method afresh. A method only reads the table attached to its
 models (`Models.step_costs`), so the same seed and the same calibration give the same tokens.
 """
 import json
 import os
 import statistics
 from contextlib import contextmanager
-from types import SimpleNamespace
 
 import torch
 
-from nanospec.model.checkpoint import target_fingerprint
-from nanospec.decoding import METHODS, MODULES
+from nanospec.model.checkpoint import fingerprint
+from nanospec.decoding import METHODS, MODULES, parts_for
 from nanospec.steps.adaptive import DraftLength
 from nanospec.steps.pricing import costs_key
 from nanospec.steps.options import Sampling, read_options
@@ -32,7 +33,7 @@ from nanospec.bench.timing import Ledger, timed_models
 from nanospec.tokenizer import write_atomic
 
 FILE = "calibration.json"
-FORMAT = 2
+FORMAT = 3  # 3: each method's entry keyed on the weights of its parts (2: the target's trunk, in the machine)
 TEXTS = (  # what the sweeps continue, one after the other: code, prose, and text that repeats itself
     "    def close(self):\n        if self._file is not None:\n            self._file.close()\n",
     "The module provides functions for reading and writing files, and for finding out how large",
@@ -112,27 +113,35 @@ def watching(owner, name):
 
 
 def machine(models, runtime_path):
-    """This machine, device, dtype, threads, runtime path, torch and checkpoint, as one string: a calibration is
-    good for exactly these."""
+    """This machine, device, dtype, threads, runtime path and torch, as one string: a calibration is good for
+    exactly these, and for the weights its entry names (fingerprints)."""
     target = models.target
     while not isinstance(target, torch.nn.Module):  # under timing.Timed or runtime.Fast: the model itself
         target = target.model
     weight = target.wte.weight
     device = torch.cuda.get_device_name(weight.device) if weight.is_cuda else weight.device.type
-    return (f"{device}|{weight.dtype}|threads {torch.get_num_threads()}|{runtime_path}|torch {torch.__version__}|"
-            f"target {trunk_fingerprint(target)}")
+    return f"{device}|{weight.dtype}|threads {torch.get_num_threads()}|{runtime_path}|torch {torch.__version__}"
 
 
-def trunk_fingerprint(target):
-    """The target's weights but its MTP heads (heads.pt, loaded for mtp and medusa only, changes none of the other
-    methods' steps), hashed: checkpoint.target_fingerprint of the trunk."""
-    trunk = {name: t for name, t in target.state_dict().items() if not name.startswith("heads.")}
-    return target_fingerprint(SimpleNamespace(state_dict=lambda: trunk))
+def fingerprints(models, method):
+    """The weights `method` runs on, each part hashed (checkpoint.fingerprint), as one string: 'target
+    c378fe4020ce2011' for ar, 'target c378fe4020ce2011, draft 03d003a3d90eff08' for speculative, 'early_exit none'
+    where a part it uses when present is absent. The target's MTP heads count only for the methods that read them
+    (parts_for: mtp and medusa use heads.pt, which changes no other method's steps)."""
+    parts = parts_for([method])
+    target = models.target.state_dict()  # through any wrapper (timing.Timed, runtime.Fast): the model's own
+    if "heads" not in parts:
+        target = {name: t for name, t in target.items() if not name.startswith("heads.")}
+    prints = [f"target {fingerprint(target)}"]
+    for part in (p for p in parts if p != "heads"):  # the heads are the target's, hashed with it
+        module = getattr(models, part)
+        prints.append(f"{part} {'none' if module is None else fingerprint(module.state_dict())}")
+    return ", ".join(prints)
 
 
 def read(path):
-    """The calibration file as a dict, {} if there is none; None if a file of that name is not one (never
-    overwritten)."""
+    """The calibration file as a dict, {} if there is none or it is of an older FORMAT (measured again, then
+    replaced); None if a file of that name is not one (never overwritten)."""
     if not os.path.exists(path):
         return {}
     try:
@@ -140,7 +149,10 @@ def read(path):
             data = json.load(f)
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and data.get("format") == FORMAT else None
+    version = data.get("format") if isinstance(data, dict) else None
+    if isinstance(version, int) and version < FORMAT and "machines" in data:
+        return {}
+    return data if version == FORMAT else None
 
 
 def attach(models, ckpt, wanted, runtime_path="eager", log=None):
@@ -158,13 +170,14 @@ def attach(models, ckpt, wanted, runtime_path="eager", log=None):
     known = (data or {}).get("machines", {}).get(here, {})
     costs, new = dict(models.step_costs or {}), False
     for method, temperature, options, name in wanted:
-        if name not in known:
-            known[name], new = measure(models, method, temperature, options, log=log), True
-        costs[name] = {"seconds": {int(k): s for k, s in known[name]["seconds"].items()},
-                       "chances": known[name]["chances"]}
+        entry = f"{name}|{fingerprints(models, method)}"  # retrained weights: another entry, measured afresh
+        if entry not in known:
+            known[entry], new = measure(models, method, temperature, options, log=log), True
+        costs[name] = {"seconds": {int(k): s for k, s in known[entry]["seconds"].items()},
+                       "chances": known[entry]["chances"]}
     models.step_costs = costs
     if new and data is not None and path and os.access(os.path.dirname(os.path.abspath(path)), os.W_OK):
-        machines = {**data.get("machines", {}), here: known}  # other machines' and checkpoints' kept
+        machines = {**data.get("machines", {}), here: known}  # other machines' and weights' entries kept
         write_atomic(path, json.dumps({"format": FORMAT, "machines": machines}, indent=1))
     elif new and data is None and log:
         log(f"{path} is not a calibration file: left as it is, the calibration kept for this run only")

@@ -61,10 +61,11 @@ import torch
 from nanospec.bench import batch as bench_batch
 from nanospec.bench import calibration
 from nanospec.bench import report
+from nanospec.bench.report import one_line
 from nanospec.model.checkpoint import CheckpointError
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.steps.options import DRAFT_SAMPLING
-from nanospec.device import MAX_SEED, add_runtime_flag, check_seed, pick_device
+from nanospec.device import MAX_SEED, add_runtime_flag, add_threads_flag, check_seed, pick_device, set_threads
 from nanospec.model.load import load_models
 from nanospec.bench.timing import Ledger, counting_host_reads, counting_ops, fastest, timed, timed_models
 from nanospec.fast.runtime import RUNTIMES, prepare
@@ -98,10 +99,7 @@ def parse_args(argv=None):
                    help="prompt i is generated with seed + i by every method (0..2**63-1 - prompts)")
     p.add_argument("--ckpt", default="out", help="folder with tokenizer.tiktoken, target.pt and optional parts")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads, 0..this machine's cores; 0 = torch's default (one per core). Batch-1 "
-                        "decoding of a tiny model gains little from more, and on a busy machine threads stall waiting "
-                        "for each other")
+    add_threads_flag(p)  # default 1, as decode.py's
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                    help="float64 is slow but rules out near-ties when checking greedy equality (tests)")
     p.add_argument("--quick", action="store_true", help="smoke run: 2 prompts per category, 16 tokens (unless "
@@ -141,14 +139,9 @@ def check_args(args):
         if not math.isfinite(t) or t < 0:
             raise ValueError(f"--temperatures: each must be a finite number >= 0 (0 = greedy), got {text.strip()}")
         temperatures.append(t)
-    for flag, value, low in (("--repeats", args.repeats, 1), ("--max-new-tokens", args.max_new_tokens, 1),
-                             ("--threads", args.threads, 0)):
+    for flag, value, low in (("--repeats", args.repeats, 1), ("--max-new-tokens", args.max_new_tokens, 1)):
         if value < low:
             raise ValueError(f"{flag} must be at least {low}, got {value}")
-    cores = os.cpu_count() or 1
-    if args.threads > cores:  # more threads than cores only wait on each other; a huge number crashes torch
-        raise ValueError(f"--threads must be in 0..{cores} (this machine's cores; 0 = torch's default), got "
-                         f"{args.threads}")
     check_seed(args.seed)
     if args.compare_runtimes and args.runtime == "eager":
         raise ValueError("--compare-runtimes runs the static path beside the eager one; drop --runtime eager")
@@ -269,11 +262,6 @@ def tokenize(prompts, tokenizer, max_len):
 
 # ----------------------------------------------------------------------------- the models
 
-def one_line(e):
-    """An exception as one line: its type and the first line of its message."""
-    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
-
-
 def load_target(ckpt, device):
     """The tokenizer and target alone; a file that is not what it should be is a one-line CheckpointError."""
     try:
@@ -326,8 +314,7 @@ def set_up(args):
     """Check the settings, load the models and prompts, and wrap the models once for each runtime path the rows
     run (runtime.prepare, then timing.Timed around each part). Returns a dict of what the measurements need."""
     temperatures = check_args(args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)  # checked against the cores first: a huge number crashes torch
     device = pick_device(args.device)
     wanted = list(MODULES) if args.methods == "all" else [m.strip() for m in args.methods.split(",")]
     for name in wanted:

@@ -260,19 +260,21 @@ def trace_figure(models, path, run=TRACE_RUN):
         print(f"skipped trace.png: no chromium ({browser.INSTALL})", file=sys.stderr)
         return
     prompt = models.tokenizer.encode(run["prompt"])
-    with trace.recording(models) as recorder:
-        ids, stats = METHODS[run["method"]](recorder.models, prompt, run["max_new_tokens"],
-                                            temperature=run["temperature"], seed=run["seed"], **run["options"])
-    flags = "".join(f" --{name.replace('_', '-')} {value}" for name, value in run["options"].items())
-    command = (f"python decode.py --method {run['method']} --temperature {run['temperature']:g} --seed {run['seed']} "
-               f"--max-new-tokens {run['max_new_tokens']} --prompt {run['prompt']!r}{flags} --trace run.html")
-    doc = recorder.document(models.tokenizer, prompt, ids, stats, {**run, "runtime": "eager", "command": command})
-    verdicts = [{g["verdict"] for g in s.get("nodes", [])} for s in doc["steps"]]
-    mixed = [i for i, v in enumerate(verdicts) if {"accepted", "rejected"} <= v] or [0]
-    shown = max(mixed, key=lambda i: sum(g["verdict"] != "unused" for g in doc["steps"][i].get("nodes", [])))
+    argv = ["--method", run["method"], "--temperature", f"{run['temperature']:g}", "--seed", str(run["seed"]),
+            "--max-new-tokens", str(run["max_new_tokens"]), "--prompt", run["prompt"]]
+    for name, value in run["options"].items():
+        argv += [f"--{name.replace('_', '-')}", str(value)]
+
+    def run_method(used):  # used: the recording's wrappers around the models
+        return METHODS[run["method"]](used, prompt, run["max_new_tokens"], temperature=run["temperature"],
+                                      seed=run["seed"], **run["options"])
     with tempfile.TemporaryDirectory() as folder:
         page = os.path.join(folder, "run.html")
-        trace.write(page, doc)
+        _, _, doc, _ = trace.traced_run(models, run_method, prompt, page, {**run, "runtime": "eager"},
+                                        argv + ["--trace", "run.html"])
+        verdicts = [{g["verdict"] for g in s.get("nodes", [])} for s in doc["steps"]]
+        mixed = [i for i, v in enumerate(verdicts) if {"accepted", "rejected"} <= v] or [0]
+        shown = max(mixed, key=lambda i: sum(g["verdict"] != "unused" for g in doc["steps"][i].get("nodes", [])))
         console = browser.screenshot(f"{page}#step={shown + 1}", path, size=(1400, 1150))
     if console:
         print(f"trace.png: the page printed to the console: {console[0]}", file=sys.stderr)

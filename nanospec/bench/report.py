@@ -21,14 +21,14 @@ from dataclasses import dataclass
 
 import torch
 
-from nanospec.decoding import MODULES, parts_for
+from nanospec.decoding import parts_for
 from nanospec.steps.run import acceptance, tensor
 from nanospec.training.presets import PRESETS
 
 
 @dataclass
 class Measured:
-    """Everything `make bench` measured, as the report reads it (bench.py fills it in)."""
+    """Everything `make bench` measured, as the report reads it (compare.measure fills it in)."""
     args: object  # the parsed command line, its settings resolved (--quick applied)
     command: str  # the flags as typed, for the header
     models: object  # nanospec.model.load.Models
@@ -37,8 +37,8 @@ class Measured:
     categories: list  # in the prompt file's order
     temperatures: list
     names: list  # the methods that ran (ar first)
-    rows: dict  # temperature -> {row label: (method, options, runtime path)}, see bench.table_rows
-    results: dict  # temperature -> {row label: {prompt id: dict(ids, stats, seconds, timing)}}, see bench.run_all
+    rows: dict  # temperature -> {row label: (method, options, runtime path)}, see compare.table_rows
+    results: dict  # temperature -> {row label: {prompt id: dict(ids, stats, seconds, timing)}}, see compare.run_all
     notes: list  # "- skipped ..." lines
     failed: dict  # row label -> one-line reason it stopped
     cost: dict  # n -> seconds of one target forward over n new tokens after a cached prefix
@@ -77,6 +77,11 @@ def load_average():
         return f"{os.getloadavg()[0]:.1f}"
     except (AttributeError, OSError):
         return "?"
+
+
+def one_line(e):
+    """An exception as one line, for a FAILED row or a note: its type and the first line of its message."""
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
 
 
 def device_name(device):
@@ -154,11 +159,16 @@ def acceptance_mle(per_prompt):
     return accepted / max(1, judged), (accepted + steps) / max(1, steps), ks
 
 
+def expected_tokens(a, k):
+    """Leviathan et al.'s expected tokens per step, k guesses each accepted with chance a: the accepted ones and the
+    target's, (1 - a^(k+1)) / (1 - a); k + 1 where a = 1 (the limit). a 0.5, k 1 -> 1.5; a 0 -> 1."""
+    return k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
 def leviathan(a, k, c, verify=1.0):
-    """Expected speedup: (1 - a^(k+1)) / (1 - a) tokens per step, for k draft forwards (c each, in target
-    forwards) and one target forward over k+1 tokens (`verify`; Leviathan et al. take it as 1)."""
-    tokens = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
-    return tokens / (k * c + verify)
+    """Expected speedup: expected_tokens(a, k) per step, for k draft forwards (c each, in target forwards) and one
+    target forward over k+1 tokens (`verify`; Leviathan et al. take it as 1)."""
+    return expected_tokens(a, k) / (k * c + verify)
 
 
 # ----------------------------------------------------------------------------- tables
@@ -287,7 +297,7 @@ PATHS = {"eager": "eager (plain PyTorch)", "static": "static (shape-static forwa
 
 
 def row_paths(m):
-    """{row label: the runtime path its runs took (bench.table_rows: the models runtime.prepare wrapped for it)},
+    """{row label: the runtime path its runs took (compare.table_rows: the models runtime.prepare wrapped for it)},
     over every temperature."""
     return {label: path for t in m.temperatures for label, (_, _, path) in m.rows[t].items()}
 
@@ -472,7 +482,7 @@ def leviathan_section(m, summaries):
             runs = [m.results[t]["speculative"][i]["stats"] for i in ids]
             a, per_step, ks = acceptance_mle(runs)
             drafted = [k for k in ks if k] or [0]
-            predicted = sum(k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a) for k in drafted) / len(drafted)
+            predicted = sum(expected_tokens(a, k) for k in drafted) / len(drafted)
             speedups = [sum(leviathan(a, k, c, verify(k)) * (k * c + verify(k)) for k in ks)
                         / max(1e-9, sum(k * c + verify(k) for k in ks)) for c, verify in
                         ((c_forward, lambda k: 1.0), (c_step, lambda k: cost[min(k + 1, max(cost))] / cost[1]))]

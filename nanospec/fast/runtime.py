@@ -6,9 +6,10 @@ cache=dcache)`, with a cache from `model.new_cache()`. `prepare(models, runtime)
 themselves (eager: plain PyTorch, the oracle) or each one wrapped in a `Fast`, which takes the same call and
 returns the same outputs, as fresh tensors the method may keep. What differs is how the forward runs:
 
-  shape-static  Every cached forward already attends over all of its cache's slots under a mask, its tokens
-                placed by tensors (nanospec/model/cache.py: `place`), so its shapes depend on B and T alone. A
-                Fast computes that Placement on the host and hands its tensors to the forward as inputs.
+  shape-static  Every cached forward places its tokens by tensors and attends under a mask (nanospec/model/cache.py:
+                `place`): eager, over the `seen` slots in use alone; under a Fast, over every slot of its cache
+                (the same mask padded, the slots past `seen` hidden), so that its shapes depend on B and T alone.
+                A Fast computes that Placement on the host and hands its tensors to the forward as inputs.
   replayed      Each shape is then captured once and replayed (nanospec/fast/graphs.py): on CUDA as a CUDA graph, one
                 launch instead of a few hundred, which is what a tiny model's forward costs on a GPU; on a CPU
                 by graphs.Emulated, which repeats the recorded operations the same way, running none of the

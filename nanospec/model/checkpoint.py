@@ -159,13 +159,18 @@ def load_gpt(path, tokenizer_identity=None, device="cpu", part=None):
     return load_module(path, tokenizer_identity, device, lambda cfg: GPT(GPTConfig(**cfg)), part)
 
 
-def target_fingerprint(target):
-    """A short hash of the target's weights: a drafter trained on one target is no good for a retrained one."""
+def fingerprint(state):
+    """A short hash of some weights (a state dict: name -> tensor), names included: 16 hex digits."""
     h = hashlib.sha256()
-    for name, t in sorted(target.state_dict().items()):
+    for name, t in sorted(state.items()):
         h.update(name.encode())
         h.update(t.detach().float().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def target_fingerprint(target):
+    """A short hash of the target's weights: a drafter trained on one target is no good for a retrained one."""
+    return fingerprint(target.state_dict())
 
 
 def frozen_target(name, out_dir, tokenizer_identity, device):

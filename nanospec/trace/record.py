@@ -10,6 +10,7 @@ the rollback, and the running tokens per forward. `decode.py --trace run.html` w
     doc = trace.document(models.tokenizer, prompt_ids, ids, stats)
     check(doc)               # -> []: every verdict follows from its recorded randomness and probabilities
     write("run.html", doc)
+    traced_run(models, run_method, prompt_ids, "run.html", settings, argv)  # all of that: decode.py, make figures
 
 The trace is a layer, as the bench's timing is (bench/timing.py): no method knows about it. While `recording` is
 open, and only then, it wraps from outside:
@@ -50,6 +51,7 @@ import inspect
 import json
 import math
 import os
+import shlex
 import sys
 from contextlib import contextmanager
 from dataclasses import replace
@@ -566,6 +568,19 @@ def recording(models):
     trace = Trace(models)
     with patched(trace.patches()):
         yield trace
+
+
+def traced_run(models, run_method, prompt_ids, path, settings, argv):
+    """One run recorded and written to `path` (.html or .json): what `decode.py --trace` and `make figures`'
+    trace.png both do. `run_method(models) -> (ids, stats)` runs the method on the models it is given (the traced
+    ones); `settings` are what the page shows of the run, to which the command line that repeats it is added:
+    'python decode.py ' and `argv`, each argument quoted for a shell. Returns (ids, stats, the trace, bytes
+    written)."""
+    with recording(models) as trace:
+        ids, stats = run_method(trace.models)
+    command = "python decode.py " + shlex.join(argv)
+    doc = trace.document(models.tokenizer, prompt_ids, ids, stats, {**settings, "command": command})
+    return ids, stats, doc, write(path, doc)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -37,7 +37,6 @@ import torch
 from torch.nn import functional as F
 
 from nanospec.training import corpus
-from nanospec.training import trainer
 from nanospec.model.checkpoint import CheckpointError, clean_orphans, gpt_checkpoint, load_checkpoint, load_gpt
 from nanospec.device import pick_device
 from nanospec.training import drafters
