@@ -27,9 +27,9 @@ PAIRS = [
     ("mtp", "mtp", {}, {"verify": "block"}),
     ("early-exit", "early-exit", {}, {"verify": "block"}),
     ("parallelspec (chain)", "parallelspec", {"tree": "chain"}, {"tree": "chain", "verify": "block"}),
-    ("medusa (tree)", "medusa", {}, {"verify": "traversal"}),
-    ("eagle (tree)", "eagle", {}, {"verify": "traversal"}),
-    ("parallelspec (tree)", "parallelspec", {}, {"verify": "traversal"}),
+    ("medusa (tree)", "medusa", {"verify": "token"}, {"verify": "traversal"}),  # a drawn tree's default: traversal
+    ("eagle (tree)", "eagle", {"verify": "token"}, {"verify": "traversal"}),
+    ("parallelspec (tree)", "parallelspec", {"verify": "token"}, {"verify": "traversal"}),
 ]
 
 
