@@ -221,7 +221,7 @@ BROKEN = {  # name: (the function, the edit, the case it runs, what check says)
         "cache.rollback_rows([0 for b in before])", ("prompt-lookup", "t=0.1", {}), "the cache went"),
     "a tree's children judged against p, not what their rejected siblings left": (
         verify.verify_tree_without_replacement, "accept = accept_prob(torch.stack(P[:-1], -2), q, x)",
-        "accept = accept_prob(torch.stack([P[0]] * (len(P) - 1), -2), q, x)", ("eagle", "t=0.1", {}),
+        "accept = accept_prob(torch.stack([P[0]] * (len(P) - 1), -2), q, x)", ("eagle", "t=0.1", {"verify": "token"}),
         "away from what is left"),
     "a fresh draw after a mismatch (sample and match)": (
         verify.verify_tree_descend, "return _descend(tokens, parents, draws.__getitem__)",
