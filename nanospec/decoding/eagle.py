@@ -20,8 +20,9 @@ Sampling (--draft-sampling sample, the default), the head DRAWS its guesses from
 --adaptive cost: k + 1 tokens per step, k = 0 (a plain step: the head reads the new tokens when it next drafts)."""
 import torch
 
-from nanospec.steps.adaptive import PRICED_OPTIONS, draft_length, step_costs
+from nanospec.steps.adaptive import PRICED_OPTIONS, draft_length
 from nanospec.steps.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options, verify_option
+from nanospec.steps.pricing import step_costs
 from nanospec.steps.run import cache_for, drafter_of, first_token, new_run, tensor
 from nanospec.steps.tree_guesses import DrawnTree
 from nanospec.steps.verify_step import tree_step

@@ -22,9 +22,10 @@ Zhang et al. 2023, Draft & Verify, arXiv 2309.08168.
 """
 import torch
 
-from nanospec.steps.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
+from nanospec.steps.adaptive import ADAPTIVE_OPTIONS, draft_length
 from nanospec.steps.draft_chain import draft_chain
 from nanospec.steps.options import Option, Sampling, read_options, verify_option
+from nanospec.steps.pricing import step_costs
 from nanospec.steps.run import first_token, new_run, tensor
 from nanospec.steps.verify_step import chain_step
 from nanospec.model.drafters.early_exit import exit_logits

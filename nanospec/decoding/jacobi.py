@@ -31,8 +31,9 @@ n-gram guesses instead, which is what makes them pay more often.
 """
 import torch
 
-from nanospec.steps.adaptive import PRICED_OPTIONS, draft_length, step_costs
+from nanospec.steps.adaptive import PRICED_OPTIONS, draft_length
 from nanospec.steps.options import Option, Sampling, read_options
+from nanospec.steps.pricing import step_costs
 from nanospec.steps.run import first_token, new_run
 from nanospec.steps.verify_step import chain_step
 

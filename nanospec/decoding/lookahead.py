@@ -33,8 +33,9 @@ import random
 
 import torch
 
-from nanospec.steps.adaptive import PRICED_OPTIONS, draft_length, step_costs
+from nanospec.steps.adaptive import PRICED_OPTIONS, draft_length
 from nanospec.steps.options import Option, Sampling, read_options
+from nanospec.steps.pricing import step_costs
 from nanospec.steps.run import cache_for, first_token, new_run
 from nanospec.steps.verify_step import tree_step
 

@@ -29,9 +29,10 @@ arXiv 1811.03115; Gloeckle et al. 2024, Multi-token Prediction, arXiv 2404.19737
 """
 import torch
 
-from nanospec.steps.adaptive import PRICED_OPTIONS, draft_length, step_costs
+from nanospec.steps.adaptive import PRICED_OPTIONS, draft_length
 from nanospec.steps.options import (DRAFT_SAMPLING_OPTION, VERIFY_RULES, Option, Sampling, read_options, rule_for,
                                     verify_option)
+from nanospec.steps.pricing import step_costs
 from nanospec.steps.run import cache_for, first_token, new_run
 from nanospec.steps.tree_guesses import TREES, fill_tree, parse_tree  # noqa: F401 (TREES: the presets)
 from nanospec.steps.verify_step import tree_step

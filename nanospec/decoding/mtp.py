@@ -33,9 +33,10 @@ Faster Large Language Models via Multi-token Prediction, arXiv 2404.19737.
 """
 import torch
 
-from nanospec.steps.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
+from nanospec.steps.adaptive import ADAPTIVE_OPTIONS, draft_length
 from nanospec.steps.draft_chain import chain_at_once
 from nanospec.steps.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options, verify_option
+from nanospec.steps.pricing import step_costs
 from nanospec.steps.run import first_token, new_run
 from nanospec.steps.verify_step import chain_step
 

@@ -27,9 +27,10 @@ Paper: Xiao et al. 2024, ParallelSpec: Parallel Drafter for Efficient Speculativ
 """
 import torch
 
-from nanospec.steps.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
+from nanospec.steps.adaptive import ADAPTIVE_OPTIONS, draft_length
 from nanospec.steps.draft_chain import chain_at_once
 from nanospec.steps.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options, verify_option
+from nanospec.steps.pricing import step_costs
 from nanospec.steps.run import cache_for, drafter_of, first_token, new_run, tensor
 from nanospec.steps.tree_guesses import fill_tree, parse_tree
 from nanospec.steps.verify_step import chain_step, judge_of, tree_step

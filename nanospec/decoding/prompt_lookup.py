@@ -24,8 +24,9 @@ The guesses are deterministic (no draft distribution q), so they are checked wit
 """
 import torch
 
-from nanospec.steps.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
+from nanospec.steps.adaptive import ADAPTIVE_OPTIONS, draft_length
 from nanospec.steps.options import Option, Sampling, read_options
+from nanospec.steps.pricing import step_costs
 from nanospec.steps.run import first_token, new_run
 from nanospec.steps.verify_step import chain_step
 

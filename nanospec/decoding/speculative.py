@@ -28,9 +28,10 @@ every guess before it was accepted (guesses after a rejection are never looked a
 """
 import torch
 
-from nanospec.steps.adaptive import ADAPTIVE_OPTIONS, draft_length, step_costs
+from nanospec.steps.adaptive import ADAPTIVE_OPTIONS, draft_length
 from nanospec.steps.draft_chain import draft_chain
 from nanospec.steps.options import Option, Sampling, read_options, verify_option
+from nanospec.steps.pricing import step_costs
 from nanospec.steps.run import drafter_of, first_token, new_run, tensor
 from nanospec.steps.verify_step import chain_step
 

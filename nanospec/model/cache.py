@@ -55,23 +55,25 @@ class Placement:
     # without a cache, a given (T, T) bool or None (causal)
     slots: torch.Tensor = None  # (B or 1, T) the cache slots their keys and values go to
     cache: "KVCache" = None
-    seen: int = None  # eager: attention reads slots 0..seen-1 alone (every later one is hidden); None: all S slots
 
     @property
     def mask(self):
         """The mask over EVERY slot (.., T, S), additive: what a replay is handed (its shapes depend on B and T
-        alone), the slots past `seen` hidden."""
-        if self.seen is None:
+        alone), the slots past the `seen` ones that `attend` covers hidden. Without a cache: `attend` itself."""
+        if self.cache is None:
             return self.attend
-        return F.pad(self.attend, (0, self.cache.max_len - self.seen), value=float("-inf"))
+        hidden = self.cache.max_len - self.attend.size(-1)
+        return F.pad(self.attend, (0, hidden), value=float("-inf")) if hidden else self.attend
 
     def update(self, layer, k_new, v_new):
         """Attention's one write: the new keys and values (B, nh, T, hs) of `layer`. Returns what to attend over:
-        the cache's slots (B, nh, seen or S, hs), or, without one, the new keys and values themselves."""
+        the slots `attend` covers (B, nh, seen, hs; a replay's: all S), or, without a cache, the new keys and values
+        themselves."""
         if self.cache is None:
             return k_new, v_new
         k, v = self.cache.write(layer, self.slots, k_new, v_new)
-        return (k, v) if self.seen is None else (k[:, :, :self.seen], v[:, :, :self.seen])
+        seen = self.attend.size(-1)  # a view of the first `seen` slots: eager reads only those in use
+        return k[:, :, :seen], v[:, :, :seen]
 
 
 def place(cache, T, pos=None, mask=None, device="cpu", layer=0, first=0, table=None):
@@ -158,7 +160,7 @@ class KVCache:
             pos = slots + first if first else slots  # (B or 1, T)
             if slots.size(0) > 1 and table is not None:  # a row ahead of the shortest: only its padding goes past
                 pos = pos.clamp(max=table - 1)
-        return Placement(pos, mask, slots, self, seen)
+        return Placement(pos, mask, slots, self)  # mask (.., T, seen): attention reads the seen slots alone
 
     def write(self, layer, slots, k_new, v_new):
         """Write the new keys/values (B, nh, T, hs) at `slots` (B or 1, T), row b's at slots[b]; return every slot
@@ -215,9 +217,11 @@ class KVCache:
         """Only the rows `rows` (B' indices, increasing) go on, moved to rows 0..B'-1 of the same memory (a replay
         of the fast layer keeps writing where it was recorded); the others are dropped."""
         lengths = self.row_lengths
-        index = torch.tensor(rows, device=self.device)  # (B',)
-        self.k[:, :len(rows)] = self.k[:, index]
-        self.v[:, :len(rows)] = self.v[:, index]
+        first = next((i for i, b in enumerate(rows) if b != i), len(rows))  # rows before it are in place already
+        if first < len(rows):
+            index = torch.tensor(rows[first:], device=self.device)  # (B' - first,)
+            self.k[:, first:len(rows)] = self.k[:, index]
+            self.v[:, first:len(rows)] = self.v[:, index]
         self.k = self.k[:, :len(rows)]  # (L, B', nh, S, hs): a view, the same memory
         self.v = self.v[:, :len(rows)]
         if self._row_lengths is not None:

@@ -38,7 +38,7 @@ guess all positions at once, so `confidence` cuts their chain at the first uncon
 import torch
 
 from nanospec.steps.options import Option
-from nanospec.steps.pricing import Price, step_costs  # noqa: F401 (step_costs: what a method passes draft_length)
+from nanospec.steps.pricing import Price
 
 RULES = ("off", "history", "confidence", "cost", "sweep")
 CONFIDENCE = 0.5  # the threshold of --adaptive confidence unless --confidence says otherwise

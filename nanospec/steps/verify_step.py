@@ -56,8 +56,8 @@ def chain_step(sampling, generator, target, cache, last, drafts, q_draft=None, r
     out = target(ids, cache=cache, **forward)
     if sampling.greedy:  # every rule is "accept while the guess is the argmax"
         n, nxt = zip(*[verify_chain_greedy(out.logits[b, :k + 1], drafts[b]) for b, k in enumerate(k_rows)])
-    elif K == 0:  # no guesses (a plain step): every rule draws the target's own token from its law, as `ar` does
-        n, nxt = [0] * len(rows), sample(warp(out.logits[:, 0], *sampling), generator).tolist()
+    elif K == 0:  # no guesses: a plain step
+        n, nxt = [0] * len(rows), own_token(out.logits[:, 0], sampling, generator)
     else:
         p_target = warp(out.logits, *sampling)  # (B, K+1, V)
         guesses = ids[:, 1:]  # (B, K)
@@ -70,6 +70,12 @@ def chain_step(sampling, generator, target, cache, last, drafts, q_draft=None, r
         n, nxt = torch.stack([n, nxt]).tolist()  # one host read
     cache.rollback_rows([b + 1 + m for b, m in zip(before, n)])  # keep last and the accepted drafts, row by row
     return [list(d[:m]) + [t] for d, m, t in zip(drafts, n, nxt)], list(n), out
+
+
+def own_token(logits, sampling, generator):
+    """A plain step's token (no guesses to judge): every rule draws the target's own from its law, as `ar` does.
+    logits (B, V), each row's after its newest token -> B ints."""
+    return sample(warp(logits, *sampling), generator).tolist()
 
 
 def own_guesses(p_target, n, nxt, k_rows, generator):
@@ -104,8 +110,8 @@ def tree_step(sampling, generator, target, cache, tokens, parents, q_draft=None,
     logits = out.logits[0]  # (N, V)
     if sampling.greedy:  # every rule is "follow the argmax"
         path, nxt = verify_tree_greedy(logits, tokens, parents)
-    elif not tree:  # no guesses: every rule draws the target's own token from its law, as `ar` does
-        path, nxt = [], int(sample(warp(logits, *sampling), generator)[0])
+    elif not tree:  # no guesses: a plain step
+        path, [nxt] = [], own_token(logits, sampling, generator)
     else:
         p_target = warp(logits, *sampling)  # (N, V)
         if q_draft is None:  # guesses not drawn: point masses

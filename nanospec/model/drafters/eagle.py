@@ -68,7 +68,8 @@ class Eagle(nn.Module):
 
     def place(self, target, tokens, features, pos=None, cache=None, mask=None, logits=True):
         """The Placement `forward` gives its tokens, from its own arguments (the fast layer's hook: the contract is
-        nanospec/model/cache.py's): slot j holds position j+1."""
+        nanospec/model/cache.py's): slot j holds position j+1. It takes every argument of `forward`, as the fast
+        layer hands them on; `target`, `features` and `logits` place nothing."""
         return place(cache, tokens.size(1), pos, mask, tokens.device, first=1, table=self.config.block_size)
 
     def new_cache(self, max_len=None):
