@@ -470,7 +470,7 @@ def traverse_tree(p_target, q_draft, tokens, parents, coin):
     verify_tree_without_replacement. Example: p = [1/3, 2/3], q = [2/3, 1/3] at every node, a chain root -> 0 -> 1:
     w = 1/2 at node 1 and 1 at node 2, which passes every time (the top-down rule rejects token 0 half the time)."""
     parents, kids, _ = tree_lists(parents)
-    P, Q = (np.asarray(t, dtype=np.float64).copy() for t in (p_target, q_draft))  # (N, V), updated as children fail
+    P, Q = (np.asarray(t).astype(np.float64) for t in (p_target, q_draft))  # (N, V) copies, updated as children fail
     w, tried = [1.0] + [0.0] * (len(parents) - 1), [0] * len(parents)  # weights; children tried so far
     node, path = 0, []
     while True:
@@ -502,7 +502,7 @@ def verify_tree_traversal(p_target, q_draft, tokens, parents, generator=None):
     of the tree's rows, one read for them and the uniforms. Returns (path, next_token)."""
     (N, V), tokens = p_target.shape, [int(t) for t in tokens]
     u = torch.rand(N + 1, generator=generator, dtype=p_target.dtype, device=p_target.device)  # N tests, one draw
-    host = torch.cat([p_target.flatten(), q_draft.flatten(), u]).double().cpu().numpy()  # the one read
+    host = torch.cat([p_target.flatten(), q_draft.flatten(), u]).cpu().numpy()  # the one read (the walk: float64)
     P, Q, u = host[:N * V].reshape(N, V), host[N * V:2 * N * V].reshape(N, V), host[2 * N * V:].tolist()
     coins = iter(u)
     path, law = traverse_tree(P, Q, tokens, parents, lambda prob: next(coins) < prob)
