@@ -244,8 +244,9 @@ def tree_figure(models, path, prompt="import os\n\n\ndef read(path):\n    with o
 
 
 TRACE_RUN = {"method": "eagle", "temperature": 1.0, "seed": 0, "max_new_tokens": 64, "prompt": "def fibonacci(n):",
-             "options": {"adaptive": "off", "verify": "token"}}  # every step drafts (on a CPU at t=1 the cost rule takes
-# plain steps often), judged child by child: the picture shows p(x), q(x), each uniform and the residual
+             "options": {"adaptive": "off", "verify": "token"}}
+# every step drafts (on a CPU at t=1 the cost rule takes plain steps often), judged child by child (--verify token):
+# the picture shows p(x), q(x), each uniform and the residual
 
 
 @torch.inference_mode()

@@ -92,9 +92,9 @@ def sample(probs, generator=None):
 
 def race(probs, generator=None):
     """The race of `gumbel_top_k`: every token v gets an exponential clock of rate p(v), and the first to arrive is
-    a draw of p (in logs it is Gumbel-max: -log E_v is Gumbel noise added to log p(v)). probs (..., V) -> (..., V): minus each token's arrival time,
-    log(u) / p = -E / p for E = -log(u) ~ Exp(1), u uniform in [0, 1) drawn fresh per entry, so the LARGEST
-    arrives first. A token of probability 0 (or with u = 0) gets -inf: it never arrives."""
+    a draw of p (in logs it is Gumbel-max: -log E_v is Gumbel noise added to log p(v)). probs (..., V) -> (..., V):
+    minus each token's arrival time, log(u) / p = -E / p for E = -log(u) ~ Exp(1), u uniform in [0, 1) drawn fresh
+    per entry, so the LARGEST arrives first. A token of probability 0 (or with u = 0) gets -inf: it never arrives."""
     u = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)  # (..., V)
     return torch.log(u) / probs
 
