@@ -53,6 +53,12 @@ def method_flags(parser):
         # left off says nothing, and a help that states its default already ("(default 0.5)") is not repeated
         shown = [m for m in methods if MODULES[m].OPTIONS[name].default not in (None, False)]
         defaults = ", ".join(f"{m} {MODULES[m].OPTIONS[name].default}" for m in shown)
+        unset = {}  # a None whose help ends "(default: what it stands for)", e.g. --verify's drawn trees: grouped
+        for m in methods:
+            said = re.search(r"\(default: ([^()]+)\)$", MODULES[m].OPTIONS[name].help)
+            if MODULES[m].OPTIONS[name].default is None and said:
+                unset.setdefault(said.group(1), []).append(m)
+        defaults = "; ".join([defaults] * bool(defaults) + [f"{', '.join(ms)}: {d}" for d, ms in unset.items()])
         text = opt.help
         stated = re.search(r"\(default [^,)]+\)$", text)
         bounds = f"; {opt.low}..{opt.high}" if opt.high is not None else ""

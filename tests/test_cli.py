@@ -302,3 +302,13 @@ def test_a_stage_calling_a_blank_exercise_is_skipped_with_a_note(toy, tmp_path, 
     train_tiny.main(args[:-4] + ["--out-dir", str(tmp_path / "out"), "--stage", "draft", "--max-iters", "2"])
     out = capsys.readouterr().out
     assert "draft: skipped, it calls a function not written yet (exercise 9: implement build_tree)" in out
+
+
+def test_verify_help_says_what_an_unset_rule_is_for_each_method(capfd, monkeypatch):
+    """--verify is unset (None) for the methods that draw trees: the help names the rule each kind of guesses gets,
+    beside the chain methods' "token" (before: only the chain methods' defaults were shown)."""
+    res = as_a_command(decode.main, "decode.py", ["--help"], capfd, monkeypatch)
+    text = " ".join(res.stdout.split())
+    assert res.returncode == 0
+    assert "speculative token" in text
+    assert "medusa, eagle, parallelspec: traversal for a tree of drawn guesses, token for the rest" in text

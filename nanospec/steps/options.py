@@ -106,8 +106,9 @@ def rules_for(*kinds):
 
 
 # The rule a --verify left unset runs, by the guesses it judges: the fastest lossless rule measured on them
-# (docs/benchmark.md, "The defaults"). A drawn tree: traversal, which accepts at least as many guesses and whose walk
-# on the host costs a few numpy operations where the top-down rule runs ~50 tensor operations per tree.
+# (docs/benchmark.md, "The default verification rule of a drawn tree"). A drawn tree: traversal, which accepts at
+# least as many guesses and whose walk on the host costs a few numpy operations where the top-down rule runs ~50
+# tensor operations per tree.
 DEFAULT_RULE = {"chain": "token", "drawn_tree": "traversal", "fixed_tree": "token"}
 
 
@@ -125,8 +126,9 @@ def verify_option(*kinds):
     if "drawn_tree" not in kinds:
         return {"verify": Option(str, "token", f"how the target judges the guesses when sampling: {meanings}",
                                  choices=rules)}
+    default = f"{DEFAULT_RULE['drawn_tree']} for a tree of drawn guesses, {DEFAULT_RULE['fixed_tree']} for the rest"
     return {"verify": Option(str, None, f"how the target judges the guesses when sampling: {meanings} (default: "
-                                        f"traversal for a tree of drawn guesses, token for the rest)", choices=rules)}
+                                        f"{default})", choices=rules)}
 
 
 def read_options(options, given):
