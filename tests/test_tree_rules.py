@@ -285,3 +285,17 @@ def test_descend_follows_the_point_mass_law():
     assert abs(exact.sum().item() - 1) < 1e-12
     assert tv(got, exact) < tv_bound(N * V, n)  # 0.041
     assert tv(reference, exact) < tv_bound(N * V, n)
+
+
+def test_an_unset_verify_judges_each_kind_of_guesses_by_its_default_rule():
+    """--verify left unset (None, the tree methods' default): a drawn tree is judged by traversal, a tree of top-k
+    guesses by the token rule's descent, a chain by the token rule; a rule named is that rule, and a rule that
+    cannot judge the guesses is a one-line error naming those that can."""
+    from nanospec.rules.verify import verify_tree_traversal
+    from nanospec.steps.verify_step import judge_of
+    assert judge_of(None, "drawn_tree") is verify_tree_traversal
+    assert judge_of(None, "fixed_tree") is verify_tree_descend
+    assert judge_of(None, "chain") is verify_chain
+    assert judge_of("token", "drawn_tree") is verify_tree_without_replacement
+    with pytest.raises(ValueError, match="does not judge a tree of guesses not drawn.*token, typical"):
+        judge_of("traversal", "fixed_tree")
