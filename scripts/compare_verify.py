@@ -6,6 +6,7 @@ speedup over `ar` in the same run, for each rule, and the gain of the joint rule
 
     python scripts/compare_verify.py                         # out/, temperatures 1 and 0.7, 3 prompts per category
     python scripts/compare_verify.py --temperatures 1 --prompts-per-category 6 --repeats 3
+    python scripts/compare_verify.py --temperatures 1 --prompts-per-category 6 --adaptive cost   # the default rule
 
 Greedy decoding is left out: both rules are then "accept while the guess is the argmax", the same tokens.
 """
@@ -17,6 +18,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from nanospec.bench import calibration  # noqa: E402
 from nanospec.bench.compare import load_prompts, timed, tokenize  # noqa: E402
 from nanospec.decoding import METHODS, check_method, parts_for  # noqa: E402
 from nanospec.model.load import load_models  # noqa: E402
@@ -56,6 +58,9 @@ def main(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--adaptive", default="off", choices=["off", "cost"],
+                   help="off (default): every step drafts the method's whole default; cost: each method's default "
+                        "rule, priced by this machine's calibration (kept in CKPT/calibration.json)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     names = sorted({method for _, method, _, _ in PAIRS})
@@ -65,12 +70,17 @@ def main(argv=None):
         prompts = load_prompts(args.prompts, None, args.prompts_per_category)
         tokenize(prompts, models.tokenizer, models.target.config.block_size - args.max_new_tokens)
         temperatures = [float(t) for t in args.temperatures.split(",")]
+        pairs = [(label, method, {**a, "adaptive": args.adaptive}, {**b, "adaptive": args.adaptive})
+                 for label, method, a, b in pairs]
+        if args.adaptive == "cost":  # the step costs each row's rule prices with: measured once, then kept
+            calibration.attach(models, args.ckpt, [(method, t, options) for t in temperatures
+                                                   for _, method, *both in pairs for options in both], log=print)
     except ValueError as e:
         sys.exit(f"error: {e}")
     for method in names:  # warm-up: the first calls pay for allocations
         METHODS[method](models, prompts[0]["ids"], 8, temperature=1.0, seed=0)
     print(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens, seeds {args.seed}+i, 1 thread, "
-          f"{args.repeats} repeat(s), fp32, CPU\n")
+          f"{args.repeats} repeat(s), fp32, CPU, --adaptive {args.adaptive}\n")
     for t in temperatures:
         ar = run(models, "ar", {}, prompts, t, args.max_new_tokens, args.seed, args.repeats)
         ar_speed = ar[0] / ar[2]
