@@ -19,7 +19,8 @@ Both models keep a KV cache. The target's holds the sequence minus its newest to
 verify forward. The draft's lags behind: it has not yet read the token the target just chose (correction or
 bonus), nor, after a fully accepted step, d_k (it guessed d_k but never fed it back). So each step first feeds
 the draft all it has not read, `seq[length:]`: the newest token; [d_k, bonus] after a fully
-accepted step. One forward either way, no extra pass. (The draft reads the prompt once, before the first step.)
+accepted step. One forward either way, no extra pass. A plain step (k = 0, the cost rule's choice when no guess
+pays) runs no draft at all, so the draft reads the prompt, and whatever plain steps added, when it next guesses.
 
 Cost per step: k draft forwards + 1 target forward for 1..k+1 tokens. If each guess is accepted with
 probability a, independently, a step yields (1 - a^(k+1)) / (1 - a) tokens on average. The stats'
@@ -53,11 +54,11 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     draft_cache = draft.new_cache()
 
     first_token(run, target, target_cache)  # the newest token, seq[-1], opens each verify forward
-    draft(tensor(run.prompt, draft_cache.device), cache=draft_cache)  # the draft reads the prompt too, once
     while not run.done:
         seq = run.seq
         k = run.draft_room(draft_policy.k)  # fewer guesses near the context end or the token budget
-        x = tensor(seq[draft_cache.length:], draft_cache.device)  # (1, T) what the draft has not read: T = 1 or 2
+        x = tensor(seq[draft_cache.length:], draft_cache.device)  # (1, T) what the draft has not read (its first
+        # guesses: the prompt and all since; then the newest token, or [d_k, bonus] after a fully accepted step)
         drafts, q_draft = draft_chain(lambda x: draft(x, cache=draft_cache).logits[:, -1], x, k, run.sampling,
                                       run.generator, draft_policy.stopper)  # one row: [k ints], (1, k, V)
         k = len(drafts[0])
