@@ -57,11 +57,13 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     while not run.done:
         seq = run.seq
         k = run.draft_room(draft_policy.k)  # fewer guesses near the context end or the token budget
-        x = tensor(seq[draft_cache.length:], draft_cache.device)  # (1, T) what the draft has not read (its first
-        # guesses: the prompt and all since; then the newest token, or [d_k, bonus] after a fully accepted step)
-        drafts, q_draft = draft_chain(lambda x: draft(x, cache=draft_cache).logits[:, -1], x, k, run.sampling,
-                                      run.generator, draft_policy.stopper)  # one row: [k ints], (1, k, V)
-        k = len(drafts[0])
+        drafts, q_draft = [[]], None  # k = 0: a plain step, no draft forward
+        if k:  # the draft reads what it has not (its first guesses: the prompt and all since; then the newest
+            # token, or [d_k, bonus] after a fully accepted step), then guesses: one row, [k ints], (1, k, V)
+            x = tensor(seq[draft_cache.length:], draft_cache.device)  # (1, T)
+            drafts, q_draft = draft_chain(lambda x: draft(x, cache=draft_cache).logits[:, -1], x, k, run.sampling,
+                                          run.generator, draft_policy.stopper)
+            k = len(drafts[0])
 
         # One target forward over [last, d1..dk]; the target cache rolls back to last + accepted drafts.
         [emitted], [n], _ = chain_step(run.sampling, run.generator, target, target_cache, [seq[-1]], drafts,
