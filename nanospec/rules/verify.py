@@ -77,24 +77,19 @@ def warp(logits, temperature=0.0, top_k=None, top_p=None):
 
 
 def sample(probs, generator=None):
-    """Draw one token per row from probabilities (..., V) -> LongTensor (...), by inverting the running total: lay
-    the tokens end to end, each as long as its probability, and pick the point u * total, u uniform in (0, 1]; the
-    token whose stretch holds it comes out with probability p(v) / total. Rows need not sum to exactly 1. A token
-    of probability 0 has a stretch of length 0 and never comes out (the search takes the FIRST token whose running
-    total reaches the point), so a one-hot row always gives its hot index and greedy decoding through `sample` is
-    deterministic. Example: probs [0.5, 0.3, 0.2], running total [0.5, 0.8, 1.0], u = 0.6 -> token 1.
-    One pass over the vocabulary (the running total) and a binary search, for any number of rows, with no host read
-    (torch.multinomial reads on a GPU): on a CPU about a quarter of torch.multinomial's time for one row."""
-    total = probs.cumsum(-1)  # (..., V) running total
-    u = 1.0 - torch.rand((*probs.shape[:-1], 1), generator=generator, dtype=probs.dtype, device=probs.device)
-    return torch.searchsorted(total, u * total[..., -1:]).squeeze(-1)  # (...) first token whose total reaches it
+    """Draw one token per row from probabilities (..., V) -> LongTensor (...), as a race: every token v gets an
+    exponential clock of rate p(v), arrival time E_v / p(v) with E_v ~ Exp(1), and the first to arrive wins, which
+    happens with probability p(v). (In logs it is Gumbel-max: -log E_v is Gumbel noise added to log p(v).) A
+    one-hot row always gives its hot index, so greedy decoding through `sample` is deterministic; a zero never
+    wins (its time is infinite); rows need not sum to exactly 1. Four tensor operations for any number of rows:
+    on a CPU about half of torch.multinomial's one row, and no host read (multinomial reads on a GPU)."""
+    return race(probs, generator).argmax(-1)
 
 
 def race(probs, generator=None):
-    """The race of `gumbel_top_k`: every token v gets an exponential clock of rate p(v), and the first to arrive is
-    a draw of p (in logs it is Gumbel-max: -log E_v is Gumbel noise added to log p(v)). probs (..., V) -> (..., V):
-    minus each token's arrival time, log(u) / p = -E / p for E = -log(u) ~ Exp(1), u uniform in [0, 1) drawn fresh
-    per entry, so the LARGEST arrives first. A token of probability 0 (or with u = 0) gets -inf: it never arrives."""
+    """The race of `sample` and `gumbel_top_k`, probs (..., V) -> (..., V): minus each token's arrival time,
+    log(u) / p = -E / p for E = -log(u) ~ Exp(1), u uniform in [0, 1) drawn fresh per entry, so the LARGEST
+    arrives first. A token of probability 0 (or with u = 0) gets -inf: it never arrives."""
     u = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)  # (..., V)
     return torch.log(u) / probs
 
