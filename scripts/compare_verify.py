@@ -15,9 +15,12 @@ import os
 import statistics
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __name__ == "__main__":  # first, before torch loads: Ctrl-C is one line, `| head -1` a quiet end
+    from nanospec.device import plain_exits  # noqa: E402
+    plain_exits()
+import torch  # noqa: E402
+
 from nanospec.bench import calibration  # noqa: E402
 from nanospec.bench.compare import load_prompts, timed, tokenize  # noqa: E402
 from nanospec.decoding import METHODS, check_method, parts_for  # noqa: E402
@@ -97,3 +100,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()  # here, not at exit: a reader that closed the pipe ends it quietly (plain_exits)
