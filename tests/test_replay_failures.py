@@ -38,6 +38,11 @@ def test_cache_moves_follow_each_graphs_shapes(method, monkeypatch):
     try:
         broken = METHODS[method](prepare(fresh, "static")[0], prompt, 30, temperature=0.0, seed=3)[0]
     except (AssertionError, ValueError):  # one key, two sets of moves (or a cache that drifted past its end)
+        assert method != "ar"
+        return
+    if method == "ar":  # its prompt runs eager (a prefill: runtime.Fast), so every forward a graph replays is one
+        # token, and a key without shapes has nothing to confuse (on the H200 the prompt was replayed too)
+        assert broken == METHODS[method](fresh, prompt, 30)[0]
         return
     assert broken != METHODS[method](fresh, prompt, 30)[0], "a graph key without shapes went unnoticed"
 

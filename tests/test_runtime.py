@@ -250,6 +250,24 @@ def test_shapes_depend_on_T_only():
 
 
 @torch.inference_mode()
+def test_a_prompt_runs_eager():
+    """A prefill (a forward into an empty cache) is never recorded: its length is the prompt's, a one-off, and a
+    bench that runs the same prompts again would otherwise capture a graph per prompt length. The same prompt three
+    times (a new cache each) leaves no entry and nothing seen, with the plain model's outputs and cache; the step
+    after it is a shape like any other (seen, then recorded)."""
+    model = tiny_gpt(0)
+    runner = Fast(model)
+    for _ in range(3):
+        cache, plain = runner.new_cache(), model.new_cache()
+        same_output(runner(ids([1, 2, 3]), cache=cache), model(ids([1, 2, 3]), cache=plain))
+        same_cache(cache, plain)
+    assert not runner.graphs.entries and not runner.graphs.seen
+    for t in (4, 5):
+        same_output(runner(ids([t]), cache=cache), model(ids([t]), cache=plain))
+    assert len(runner.graphs.seen) == 1 and len(runner.graphs.entries) == 1
+
+
+@torch.inference_mode()
 def test_outputs_are_fresh():
     """A method may keep a forward's output: the next call of the same shape, which rewrites the entry's output
     buffers, leaves the kept tensors as they were."""

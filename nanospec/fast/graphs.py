@@ -154,8 +154,9 @@ class Graphs:
     def __call__(self, fn, *inputs, key=(), protect=()):
         """fn's outputs for `inputs`. `key` names what is not a tensor but changes fn (e.g. the layer range);
         protect: tensors fn writes that warm-up calls must leave untouched (the KV cache).
-        The first call of a key and shapes just calls fn: a one-off shape (a prompt) is worth neither buffers nor
-        a graph. The second one makes the buffers and, capturing, records the graph; later ones replay it."""
+        The first call of a key and shapes just calls fn: a one-off shape (a draft catching up on a run of plain
+        steps, say; runtime.Fast keeps prompts away) is worth neither buffers nor a graph. The second one makes
+        the buffers and, capturing, records the graph; later ones replay it."""
         full_key = (key, tuple((tuple(x.shape), x.dtype, x.device) for x in inputs))
         entry = self.entries.get(full_key)
         if entry is None:

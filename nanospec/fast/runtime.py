@@ -10,10 +10,11 @@ returns the same outputs, as fresh tensors the method may keep. What differs is 
                 `place`): eager, over the `seen` slots in use alone; under a Fast, over every slot of its cache
                 (the same mask padded, the slots past `seen` hidden), so that its shapes depend on B and T alone.
                 A Fast computes that Placement on the host and hands its tensors to the forward as inputs.
-  replayed      Each shape is then captured once and replayed (nanospec/fast/graphs.py): on CUDA as a CUDA graph, one
-                launch instead of a few hundred, which is what a tiny model's forward costs on a GPU; on a CPU
-                by graphs.Emulated, which repeats the recorded operations the same way, running none of the
-                forward's Python, so that the CPU tests replay what a GPU replays.
+  replayed      Each shape of a decoding step is then captured once and replayed (nanospec/fast/graphs.py): on
+                CUDA as a CUDA graph, one launch instead of a few hundred, which is what a tiny model's forward
+                costs on a GPU; on a CPU by graphs.Emulated, which repeats the recorded operations the same way,
+                running none of the forward's Python, so that the CPU tests replay what a GPU replays. A prefill
+                (a forward into an empty cache: the prompt) runs eager: its length is the prompt's, a one-off.
 
 What a model must offer for this is the contract stated in nanospec/model/cache.py; GPT, the EAGLE head and the
 ParallelSpec drafter keep it, and the tests hold each Fast model to the plain one. The cache's lengths stay Python
@@ -99,8 +100,10 @@ class Fast:
         return cache
 
     def __call__(self, *args, cache=None, pos=None, mask=None, **kwargs):
-        if not isinstance(cache, KVCache) or not self.graphs.enabled:  # no cache (training, the slow oracle), or
-            # capture failed
+        if not isinstance(cache, KVCache) or not self.graphs.enabled or not any(cache.layer_lengths):  # no cache
+            # (training, the slow oracle), capture failed, or a prefill: the cache is empty, so this is a prompt,
+            # whose shape is a one-off no graph would pay back (serving engines also replay their decoding steps
+            # alone); its keys and values land in the same slots either way
             return self.model(*args, cache=cache, pos=pos, mask=mask, **kwargs)
         at = self.model.place(*args, cache=cache, pos=pos, mask=mask, **kwargs)  # on the host, as tensors
         given = list(args) + list(kwargs.values())
