@@ -10,6 +10,7 @@ import torch
 from nanospec.bench import compare as bench
 from nanospec.decoding import MODULES
 from nanospec.bench.timing import Timed
+from nanospec.fast import graphs
 from nanospec.fast.runtime import Fast, prepare
 from toys import PROMPTS
 
@@ -118,3 +119,34 @@ def test_static_forward_costs_run_on_the_static_path(toy_out):
         torch.set_default_device(None)
     assert path == "static" and sorted(cost) == list(range(1, 9)) and (True, 0.0) in step
     assert bench.forward_costs(models, ["ar"], [0.0], True, "eager")[4] == "eager"
+
+
+def test_timed_runs_on_a_replayed_path_only_replay(toy_out, tmp_path, monkeypatch):
+    """A shape is recorded at its second sight, and a capture costs many replays (on CUDA: three warm-up calls and
+    the recording), so a row on a replayed path runs each prompt REPLAY_WARMUPS times untimed first: every forward
+    its timed runs make through the graphs is a replay. Negative control: with no untimed runs, a timed run meets
+    a shape for the first time (or records it)."""
+    timing, outcomes = [False], []
+    real_call, real_timed = graphs.Graphs.__call__, bench.timed
+
+    def call(self, fn, *inputs, key=(), protect=()):
+        if timing[0]:
+            full = (key, tuple((tuple(x.shape), x.dtype, x.device) for x in inputs))
+            outcomes.append("replay" if full in self.entries else "capture" if full in self.seen else "first")
+        return real_call(self, fn, *inputs, key=key, protect=protect)
+
+    def timed(*args, **kwargs):
+        timing[0] = True
+        try:
+            return real_timed(*args, **kwargs)
+        finally:
+            timing[0] = False
+    monkeypatch.setattr(graphs.Graphs, "__call__", call)
+    monkeypatch.setattr(bench, "timed", timed)
+    flags = ("--runtime", "static", "--methods", "prompt-lookup,eagle", "--max-new-tokens", "16")
+    assert not quick(toy_out, tmp_path / "r.md", *flags)["failed"]
+    assert outcomes and set(outcomes) == {"replay"}
+    monkeypatch.setattr(bench, "REPLAY_WARMUPS", 0)
+    outcomes.clear()
+    quick(toy_out, tmp_path / "s.md", *flags)
+    assert set(outcomes) > {"replay"}

@@ -30,7 +30,8 @@ around each part, which adds every call's seconds to drafting or to target forwa
 
 Timing: batch size 1; one warm-up run per method and temperature, then one untimed run on the first prompt
 that counts host reads and ops; then, for each prompt, `ar` and every method back to back (the order rotated from
-prompt to prompt), the whole repeated --repeats times. A method's tokens/s in a category is its tokens over the
+prompt to prompt), the whole repeated --repeats times; a row on a replayed path (static, graph) first runs each
+prompt twice untimed (timing.REPLAY_WARMUPS), so that it replays every forward it times. A method's tokens/s in a category is its tokens over the
 sum of its per-prompt median times; speedup = that / ar's. Every method gets the same seed on a prompt.
 Prompts are text (data/prompts.json, cut from the validation files by scripts/make_prompts.py), tokenized here.
 A part that will not load, or a method that fails in its warm-up, becomes a "skipped" line with its reason,
@@ -67,7 +68,8 @@ from nanospec.decoding import MODULES, METHODS, check_method, parts_for
 from nanospec.steps.options import DRAFT_SAMPLING
 from nanospec.device import MAX_SEED, add_runtime_flag, add_threads_flag, check_seed, pick_device, set_threads
 from nanospec.model.load import load_models
-from nanospec.bench.timing import Ledger, counting_host_reads, counting_ops, fastest, timed, timed_models
+from nanospec.bench.timing import (REPLAY_WARMUPS, Ledger, counting_host_reads, counting_ops, fastest, timed,
+                                   timed_models)
 from nanospec.fast.runtime import RUNTIMES, prepare
 from nanospec.tokenizer import write_atomic
 from nanospec.rules.verify import sample, warp
@@ -423,13 +425,23 @@ def run_all(paths, ledger, rows, prompts, temperature, max_new_tokens, repeats, 
     appended to `finished` once every row has run it. timing (the last repetition's): its wall seconds, and what the
     Timed parts added to the ledger: drafting and target-forward seconds, drafter passes, target forwards.
     For each prompt and repetition `ar` and every row run back to back, so that a slow minute of the shared
-    machine hits all of them alike; the order rotates so that no row always runs first. A row that raises is
-    reported in `failed` and left out from then on."""
+    machine hits all of them alike; the order rotates so that no row always runs first. A row on a replayed path
+    (static, graph) first runs each prompt REPLAY_WARMUPS times untimed. A row that raises is reported in `failed`
+    and left out from then on."""
     names = list(rows)
     for name in names:
         results.setdefault(name, {})
     for i, p in enumerate(prompts):
         times = {name: [] for name in names}
+        for name in (n for n in names if rows[n][2] != "eager" and n not in failed):  # replayed: untimed first
+            method, options, path = rows[name]
+            try:
+                for _ in range(REPLAY_WARMUPS):
+                    METHODS[method](paths[path], p["ids"], max_new_tokens, temperature=temperature, seed=seed + i,
+                                    **options)
+            except Exception as e:
+                failed[name] = f"{one_line(e)} (prompt {p['id']}, temperature {temperature:g})"
+                log(f"FAILED {name}: {failed[name]}")
         for r in range(repeats):
             shift = (i + r) % len(names)
             for name in names[shift:] + names[:shift]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nanospec.bench.timing import REPLAY_WARMUPS
 from nanospec.decoding import parts_for
 from nanospec.steps.run import acceptance, tensor
 from nanospec.training.presets import PRESETS
@@ -316,6 +317,14 @@ def runtime_line(m):
     return (f"- runtime: --runtime {m.args.runtime}{compare if m.cost_eager else ''}; the forwards ran {which}; "
             f"forward costs below: {m.cost_path}" + (" and eager" if m.cost_eager else ""))
 
+def replayed_warmups(m):
+    """What the settings line adds when rows ran on a replayed path: their untimed runs of each prompt."""
+    if all(path == "eager" for path in row_paths(m).values()):
+        return ""
+    return (f" (a row on a replayed path: after {REPLAY_WARMUPS} untimed runs of each prompt, so that its timed runs "
+            "replay every shape they meet, as a long generation would, rather than capture it)")
+
+
 def header(m):
     """The conditions every figure below depends on: machine, model, prompts, settings, drafter costs."""
     args, models = m.args, m.models
@@ -347,7 +356,8 @@ def header(m):
             f"{args.prompts_per_category} each), {min(lens)}-{max(lens)} tokens (mean {sum(lens) / len(lens):.0f})",
             f"- settings: {args.max_new_tokens} new tokens per prompt, batch size 1, temperatures "
             f"{', '.join(f'{t:g}' for t in m.temperatures)}, {args.repeats} timed run(s) per prompt and method "
-            f"after a warm-up, seed {args.seed} + prompt index, each method with its default options",
+            f"after a warm-up{replayed_warmups(m)}, seed {args.seed} + prompt index, each method with its default "
+            "options",
             "- drafter cost c = drafting seconds per drafter pass (the drafter's calls, timed by wrapping the models, "
             "over its timed runs) / one target forward over 1 token (fastest of the cost runs), each on its own path"
             + (" (timed on the GPU by CUDA events)" if m.device.startswith("cuda") else "") + ": " + costs,

@@ -43,6 +43,10 @@ aten = torch.ops.aten
 # ops that put nothing on a GPU although they make a tensor or write one: a change of metadata in place
 # (detach_), memory handed out by the caching allocator and left untouched (empty)
 NO_LAUNCH = {aten.detach_.default, aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default}
+REPLAY_WARMUPS = 2  # untimed runs of each prompt on a replayed path before its timed ones: a shape is recorded
+# at its second sight (fast/graphs.py), and a capture (CUDA's recipe: three warm-up calls, then the recording)
+# costs many replays, which a 64-token run cannot pay back but a long generation does; the same seed and prompt
+# meet the same shapes, so the timed runs replay every forward they make, as a long run would
 BORROWED = ("unembed", "head_logits")  # the target's methods drafters call outside its forward: drafting, no pass
 
 
