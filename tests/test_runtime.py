@@ -268,6 +268,34 @@ def test_a_prompt_runs_eager():
 
 
 @torch.inference_mode()
+def test_the_heads_and_the_unembedding_are_replayed():
+    """head_logits and unembed, which drafters call outside the target's forward (runtime.REPLAYED), replay per
+    shape on a Fast: an entry each for (name, n) once seen twice, every output the model's and fresh (a kept one
+    survives the next call). Inside another Fast's forward (the EAGLE head unembeds through the target) they just
+    run, as part of that forward: the target records nothing there."""
+    model = tiny_gpt(0)
+    runner = Fast(model)
+    hidden = [torch.randn(1, 1, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    kept = [runner.head_logits(h, 2) for h in hidden]
+    for h, got in zip(hidden, kept):
+        assert torch.equal(got, model.head_logits(h, 2))
+        assert torch.equal(runner.unembed(h), model.unembed(h))
+    one_head = runner.head_logits(hidden[0], 1)
+    assert torch.equal(one_head, model.head_logits(hidden[0], 1)) and one_head.shape[1] == 1
+    assert sorted(key[0][0] for key in runner.graphs.entries) == ["head_logits", "unembed"]
+    assert len(runner.graphs.seen) == 3  # head_logits with n = 2 and n = 1, unembed
+    head = Fast(random_head(model))  # its forward calls runner.unembed while its graph records
+    cache = head.new_cache()
+    features = torch.randn(1, 3, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    entries, seen = dict(runner.graphs.entries), set(runner.graphs.seen)
+    head(runner, ids([1, 2, 3]), features, cache=cache)  # the prompt: eager, through runner.unembed (3 positions)
+    for _ in range(2):  # 2 positions: seen, then recorded, by the head alone
+        head(runner, ids([1, 2]), features[:, :2], cache=cache)
+    assert head.graphs.entries and runner.graphs.entries == entries and runner.graphs.seen == seen | {
+        (("unembed", (None,)), (((1, 3, 16), torch.float64, torch.device("cpu")),))}
+
+
+@torch.inference_mode()
 def test_outputs_are_fresh():
     """A method may keep a forward's output: the next call of the same shape, which rewrites the entry's output
     buffers, leaves the kept tensors as they were."""

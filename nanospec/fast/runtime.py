@@ -15,6 +15,8 @@ returns the same outputs, as fresh tensors the method may keep. What differs is 
                 costs on a GPU; on a CPU by graphs.Emulated, which repeats the recorded operations the same way,
                 running none of the forward's Python, so that the CPU tests replay what a GPU replays. A prefill
                 (a forward into an empty cache: the prompt) runs eager: its length is the prompt's, a one-off.
+                The target's methods that drafters call outside its forward (REPLAYED: `unembed`, `head_logits`)
+                are replayed the same way, keyed by name.
 
 What a model must offer for this is the contract stated in nanospec/model/cache.py; GPT, the EAGLE head and the
 ParallelSpec drafter keep it, and the tests hold each Fast model to the plain one. The cache's lengths stay Python
@@ -27,6 +29,7 @@ moves of its own shapes.
 the emulated replay saves no launch overhead and costs its own bookkeeping).
 """
 import copy
+import functools
 import sys
 import weakref
 from dataclasses import fields, is_dataclass, replace
@@ -37,6 +40,8 @@ from nanospec.fast.graphs import CaptureFailed, Graphs
 from nanospec.model.cache import KVCache, Placement
 
 RUNTIMES = ("auto", "eager", "static")
+REPLAYED = ("unembed", "head_logits")  # the target's methods drafters call outside its forward (an EAGLE head's
+# logits, the MTP heads): a few dozen launches each, eager, which a GPU's replay makes one
 
 
 def runtime_path(runtime, device):
@@ -71,7 +76,10 @@ class Fast:
     """A model whose cached forwards run shape-static, replayed from graphs (CUDA graphs on CUDA, graphs.Emulated
     on a CPU) when capture is True, or just called on the static buffers when it is False (to debug).
     Called like the model; every other attribute is the model's. `new_cache` hands each caller an empty cache of
-    its own, as the model's does, on pooled tensors: a graph replays on the buffers it was captured with."""
+    its own, as the model's does, on pooled tensors: a graph replays on the buffers it was captured with. The
+    model's methods in REPLAYED (no cache: their shapes are their input's) are replayed too."""
+
+    inside = 0  # how deep the running code is in the Python of a Fast forward's graph call (the process's one count)
 
     def __init__(self, model, capture=True):
         self.model, self.capture = model, capture
@@ -82,7 +90,29 @@ class Fast:
         # output's class), recorded when the forward's Python runs: a replay runs none
 
     def __getattr__(self, name):
-        return getattr(self.model, name)
+        value = getattr(self.model, name)
+        return functools.partial(self.replayed, name) if name in REPLAYED else value
+
+    def replayed(self, name, *args):
+        """model.<name>(*args) for a method in REPLAYED, replayed per shape from graphs as a forward is (a key
+        of its own: the name, the arguments that are not tensors, the shapes), its output a fresh tensor. Inside
+        another model's recorded forward (the EAGLE head unembeds through the target) it just runs: its operations
+        are that forward's."""
+        method = getattr(self.model, name)
+        if Fast.inside or not self.graphs.enabled:
+            return method(*args)
+        tensors = [a for a in args if torch.is_tensor(a)]
+
+        def fn(*tensors):
+            it = iter(tensors)
+            return (method(*[next(it) if torch.is_tensor(a) else a for a in args]),)
+        try:
+            (out,) = self.graphs(fn, *tensors, key=(name, tuple(None if torch.is_tensor(a) else a for a in args)))
+        except CaptureFailed as e:
+            print(f"warning: CUDA graph capture failed ({e}); the {self.model.__class__.__name__}'s forwards run "
+                  f"eager from here", file=sys.stderr)
+            return method(*args)
+        return out.clone()
 
     def new_cache(self, *args, **kwargs):
         """An empty cache, as model.new_cache(*args, **kwargs) makes, that no other live cache shares tensors with.
@@ -122,11 +152,14 @@ class Fast:
             return flatten(out)
 
         try:
+            Fast.inside += 1  # fn's Python (first sight, warm-up, capture) may call another Fast: it just runs
             outputs = self.graphs(fn, at.pos, every_slot, at.slots, *tensors, key=key, protect=(cache.k, cache.v))
         except CaptureFailed as e:
             print(f"warning: CUDA graph capture failed ({e}); the {self.model.__class__.__name__}'s forwards run "
                   f"eager from here", file=sys.stderr)
             return self.model(*args, cache=cache, pos=pos, mask=mask, **kwargs)
+        finally:
+            Fast.inside -= 1
         moves, kind = self.made[key]
         for T_moved, layers in moves:
             cache.advance(T_moved, layers)
