@@ -31,8 +31,9 @@ around each part, which adds every call's seconds to drafting or to target forwa
 Timing: batch size 1; one warm-up run per method and temperature, then one untimed run on the first prompt
 that counts host reads and ops; then, for each prompt, `ar` and every method back to back (the order rotated from
 prompt to prompt), the whole repeated --repeats times; a row on a replayed path (static, graph) first runs each
-prompt twice untimed (timing.REPLAY_WARMUPS), so that it replays every forward it times. A method's tokens/s in a category is its tokens over the
-sum of its per-prompt median times; speedup = that / ar's. Every method gets the same seed on a prompt.
+prompt twice untimed (timing.REPLAY_WARMUPS), so that it replays every forward it times. A method's tokens/s in a
+category is its tokens over the sum of its per-prompt median times; speedup = that / ar's. Every method gets the
+same seed on a prompt.
 Prompts are text (data/prompts.json, cut from the validation files by scripts/make_prompts.py), tokenized here.
 A part that will not load, or a method that fails in its warm-up, becomes a "skipped" line with its reason,
 and the bench goes on with the rest; a method that fails later is a FAILED row with its reason (and `ar`

@@ -109,10 +109,14 @@ class Fast:
         try:
             (out,) = self.graphs(fn, *tensors, key=(name, tuple(None if torch.is_tensor(a) else a for a in args)))
         except CaptureFailed as e:
-            print(f"warning: CUDA graph capture failed ({e}); the {self.model.__class__.__name__}'s forwards run "
-                  f"eager from here", file=sys.stderr)
+            self.gave_up(e)
             return method(*args)
         return out.clone()
+
+    def gave_up(self, error):
+        """Say, once per failed capture, that this model runs eager from here (graphs.enabled is now False)."""
+        print(f"warning: CUDA graph capture failed ({error}); the {self.model.__class__.__name__}'s forwards run "
+              f"eager from here", file=sys.stderr)
 
     def new_cache(self, *args, **kwargs):
         """An empty cache, as model.new_cache(*args, **kwargs) makes, that no other live cache shares tensors with.
@@ -155,8 +159,7 @@ class Fast:
             Fast.inside += 1  # fn's Python (first sight, warm-up, capture) may call another Fast: it just runs
             outputs = self.graphs(fn, at.pos, every_slot, at.slots, *tensors, key=key, protect=(cache.k, cache.v))
         except CaptureFailed as e:
-            print(f"warning: CUDA graph capture failed ({e}); the {self.model.__class__.__name__}'s forwards run "
-                  f"eager from here", file=sys.stderr)
+            self.gave_up(e)
             return self.model(*args, cache=cache, pos=pos, mask=mask, **kwargs)
         finally:
             Fast.inside -= 1
