@@ -10,6 +10,7 @@ A decoding method has no timer and no counter in it; the bench wraps the models 
     counting_ops          counts the tensor operations (aten ops) run outside the model calls while it is open:
                           on a GPU, the kernels the host launches between forwards
     timed, fastest        one call's seconds, and the fastest of several runs of each of a few calls
+    REPLAY_WARMUPS        the untimed runs of each prompt a row on a replayed path makes before its timed ones
 
 Which calls draft: every call of the draft GPT, the EAGLE head and the ParallelSpec drafter (a drafter pass
 each), and every target call through its first blocks only (`drafts`: early-exit's passes). The early-exit
