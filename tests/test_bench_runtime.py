@@ -81,9 +81,18 @@ def test_comparing_runtimes_shows_eager_and_static_side_by_side(toy_out, tmp_pat
     c_line = next(line for line in report.splitlines() if line.startswith("- drafter cost c = "))
     idle = c_line.split(": made no drafter pass")[0].split("; ")[-1] if "no drafter pass" in c_line else ""
     assert "speculative" not in idle  # it drafts on the toy model (its draft GPT also reads each prompt)
-    for name in ("speculative", "eagle"):  # c both ways for every drafter that drafted (--adaptive cost may not)
-        assert name in idle or (c_line.count(f" {name} ") == 1
-                                and c_line.split(f" {name} ")[1].split(")")[0].count("eager") == 1)
+    for name in ("speculative", "eagle"):  # c on each path its rows made drafter passes on (--adaptive cost prices
+        # each path with its own calibration: one may draft where the other takes plain steps)
+        passes = {label: sum(run["timing"]["passes"] for t in (0.0, 1.0) for run in got["results"][t][label].values())
+                  for label in (name, f"{name} (eager)")}
+        if not any(passes.values()):
+            assert name in idle
+            continue
+        assert c_line.count(f" {name} ") == 1 and name not in idle
+        shown = c_line.split(f" {name} ")[1].split(",")[0].split(";")[0]  # "0.41 (eager 0.38)", "no pass (eager
+        # 0.38)" or "0.41"
+        assert shown.startswith("no pass") == (not passes[name])
+        assert ("(eager " in shown) == bool(passes[f"{name} (eager)"])
     assert "## Cost of one target forward over n new tokens, relative to n = 1 (static and eager)" in report
     assert "static (shape-static forwards, replay emulated on the CPU): cost(1) = " in report
     assert "eager (plain PyTorch): cost(1) = " in report and "as much eager as static over 1 token" in report
@@ -150,3 +159,16 @@ def test_timed_runs_on_a_replayed_path_only_replay(toy_out, tmp_path, monkeypatc
     outcomes.clear()
     quick(toy_out, tmp_path / "s.md", *flags)
     assert set(outcomes) > {"replay"}
+
+
+def test_the_header_gives_c_for_each_path_that_drafted():
+    """Each path prices its steps with its own calibration, so a drafter may make passes on one and not the other:
+    the header says c where it did, "no pass" where it did not, and lists a method as idle only when neither
+    path drafted; the MTP heads are the target's own."""
+    from nanospec.bench.report import drafter_costs_text
+    text = drafter_costs_text({"speculative": 0.41, "eagle": None, "parallelspec": 0.3, "early-exit": None,
+                               "mtp": None}, {"speculative": 0.38, "eagle": 0.52})
+    assert text == ("speculative 0.41 (eager 0.38), eagle no pass (eager 0.52), parallelspec 0.30; mtp: the "
+                    "target's own heads (their seconds are drafting, with no drafter pass); early-exit: made no "
+                    "drafter pass")
+    assert drafter_costs_text({}, {}) == "no method with a trained drafter ran"

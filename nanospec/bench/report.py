@@ -325,6 +325,23 @@ def replayed_warmups(m):
             "replay every shape they meet, as a long generation would, rather than capture it)")
 
 
+def drafter_costs_text(c, eager):
+    """The header's drafter costs: c (method -> c on the table's path, None where it made no drafter pass) and,
+    comparing runtimes, eager (the same on the eager path). Each path prices its steps with its own calibration,
+    so one may draft where the other takes plain steps: {"eagle": None}, {"eagle": 0.38} -> "eagle no pass
+    (eager 0.38)"."""
+    measured = ", ".join(f"{name} {'no pass' if cost is None else f'{cost:.2f}'}"
+                         + (f" (eager {eager[name]:.2f})" if eager.get(name) else "")
+                         for name, cost in c.items() if cost is not None or eager.get(name))
+    heads = [name for name, cost in c.items() if cost is None and "heads" in parts_for([name])]
+    idle = [name for name, cost in c.items() if cost is None and not eager.get(name) and name not in heads]
+    costs = [measured] if measured else []
+    costs += [f"{', '.join(heads)}: the target's own heads (their seconds are drafting, with no drafter pass)"] \
+        if heads else []
+    costs += [f"{', '.join(idle)}: made no drafter pass"] if idle else []
+    return "; ".join(costs) or "no method with a trained drafter ran"
+
+
 def header(m):
     """The conditions every figure below depends on: machine, model, prompts, settings, drafter costs."""
     args, models = m.args, m.models
@@ -332,16 +349,7 @@ def header(m):
     draft = f"; draft {describe(models.draft)}" if models.draft is not None else ""
     if models.target.config.n_future:
         draft += "; MTP heads " + ("retrained alone (heads.pt)" if models.tuned_heads else "as trained with the target")
-    eager = m.c_eager or {}
-    measured = ", ".join(f"{name} {c:.2f}" + (f" (eager {eager[name]:.2f})" if eager.get(name) else "")
-                         for name, c in m.c.items() if c is not None)
-    heads = [name for name, c in m.c.items() if c is None and "heads" in parts_for([name])]
-    idle = [name for name, c in m.c.items() if c is None and name not in heads]
-    costs = [measured] if measured else []
-    costs += [f"{', '.join(heads)}: the target's own heads (their seconds are drafting, with no drafter pass)"] \
-        if heads else []
-    costs += [f"{', '.join(idle)}: made no drafter pass"] if idle else []
-    costs = "; ".join(costs) or "no method with a trained drafter ran"
+    costs = drafter_costs_text(m.c, m.c_eager or {})
     if m.cost is None:
         costs = "not measured (the forward costs were not timed)"
     partial = [f"- PARTIAL: {m.partial}; this report holds what finished: {len(m.prompts)} prompt(s), temperature(s) "
