@@ -432,31 +432,33 @@ def run_all(paths, ledger, rows, prompts, temperature, max_new_tokens, repeats, 
     names = list(rows)
     for name in names:
         results.setdefault(name, {})
+
+    def run(name, i, p, clock=timed):  # clock(fn, ...) of one row on prompt i (timed: ((ids, stats), seconds)),
+        # or None once its failure is filed
+        method, options, path = rows[name]
+        try:
+            return clock(METHODS[method], paths[path], p["ids"], max_new_tokens, temperature=temperature,
+                         seed=seed + i, **options)
+        except Exception as e:  # one broken method must not sink the whole table
+            failed[name] = f"{one_line(e)} (prompt {p['id']}, temperature {temperature:g})"
+            log(f"FAILED {name}: {failed[name]}")
+
     for i, p in enumerate(prompts):
         times = {name: [] for name in names}
-        for name in (n for n in names if rows[n][2] != "eager" and n not in failed):  # replayed: untimed first
-            method, options, path = rows[name]
-            try:
-                for _ in range(REPLAY_WARMUPS):
-                    METHODS[method](paths[path], p["ids"], max_new_tokens, temperature=temperature, seed=seed + i,
-                                    **options)
-            except Exception as e:
-                failed[name] = f"{one_line(e)} (prompt {p['id']}, temperature {temperature:g})"
-                log(f"FAILED {name}: {failed[name]}")
+        for name in (n for n in names if rows[n][2] != "eager"):  # a replayed path: untimed runs first
+            for _ in range(REPLAY_WARMUPS):
+                if name not in failed:
+                    run(name, i, p, clock=lambda fn, *args, **kwargs: fn(*args, **kwargs))
         for r in range(repeats):
             shift = (i + r) % len(names)
             for name in names[shift:] + names[:shift]:
                 if name in failed:
                     continue
-                method, options, path = rows[name]
                 ledger.clear()
-                try:
-                    (ids, stats), seconds = timed(METHODS[method], paths[path], p["ids"], max_new_tokens,
-                                                  temperature=temperature, seed=seed + i, **options)
-                except Exception as e:  # one broken method must not sink the whole table
-                    failed[name] = f"{one_line(e)} (prompt {p['id']}, temperature {temperature:g})"
-                    log(f"FAILED {name}: {failed[name]}")
+                got = run(name, i, p)
+                if got is None:
                     continue
+                (ids, stats), seconds = got
                 times[name].append(seconds)
                 results[name][p["id"]] = dict(ids=ids, stats=stats, timing=dict(wall=seconds, **ledger.totals()))
         for name in names:
