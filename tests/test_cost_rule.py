@@ -21,7 +21,7 @@ import torch
 from nanospec.bench import calibration
 from nanospec.decoding import METHODS, MODULES, parts_for
 from nanospec.steps.adaptive import DraftLength
-from nanospec.steps.pricing import Price, best_k, interpolate
+from nanospec.steps.pricing import FORGET, Price, best_k, interpolate
 from nanospec.model.load import Models
 from laws import empirical_law, exact_law, method_law, sequence_codes, tv, tv_bound
 from toys import SAMPLING_MODEL, every_part, random_ids, tiny_gpt, toy_gpt
@@ -57,13 +57,14 @@ def test_interpolate_between_and_beyond_the_measured_k():
 def test_the_chances_start_at_the_prior_learn_and_forget():
     price = Price({"seconds": {0: 1.0}}, 3, range(4))
     assert price.chances() == pytest.approx([0.5, 0.35, 0.245])  # PRIOR, then PRIOR_DECAY times the one before
-    for _ in range(30):
+    memory = round(1 / (1 - FORGET))  # the steps the rule remembers (50)
+    for _ in range(3 * memory):
         price.observe(3, [1, 2, 3])  # every guess accepted
     assert min(price.chances()) > 0.9
-    for _ in range(30):
+    for _ in range(3 * memory):
         price.observe(3, [])  # every first guess rejected: the later ones never even judged
     assert price.chances()[0] < 0.15
-    for _ in range(60):
+    for _ in range(6 * memory):
         price.observe(0, [])  # plain steps: what was counted fades, the prior comes back
     assert price.chances() == pytest.approx([0.5, 0.35, 0.245], abs=0.01)
     measured = Price({"seconds": {0: 1.0}, "chances": [0.1, 0.02]}, 3, range(4))  # what the calibration saw

@@ -11,8 +11,12 @@ import json
 
 PRIOR = 0.5  # the cost rule's pi_1 where the calibration measured none (later guesses: PRIOR_DECAY times less)
 PRIOR_DECAY = 0.7
-PRIOR_WEIGHT = 2.0  # the prior counts as this many verified steps
-FORGET = 0.9  # the cost rule's memory: each step multiplies what it counted before by this
+# The memory is long and the prior heavy because a chance learnt from a few steps is noisy, and on a CPU a draft
+# wins by a few percent at most (at t=1 eagle's tree is worth about 5% over a plain step). With a memory of ~10
+# steps (0.9) and a prior worth 2, that noise alone sent eagle into plain steps on a third of its steps at t=1; with
+# ~50 steps (0.98) and a prior worth 10, on 6% (docs/benchmark.md, "The cost rule's memory").
+PRIOR_WEIGHT = 10.0  # the prior counts as this many verified steps
+FORGET = 0.98  # the cost rule's memory: each step multiplies what it counted before by this (~50 steps)
 
 
 def costs_key(method, greedy, opts):
