@@ -63,12 +63,16 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     drawn = run.sampling.guesses_drawn(opts.draft_sampling)  # else each head's top-1
     cache = model.new_cache()
 
+    def guesses_at(hidden):  # hidden (1, 1, C): the next step's k guesses from the heads there, and their
+        # q_draft (1, k, V); none before a plain step (k = 0)
+        if not draft_policy.k:
+            return [], None
+        head_logits = model.head_logits(hidden, draft_policy.k)[0, :, 0]  # (k, V)
+        return chain_at_once(head_logits, draft_policy, run.sampling, drawn, run.generator)
+
     # prefill: the main head gives the first token, the heads at the last prompt position the first guesses
     last, out = first_token(run, model, cache)
-    drafts, q_draft = [], None  # none, or k guesses from the heads at the last prompt position: (1, k, V)
-    if draft_policy.k:
-        head_logits = model.head_logits(out.hidden[:, -1:], draft_policy.k)[0, :, 0]  # (k, V)
-        drafts, q_draft = chain_at_once(head_logits, draft_policy, run.sampling, drawn, run.generator)
+    drafts, q_draft = guesses_at(out.hidden[:, -1:])
     drafted = [0] * n_future  # per head: guesses verified
     accepted = [0] * n_future  # per head: guesses accepted
     while not run.done:
@@ -83,8 +87,5 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         run.emit(emitted, drafted=len(drafts))
         last = emitted[-1]
         # position n is the last accepted token's, whose main head chose `last`: its heads guess the tokens after
-        drafts, q_draft = [], None  # the next step guesses nothing, or k guesses from the heads at position n:
-        if draft_policy.k:
-            head_logits = model.head_logits(out.hidden[:, n:n + 1], draft_policy.k)[0, :, 0]  # (k, V)
-            drafts, q_draft = chain_at_once(head_logits, draft_policy, run.sampling, drawn, run.generator)
+        drafts, q_draft = guesses_at(out.hidden[:, n:n + 1])
     return run.out, run.stats(head_acceptance=[a / d for a, d in zip(accepted, drafted) if d])  # heads used
