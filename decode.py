@@ -66,7 +66,7 @@ def method_flags(parser):
         for m in methods:
             choices.setdefault(MODULES[m].OPTIONS[name].choices, []).append(m)
         if len(choices) > 1:
-            bounds += "; choices: " + "; ".join(f"{', '.join(ms)}: {'|'.join(c)}" for c, ms in choices.items())
+            bounds += "; choices: " + "; ".join(f"{', '.join(ms)}: {'|'.join(c)}" for c, ms in choices.items() if c)
         kwargs = {"action": "store_true"} if opt.type is bool else {"type": opt.type}
         if stated:  # "(default 0.5)" -> "(default 0.5; 0.0..1.0)"
             text = text[:-1] + bounds + ")"

@@ -91,6 +91,10 @@ def no_gpu(device):
     return None
 
 
+# a method's other way of drafting that its defaults no longer run, checked as a row of its own
+VARIANTS = {"eagle --tree dynamic": ("eagle", {"tree": "dynamic"})}  # EAGLE-2's tree (the default: a chain)
+
+
 def rows_of(name, runtime):
     """The grid's rows for one method, label -> the runtime path it runs: the method itself (eager) and, when
     runtime is static, "name (static)"."""
@@ -132,8 +136,9 @@ def run_methods(models, args):
     reference = {}  # (prompt index, seed) -> ar's greedy output
     paths, wrong_path = paths_of(models, args)
     grid = {}
-    for name in MODULES:  # ar first: the reference
-        rows = rows_of(name, args.runtime)
+    variants = [(row, (name, options)) for row, (name, options) in VARIANTS.items() if name in MODULES]
+    for row, (name, options) in [*((n, (n, {})) for n in MODULES), *variants]:  # ar first: the reference
+        rows = rows_of(row, args.runtime)
         try:
             check_method(name, models, args.ckpt)  # a missing part: the command trains it into this very folder
         except ValueError as e:
@@ -144,7 +149,7 @@ def run_methods(models, args):
         for label, path in rows.items():
             static = path == "static"
             grid[label] = checked_row(label, lambda s, sampling: wrong_path if static and wrong_path else
-                                      first_failure(name, paths[path], encoded, sampling, args,
+                                      first_failure(name, paths[path], encoded, {**sampling, **options}, args,
                                                     eager if static else reference, None if static else eager))
     for name in [n for n in BATCHED if n in MODULES]:  # after ar: its outputs are the reference
         eager = {}

@@ -2,13 +2,15 @@
 Token-wise against joint verification on the trained model: for every method that drafts from a q, the same
 prompts and seeds verified with the token rule and with block verification (chains) or traversal verification
 (drawn trees), at the temperatures given. Prints a Markdown table: tokens per target forward and wall-clock
-speedup over `ar` in the same run, for each rule, and the gain of the joint rule.
+speedup over `ar` in the same run, for each rule, and the gain of the joint rule. `--compare shape` sets eagle's
+tree against its chain the same way (greedy too: there the two differ).
 
     python scripts/compare_verify.py                         # out/, temperatures 1 and 0.7, 3 prompts per category
     python scripts/compare_verify.py --temperatures 1 --prompts-per-category 6 --repeats 3
     python scripts/compare_verify.py --temperatures 1 --prompts-per-category 6 --adaptive cost   # the default rule
+    python scripts/compare_verify.py --compare shape --temperatures 0,1 --prompts-per-category 6 --repeats 3
 
-Greedy decoding is left out: both rules are then "accept while the guess is the argmax", the same tokens.
+Greedy decoding is left out of the rules' comparison: both rules are then "accept while the guess is the argmax".
 """
 import argparse
 import os
@@ -27,15 +29,28 @@ from nanospec.decoding import METHODS, check_method, parts_for  # noqa: E402
 from nanospec.model.load import load_models  # noqa: E402
 
 # (row label, method, token-rule options, joint-rule options)
-PAIRS = [
+RULES = [
     ("speculative", "speculative", {}, {"verify": "block"}),
     ("mtp", "mtp", {}, {"verify": "block"}),
     ("early-exit", "early-exit", {}, {"verify": "block"}),
     ("parallelspec (chain)", "parallelspec", {"tree": "chain"}, {"tree": "chain", "verify": "block"}),
     ("medusa (tree)", "medusa", {"verify": "token"}, {"verify": "traversal"}),  # a drawn tree's default: traversal
-    ("eagle (tree)", "eagle", {"verify": "token"}, {"verify": "traversal"}),
+    ("eagle (chain)", "eagle", {"tree": "chain"}, {"tree": "chain", "verify": "block"}),  # its default when sampling
+    ("eagle (tree)", "eagle", {"tree": "dynamic", "verify": "token"}, {"tree": "dynamic", "verify": "traversal"}),
     ("parallelspec (tree)", "parallelspec", {"verify": "token"}, {"verify": "traversal"}),
 ]
+# --compare shape: (row label, method, one shape's options, the other's)
+SHAPES = [
+    ("eagle", "eagle", {"tree": "dynamic"}, {"tree": "chain"}),  # each shape at its default depth: 2 and 3
+    ("eagle, depth 2", "eagle", {"tree": "dynamic", "depth": 2}, {"tree": "chain", "depth": 2}),
+    ("eagle, depth 4", "eagle", {"tree": "dynamic", "depth": 4}, {"tree": "chain", "depth": 4}),
+]
+PAIRS = {"verify": RULES, "shape": SHAPES}
+
+
+def label(options):
+    """A row's options as the table shows them: {"tree": "chain", "verify": "block"} -> "tree chain, verify block"."""
+    return ", ".join(f"{k} {v}" for k, v in options.items() if k != "adaptive") or "defaults"
 
 
 def run(models, method, options, prompts, temperature, n, seed, repeats):
@@ -61,15 +76,17 @@ def main(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compare", default="verify", choices=list(PAIRS),
+                   help="verify (default): the token rule against the joint one; shape: eagle's tree against its chain")
     p.add_argument("--adaptive", default="off", choices=["off", "cost"],
                    help="off (default): every step drafts the method's whole default; cost: each method's default "
                         "rule, priced by this machine's calibration (kept in CKPT/calibration.json)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    names = sorted({method for _, method, _, _ in PAIRS})
+    names = sorted({method for _, method, _, _ in PAIRS[args.compare]})
     try:
         models = load_models(args.ckpt, "cpu", parts_for(names))
-        pairs = [pair for pair in PAIRS if not check_method(pair[1], models)]
+        pairs = [pair for pair in PAIRS[args.compare] if not check_method(pair[1], models)]
         prompts = load_prompts(args.prompts, None, args.prompts_per_category)
         tokenize(prompts, models.tokenizer, models.target.config.block_size - args.max_new_tokens)
         temperatures = [float(t) for t in args.temperatures.split(",")]
@@ -88,12 +105,12 @@ def main(argv=None):
         ar = run(models, "ar", {}, prompts, t, args.max_new_tokens, args.seed, args.repeats)
         ar_speed = ar[0] / ar[2]
         print(f"temperature {t:g}: ar {ar_speed:.0f} tokens/s\n")
-        print("| method | token rule tok/fwd | speedup | joint rule | tok/fwd | speedup | gain tok/fwd |")
-        print("|---|--:|--:|---|--:|--:|--:|")
-        for label, method, token_options, joint_options in pairs:
-            a = run(models, method, token_options, prompts, t, args.max_new_tokens, args.seed, args.repeats)
-            b = run(models, method, joint_options, prompts, t, args.max_new_tokens, args.seed, args.repeats)
-            print(f"| {label} | {a[0] / a[1]:.3f} | {a[0] / a[2] / ar_speed:.2f}x | {joint_options['verify']} | "
+        print("| method | first | tok/fwd | speedup | second | tok/fwd | speedup | gain tok/fwd |")
+        print("|---|---|--:|--:|---|--:|--:|--:|")
+        for row, method, first, second in pairs:
+            a = run(models, method, first, prompts, t, args.max_new_tokens, args.seed, args.repeats)
+            b = run(models, method, second, prompts, t, args.max_new_tokens, args.seed, args.repeats)
+            print(f"| {row} | {label(first)} | {a[0] / a[1]:.3f} | {a[0] / a[2] / ar_speed:.2f}x | {label(second)} | "
                   f"{b[0] / b[1]:.3f} | {b[0] / b[2] / ar_speed:.2f}x | {(b[0] / b[1]) / (a[0] / a[1]) - 1:+.1%} |")
         print()
 

@@ -63,7 +63,8 @@ RUNS = {
     "early-exit": ("early-exit", 0.0, {}, CHAIN),
     "parallelspec-chain": ("parallelspec", 0.0, {"tree": "chain"}, PSPEC + CHAIN),
     "medusa": ("medusa", 0.0, {}, MEDUSA_TOPK + TREE),
-    "eagle": ("eagle", 0.0, {}, EAGLE + TREE),
+    "eagle": ("eagle", 0.0, {}, CHAIN),  # a chain, the default
+    "eagle-tree": ("eagle", 0.0, {"tree": "dynamic"}, EAGLE + TREE),
     "lookahead": ("lookahead", 0.0, {}, LOOKAHEAD + TREE),
     "parallelspec": ("parallelspec", 0.0, {}, PSPEC + MEDUSA_TOPK + TREE),
     "prompt-lookup-t1": ("prompt-lookup", 1.0, {}, ("lookup",) + CHAIN_SAMPLED),
@@ -77,26 +78,29 @@ RUNS = {
                                    PSPEC + CHAIN_SAMPLED),
     "medusa-t1": ("medusa", 1.0, {}, DRAWN_TREE),
     "medusa-topk-t1": ("medusa", 1.0, {"draft_sampling": "topk"}, MEDUSA_TOPK + TREE),
-    "eagle-t1": ("eagle", 1.0, {}, ("frontier_mask", "KVCache.rollback") + DRAWN_TREE),
-    "eagle-topk-t1": ("eagle", 1.0, {"draft_sampling": "topk"}, EAGLE + TREE),
+    "eagle-t1": ("eagle", 1.0, {}, CHAIN_SAMPLED),
+    "eagle-tree-t1": ("eagle", 1.0, {"tree": "dynamic"}, ("frontier_mask", "KVCache.rollback") + DRAWN_TREE),
+    "eagle-topk-t1": ("eagle", 1.0, {"tree": "dynamic", "draft_sampling": "topk"}, EAGLE + TREE),
     "lookahead-t1": ("lookahead", 1.0, {}, LOOKAHEAD + TREE),
     "parallelspec-t1": ("parallelspec", 1.0, {}, PSPEC + DRAWN_TREE),
     "parallelspec-topk-t1": ("parallelspec", 1.0, {"draft_sampling": "topk"}, PSPEC + MEDUSA_TOPK + TREE),
     # --verify token: a drawn tree is judged from the root down by exercises 13 and 3 in place of traversal's walk
     "medusa-token-t1": ("medusa", 1.0, {"verify": "token"}, DRAWN_TREE_TOKEN),
-    "eagle-token-t1": ("eagle", 1.0, {"verify": "token"}, ("frontier_mask", "KVCache.rollback") + DRAWN_TREE_TOKEN),
+    "eagle-token-t1": ("eagle", 1.0, {"tree": "dynamic", "verify": "token"},
+                       ("frontier_mask", "KVCache.rollback") + DRAWN_TREE_TOKEN),
     "parallelspec-token-t1": ("parallelspec", 1.0, {"verify": "token"}, PSPEC + DRAWN_TREE_TOKEN),
     # --verify block: a chain drafted from a q is judged by exercise 14 in place of 4 (greedy: still exercise 2)
     "speculative-block-t1": ("speculative", 1.0, {"verify": "block"}, BLOCK),
     "mtp-block-t1": ("mtp", 1.0, {"verify": "block"}, BLOCK),
     "early-exit-block-t1": ("early-exit", 1.0, {"verify": "block"}, BLOCK),
     "parallelspec-chain-block-t1": ("parallelspec", 1.0, {"tree": "chain", "verify": "block"}, PSPEC + BLOCK),
+    "eagle-block-t1": ("eagle", 1.0, {"verify": "block"}, BLOCK),
 }
 
 
 def table():
     """EXERCISES.md's "Which methods run" table: {"speculative": ({2, 5}, {3, 4, 5}), ...}, the exercises a method
-    needs greedy and at temperature 1; "parallelspec --tree chain" has its own row."""
+    needs greedy and at temperature 1; "parallelspec --tree chain" and "eagle --tree dynamic" have their own rows."""
     text = (Path(__file__).resolve().parents[1] / "EXERCISES.md").read_text()
     rows = {}
     for cells in re.findall(r"^\| (`.+?) \| (.+?) \| (.+?) \|$", text, re.MULTILINE):
@@ -171,7 +175,7 @@ def test_the_method_calls_its_exercises(runtimes, runtime, run):
                         "greedy" if temperature == 0 else f"at temperature {temperature}"])
     assert not missing, f"{setting} on the {runtime} runtime never called {', '.join(missing)}"
     if not {"draft_sampling", "verify"} & set(options):  # the table's rows are the default options (the rest: prose)
-        row = table()[method + (" --tree chain" if options.get("tree") == "chain" else "")][temperature > 0]
+        row = table()[method + (f" --tree {options['tree']}" if "tree" in options else "")][temperature > 0]
         called = {EXERCISE_OF[fn][0] for fn in calls if calls[fn]}
         assert called <= row, f"{setting} calls exercises {sorted(called - row)}, which EXERCISES.md does not name"
 

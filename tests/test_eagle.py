@@ -15,6 +15,7 @@ from nanospec.model.checkpoint import save_atomic
 from nanospec.model.load import Models, load_eagle
 from nanospec.decoding import METHODS, check_method
 from nanospec.decoding import eagle as eagle_method
+from nanospec.steps.options import Sampling
 from nanospec.steps.run import tensor
 from nanospec.model.cache import KVCache
 from nanospec.model.gpt import GPTConfig, Output
@@ -65,8 +66,10 @@ def models():
 # ---------------------------------------------------------------------------------------------------------
 # Greedy: exactly `ar`
 
-OPTIONS = [{}, {"depth": 1, "width": 1, "total_tokens": 2}, {"depth": 4, "width": 2, "total_tokens": 5},
-           {"depth": 3, "width": 5, "total_tokens": 40}]
+OPTIONS = [{}, {"tree": "chain", "depth": 5}, {"tree": "dynamic"},  # the default: a chain 2 deep
+           {"tree": "dynamic", "depth": 1, "width": 1, "total_tokens": 2},
+           {"tree": "dynamic", "depth": 4, "width": 2, "total_tokens": 5},
+           {"tree": "dynamic", "depth": 3, "width": 5, "total_tokens": 40}]
 
 
 @pytest.mark.parametrize("name", ["random", "trained"])
@@ -85,17 +88,18 @@ def test_greedy_equals_ar(models, name, options):
         assert accepted >= 6 * 24 // 2, accepted
 
 
-def test_stops_at_eot_budget_and_context_like_ar(models):
+@pytest.mark.parametrize("tree", ["chain", "dynamic"])
+def test_stops_at_eot_budget_and_context_like_ar(models, tree):
     m = models["trained"]
     for prompt, n, block in [(random_ids(5), 7, None), (random_ids(5), 1, None), (random_ids(30), 50, 36)]:
         target = m.target if block is None else shorter_context(m.target, block, n_future=2)
         short = Models(target=target, eagle=m.eagle)
         expect, s_ar = METHODS["ar"](short, prompt, n)
-        ids, stats = METHODS["eagle"](short, prompt, n)
+        ids, stats = METHODS["eagle"](short, prompt, n, tree=tree)
         assert ids == expect and stats["stop"] == s_ar["stop"]
     full = METHODS["ar"](m, random_ids(4), 20)[0]
     eot = full[9]
-    ids, stats = METHODS["eagle"](Models(target=m.target, eagle=m.eagle, eot=eot), random_ids(4), 20)
+    ids, stats = METHODS["eagle"](Models(target=m.target, eagle=m.eagle, eot=eot), random_ids(4), 20, tree=tree)
     assert ids == full[:full.index(eot)] and stats["stop"] == "eot"
 
 
@@ -153,8 +157,10 @@ def test_grow_tree_worked_example():
     assert (tokens, parents) == ([0, 1, 2, 3], [-1, 0, 0, 1])
 
 
-@pytest.mark.parametrize("name, sampling", [("random", 0.0), ("trained", 0.0), ("trained", 1.0)])
-def test_head_cache_after_each_step_equals_fresh_run_over_accepted_text(models, name, sampling, monkeypatch):
+@pytest.mark.parametrize("name, sampling, tree", [("random", 0.0, "dynamic"), ("trained", 0.0, "dynamic"),
+                                                  ("trained", 1.0, "dynamic"), ("trained", 1.0, "chain"),
+                                                  ("trained", 0.0, "chain")])
+def test_head_cache_after_each_step_equals_fresh_run_over_accepted_text(models, name, sampling, tree, monkeypatch):
     """After every refresh the head's cache (and its output at the root) must be what a fresh head run over the
     accepted text gives, with the true features of a plain no-cache target forward: no guessed node and no
     predicted feature may survive a step."""
@@ -179,7 +185,7 @@ def test_head_cache_after_each_step_equals_fresh_run_over_accepted_text(models, 
         return out
 
     monkeypatch.setattr(eagle_method, "refresh", checked_refresh)
-    ids, stats = METHODS["eagle"](m, prompt, 30, temperature=sampling, seed=0)
+    ids, stats = METHODS["eagle"](m, prompt, 30, temperature=sampling, seed=0, tree=tree)
     assert fed == prompt[1:] + ids[:len(fed) - len(prompt) + 1]  # the head read exactly the emitted text
     assert len(checks) == stats["target_forwards"] - (stats["stop"] is not None)
     if name == "trained":
@@ -190,33 +196,41 @@ def test_head_cache_after_each_step_equals_fresh_run_over_accepted_text(models, 
 # Sampling: the target's law, exactly
 
 
-@pytest.mark.parametrize("draft_sampling, sampling, n, width, runtime", [
-    ("sample", (0.9, 4, None), 1000, 2, "eager"),  # drawn tree: shape 5 nodes deep 2; warping must reach q and p
+@pytest.mark.parametrize("draft_sampling, sampling, n, width, runtime, tree, verify", [
+    # drawn tree: shape 5 nodes deep 2; warping must reach q and p
+    ("sample", (0.9, 4, None), 1000, 2, "eager", "dynamic", None),
     # the static runtime (models wrapped by runtime.prepare): width 3 under top-k 2 leaves every node's third
     # draw undrawn (q has two tokens), so tree_guesses.DrawnTree must leave it out of the tree
-    ("sample", (1.0, 2, None), 1000, 3, "static"),
-    ("topk", (1.0, None, None), 1000, 2, "static"),  # EAGLE-2's reranked tree, point-mass rule
+    ("sample", (1.0, 2, None), 1000, 3, "static", "dynamic", None),
+    ("topk", (1.0, None, None), 1000, 2, "static", "dynamic", None),  # EAGLE-2's reranked tree, point-mass rule
+    # the chain, the default when sampling: drawn guesses under the token rule and block verification, and the
+    # head's top-1 guesses (point masses)
+    ("sample", (0.9, 4, None), 1000, 1, "eager", "chain", None),
+    ("sample", (1.0, None, None), 1000, 1, "static", "chain", "block"),
+    ("topk", (1.0, None, None), 1000, 1, "eager", "chain", None),
 ])
-def test_sampling_follows_the_target_law(draft_sampling, sampling, n, width, runtime):
+def test_sampling_follows_the_target_law(draft_sampling, sampling, n, width, runtime, tree, verify):
     """The first 2 tokens of 4 (so the first tree is 2 deep and both can come from it), V = 5: 25 outcomes.
     A correct sampler's empirical law is within tv_bound(25, n) of the exact law with probability 1 - 1e-6:
     0.125 for n = 1000 (a correct run comes out near 0.06). The head is trained on this target, so most draws
     accept a guess. The first case drew 1500 (bound 0.102); at 1000, a tree whose children are q's top-k taken
     as draws (no Gumbel noise) still comes out near 0.7. The top-k tree runs on the static path only:
     test_runtime.py holds that path to the eager path's tokens (the same draws), so the same case on the eager
-    path, once here too, drew the same 1000 samples again."""
+    path, once here too, drew the same 1000 samples again. A chain (the default) drafts 2 guesses, one per depth."""
     target = tiny_gpt(3, vocab_size=5, n_future=0, n_layer=1, n_embd=8, block_size=16)
     models, prompt = Models(target=target, eagle=train_head(target, 30, seed=3)[0]), [1, 2]
     models = prepare(models, runtime)[0]
     codes, accepted = [], 0
     for seed in range(n):
         ids, stats = METHODS["eagle"](models, prompt, 4, temperature=sampling[0], top_k=sampling[1], seed=seed,
-                                      depth=2, width=width, total_tokens=6, draft_sampling=draft_sampling)
+                                      depth=2, width=width, total_tokens=6, draft_sampling=draft_sampling, tree=tree,
+                                      verify=verify)
         codes.append(ids[0] * 5 + ids[1])
         accepted += stats["accepted_per_step"][1] > 1
     law = empirical_law(torch.tensor(codes), 25)
     assert tv(law, exact_law(target, prompt, 2, sampling)) < tv_bound(25, n)
-    assert accepted > n / 3  # the tree's guesses, not only the target's own tokens, made the law
+    assert accepted > n / (6 if draft_sampling == "topk" and width == 1 else 3)  # the guesses, not only the
+    # target's own tokens, made the law (one top-1 guess, a point mass, passes with p(x) alone: ~0.2 here)
 
 
 @torch.no_grad()
@@ -251,11 +265,36 @@ def test_grow_sampled_tree_draws_from_the_slow_oracles_q(seed):
         assert len(set(drawn)) == len(drawn) and all(q[t] > 0 for t in drawn)
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("seed", range(2))
+def test_grow_chain_draws_each_guess_from_the_slow_oracles_q(seed):
+    """--tree chain: guess i is drawn from the head's warped q after the path of guesses before it, each read with
+    the f̂ the head predicted at the one before (a plain head forward without cache gives it); the head's cache is
+    left as it was."""
+    target = tiny_gpt(seed)
+    head = random_head(target, seed)
+    seq = random_ids(4 + seed, seed=seed)
+    features = target(tensor(seq[:-1], "cpu")).hidden[0]  # (L, C)
+    dcache = head.new_cache()
+    draft = head(target, tensor(seq[1:], "cpu"), features[None], cache=dcache)
+    sampling, g = Sampling(0.9, 6, None), torch.Generator().manual_seed(seed)
+    guesses, q_draft = eagle_method.grow_chain(head, target, dcache, draft, 3, sampling, g)
+    assert dcache.length == len(seq) - 1 and len(guesses) == 3 and q_draft.shape == (1, 3, target.config.vocab_size)
+    x, f = list(seq[1:]), [features]
+    for i, guess in enumerate(guesses):  # the slow way: the head re-reads the whole path, each guess with its f̂
+        out = head(target, tensor(x, "cpu"), torch.cat(f, 0)[None])
+        q = warp(out.logits[0, -1], *sampling)
+        assert torch.allclose(q_draft[0, i], q, atol=TOL) and q[guess] > 0
+        x, f = x + [guess], f + [out.hidden[0, -1:]]
+
+
 def test_absurd_trees_are_clear_errors_not_hangs(models):
     m, prompt = models["random"], random_ids(3)
     for options, message in [(dict(width=100000), "width must be in 1..32"), (dict(depth=0), "depth must be in 1..16"),
                              (dict(total_tokens=1), "total_tokens must be in 2..256"),
-                             (dict(draft_sampling="beam"), "draft_sampling must be one of topk, sample")]:
+                             (dict(draft_sampling="beam"), "draft_sampling must be one of topk, sample"),
+                             (dict(tree="chain", verify="traversal"), "traversal does not judge a chain"),
+                             (dict(tree="wide"), "tree must be one of chain, dynamic")]:
         with pytest.raises(ValueError, match=message):
             METHODS["eagle"](m, prompt, 5, temperature=1.0, **options)
 

@@ -204,7 +204,7 @@ def test_the_help_names_every_choice_of_verify(capsys, monkeypatch):
         decode.parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     verify = text.split("--verify VERIFY")[-1].split("--draft-sampling")[0]  # the help, not the usage line
-    assert "medusa: token|traversal|typical" in verify and "eagle: token|traversal" in verify
+    assert "medusa: token|traversal|typical" in verify and "eagle, parallelspec: token|block|traversal" in verify
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ def test_without_a_gpu_every_method_passes_on_the_cpu_with_replay_emulated(toy_o
     # issue 40: as it goes, a line per method and path on standard error, and the bench's own progress
     said = err.splitlines()
     assert said[0] == f"gpu-check: loading {toy_out}/ on cpu, 1 torch thread"
-    for name in gpu_check.MODULES:
+    for name in [*gpu_check.MODULES, *gpu_check.VARIANTS]:  # eagle --tree dynamic: a row of its own
         for label in (name, f"{name} (static)"):
             line = next(line for line in said if line.startswith(f"gpu-check: {label}: "))
             assert line.endswith(" s)") and "greedy ok, t=1 ok, t=0.7 top-p=0.9 ok" in line, line
@@ -59,7 +59,7 @@ def test_without_a_gpu_every_method_passes_on_the_cpu_with_replay_emulated(toy_o
     assert "bench --quick: ok, every method ran" in out and "FAIL" not in out
     assert all(f"| {name} (static) " in out for name in gpu_check.MODULES)
     assert all(f"| batch: {name} (static) " in out for name in gpu_check.BATCHED)
-    rows = 2 * (len(gpu_check.MODULES) + len(gpu_check.BATCHED))  # every method and batch, and again static
+    rows = 2 * (len(gpu_check.MODULES) + len(gpu_check.VARIANTS) + len(gpu_check.BATCHED))  # and again static
     assert out.strip().splitlines()[-1] == f"gpu-check: all {rows * 3 + 1} checks passed"
 
 

@@ -56,11 +56,13 @@ CASES = [(m, s, {}) for m in METHODS for s in ("greedy", "t=1", "t=0.7 top-p 0.9
     ("speculative", "t=0.1", {"verify": "block"}), ("mtp", "t=1", {"verify": "block"}),
     ("early-exit", "t=0.7 top-p 0.9", {"verify": "block"}),
     ("parallelspec", "t=0.1", {"tree": "chain", "verify": "block"}),
-    ("medusa", "t=0.1", {"verify": "traversal"}), ("eagle", "t=0.1", {"verify": "traversal"}),
-    ("parallelspec", "t=0.7 top-p 0.9", {"verify": "traversal"}), ("medusa", "t=0.1", {"verify": "typical"}),
+    ("medusa", "t=0.1", {"verify": "traversal"}), ("eagle", "t=0.1", {"tree": "dynamic", "verify": "traversal"}),
+    ("eagle", "greedy", {"tree": "dynamic"}), ("parallelspec", "t=0.7 top-p 0.9", {"verify": "traversal"}),
+    ("medusa", "t=0.1", {"verify": "typical"}),
     ("medusa", "t=1", {"verify": "typical"}),
     ("mtp", "t=0.1", {"draft_sampling": "topk"}), ("medusa", "t=0.1", {"draft_sampling": "topk"}),
-    ("eagle", "t=0.1", {"draft_sampling": "topk"}), ("parallelspec", "t=1", {"draft_sampling": "topk"}),
+    ("eagle", "t=0.1", {"draft_sampling": "topk"}), ("eagle", "t=0.1", {"tree": "dynamic", "draft_sampling": "topk"}),
+    ("eagle", "t=1", {"tree": "dynamic"}), ("parallelspec", "t=1", {"draft_sampling": "topk"}),
     ("speculative", "t=0.1", {"adaptive": "history"}), ("mtp", "t=0.1", {"adaptive": "confidence"}),
     ("prompt-lookup", "greedy", {"adaptive": "history"}), ("speculative", "t=0.1", {"adaptive": "cost"}),
     ("medusa", "t=1", {"adaptive": "cost"}), ("lookahead", "greedy", {"adaptive": "cost"}),
@@ -221,7 +223,8 @@ BROKEN = {  # name: (the function, the edit, the case it runs, what check says)
         "cache.rollback_rows([0 for b in before])", ("prompt-lookup", "t=0.1", {}), "the cache went"),
     "a tree's children judged against p, not what their rejected siblings left": (
         verify.verify_tree_without_replacement, "accept = accept_prob(torch.stack(P[:-1], -2), q, x)",
-        "accept = accept_prob(torch.stack([P[0]] * (len(P) - 1), -2), q, x)", ("eagle", "t=0.1", {"verify": "token"}),
+        "accept = accept_prob(torch.stack([P[0]] * (len(P) - 1), -2), q, x)",
+        ("eagle", "t=0.1", {"tree": "dynamic", "verify": "token"}),
         "away from what is left"),
     "a fresh draw after a mismatch (sample and match)": (
         verify.verify_tree_descend, "return _descend(tokens, parents, draws.__getitem__)",
@@ -344,7 +347,8 @@ class Page(HTMLParser):
             self.heading += data
 
 
-@pytest.mark.parametrize("case", [("speculative", "t=1", {}), ("eagle", "t=0.1", {"verify": "traversal"}),
+@pytest.mark.parametrize("case", [("speculative", "t=1", {}),
+                                  ("eagle", "t=0.1", {"tree": "dynamic", "verify": "traversal"}),
                                   ("medusa", "greedy", {})], ids=case_id)
 def test_the_page_shows_every_step_in_a_real_browser(chromium, runs, tmp_path, case):
     """Headless Chromium opens the page from disk at step 2: no console line at all, one group of output text and

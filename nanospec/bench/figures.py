@@ -244,16 +244,16 @@ def tree_figure(models, path, prompt="import os\n\n\ndef read(path):\n    with o
 
 
 TRACE_RUN = {"method": "eagle", "temperature": 1.0, "seed": 0, "max_new_tokens": 64, "prompt": "def fibonacci(n):",
-             "options": {"adaptive": "off", "verify": "token"}}
-# every step drafts (on a CPU at t=1 the cost rule takes plain steps often), judged child by child (--verify token):
-# the picture shows p(x), q(x), each uniform and the residual
+             "options": {"tree": "dynamic", "adaptive": "off", "verify": "token"}}
+# a tree (at t=1 eagle's default is a chain), every step drafting (on a CPU at t=1 the cost rule takes plain steps
+# often), judged child by child (--verify token): the picture shows p(x), q(x), each uniform and the residual
 
 
 @torch.inference_mode()
 def trace_figure(models, path, run=TRACE_RUN):
     """The page `python decode.py --method eagle --temperature 1 --seed 0 --max-new-tokens 64 --prompt
-    "def fibonacci(n):" --adaptive off --verify token --trace run.html` writes, at the step with the most judged
-    guesses among those that both accept and reject one, in a 1400 x 1150 window of headless Chromium."""
+    "def fibonacci(n):" --tree dynamic --adaptive off --verify token --trace run.html` writes, at the step with the
+    most judged guesses among those that both accept and reject one, in a 1400 x 1150 window of headless Chromium."""
     import tempfile
     from nanospec.trace import browser
     from nanospec.trace import record as trace

@@ -1,9 +1,9 @@
 """
-`eagle`: a one-layer head on the target's features grows a tree of guesses by confidence; one forward checks it.
-EAGLE-1's draft head with EAGLE-2's dynamic tree (Li et al. 2024, arXiv 2401.15077 and 2406.16858).
+`eagle`: a one-layer head on the target's features guesses a chain, or a tree grown by confidence; one forward
+checks it. EAGLE-1's draft head with EAGLE-2's dynamic tree (Li et al. 2024, arXiv 2401.15077 and 2406.16858).
 
 The head (nanospec/model/drafters/eagle.py) guesses the target's next *feature* from [token ; feature] and reads it
-through the target's own unembedding. Each step:
+through the target's own unembedding. Each step of the tree (--tree dynamic):
   1. grow: the head's top `width` tokens after the root are depth 1, scored by log q. Each of depth-1 head
      passes over the frontier (a tree mask) gives every frontier node its top `width` children, scored parent
      score + log q(child); the best `width` of them are the next frontier.
@@ -17,15 +17,18 @@ through the target's own unembedding. Each step:
     target argmax after "(" = x, after x = ")", after ")" = ":"  ->  emit [x, ")", ":"] from one forward.
 Sampling (--draft-sampling sample, the default), the head DRAWS its guesses from its warped q, verified against q
 (verify_tree_without_replacement, or leaves up: --verify traversal); grow_sampled_tree fixes the tree's shape first.
+--tree chain, the default: one guess per depth, the head a drafter like speculative's draft GPT (draft_chain, then
+chain_step). A tree's extra guesses cost a CPU more than they bring (docs/benchmark.md); --tree dynamic grows it.
 --adaptive cost: k + 1 tokens per step, k = 0 (a plain step: the head reads the new tokens when it next drafts)."""
 import torch
 
 from nanospec.steps.adaptive import PRICED_OPTIONS, draft_length
+from nanospec.steps.draft_chain import draft_chain
 from nanospec.steps.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options, verify_option
 from nanospec.steps.pricing import step_costs
 from nanospec.steps.run import cache_for, drafter_of, first_token, new_run, tensor
 from nanospec.steps.tree_guesses import DrawnTree
-from nanospec.steps.verify_step import tree_step
+from nanospec.steps.verify_step import chain_step, judge_of, tree_step
 from nanospec.model.gpt import Output
 from nanospec.rules.tree import draw_rank_paths, frontier_mask, rooted
 from nanospec.rules.verify import warp
@@ -33,11 +36,14 @@ from nanospec.rules.verify import warp
 NEEDS = ("eagle",)
 USES = ()  # parts used when present
 OPTIONS = {  # the defaults, and ACCEPT_GUESS below: docs/measurements.md (eagle) says where they were measured
+    "tree": Option(str, "chain", "the guesses: chain (--depth of them, one per depth: the fastest measured on a CPU) "
+                                 "or dynamic (EAGLE-2's tree of --depth, --width, --total-tokens)",
+                   choices=("chain", "dynamic")),
     "depth": Option(int, 2, "deepest guess below the root; the head runs this many passes per step", low=1, high=16),
     "width": Option(int, 4, "nodes expanded per level, children per node (EAGLE-2's top_k)", low=1, high=32),
     "total_tokens": Option(int, 8, "tree size per target forward, root included (adaptive: the most)", low=2, high=256),
     **DRAFT_SAMPLING_OPTION, **PRICED_OPTIONS,  # cost: a tree of k guesses, k + 1 tokens
-    **verify_option("drawn_tree"),  # traversal: a drawn tree from its leaves up
+    **verify_option("chain", "drawn_tree"),  # block: a chain judged whole; traversal: a drawn tree from its leaves up
 }
 ACCEPT_GUESS = 0.75  # shapes the drawn tree: the chance a draw is accepted, about sum(min(p, q)) of a trained head
 
@@ -59,6 +65,21 @@ def expand(eagle, target, dcache, L, d, frontier, cand_tok, cand_parent, fed, fe
     pos = torch.full((len(frontier),), L + d, device=device)  # a depth-d node sits d after the root
     return eagle(target, tensor([cand_tok[c] for c in frontier], device), feats, pos=pos, cache=dcache, mask=mask)
     # END SOLUTION ex9
+
+
+def grow_chain(eagle, target, dcache, head_out, k, sampling, generator):
+    """--tree chain: k guesses, one per depth, each drawn from the head's warped q (draft_chain): the first from
+    head_out, the head's Output at the root, each later one from a pass over the guess before it, read with the f̂
+    that drew it. Returns (guesses, q_draft (1, k, V)); the head's cache is left as it was."""
+    L, at = dcache.length, [head_out]
+
+    def step(x):  # x (1, 1) the newest guess -> the head's logits (1, V) for the token after it
+        at[0] = eagle(target, x, at[0].hidden[:, -1:], cache=dcache)
+        return at[0].logits[:, -1]
+
+    guesses, q_draft = draft_chain(step, None, k, sampling, generator, first=head_out.logits[:, -1])
+    dcache.rollback(L)
+    return guesses[0], q_draft
 
 
 def grow_tree(eagle, target, dcache, root, head_out, depth, width, total_tokens):
@@ -123,11 +144,15 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     target = models.target
     eagle = drafter_of(models, "eagle")
     width = min(opts.width, target.config.vocab_size)  # a node has at most V distinct children
-    size = opts.total_tokens  # the most: --adaptive cost chooses k + 1 tokens each step
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
+    chain, depth = opts.tree == "chain", opts.depth
+    drawn = run.sampling.guesses_drawn(opts.draft_sampling)
+    if not run.sampling.greedy:  # the rule must judge these guesses (block: a chain; traversal: a drawn tree)
+        judge_of(opts.verify, "chain" if chain else "drawn_tree" if drawn else "fixed_tree")
+    size = depth + 1 if chain else opts.total_tokens  # the most: --adaptive cost chooses k + 1 tokens each step
     draft_policy = draft_length(opts, size - 1, costs=step_costs(models, __name__, run.sampling, opts))
     cache = cache_for(target, target.config.block_size, size)  # room for a whole tree at the context end
-    dcache = cache_for(eagle, target.config.block_size, max(opts.depth * width, size))  # and for a grown one
+    dcache = cache_for(eagle, target.config.block_size, max(depth * width, size))  # and for a grown one
 
     # prefill: the target reads the prompt and picks the first root; the head has x_1..x_P with f_0..f_{P-1} to read
     last, out = first_token(run, target, cache)
@@ -136,14 +161,21 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         k = draft_policy.k  # guesses, k + 1 tokens, as deep as the budget, context and k allow: d
         if k:  # the head reads what it has not (a plain step leaves it to the next draft): its Output at the root
             head_out, unread, features = refresh(eagle, target, dcache, unread, torch.cat(features)), [], []
-        d = run.draft_room(min(opts.depth, k))
-        if run.sampling.guesses_drawn(opts.draft_sampling):  # q_draft (N, V): the laws the drawn children came from
-            tokens, parents, q_draft = grow_sampled_tree(eagle, target, dcache, last, head_out, d, width, k + 1,
-                                                         run.sampling, run.generator)
-        else:  # EAGLE-2's top-k tree: its guesses are point masses
-            (tokens, parents), q_draft = grow_tree(eagle, target, dcache, last, head_out, d, width, k + 1), None
-        emitted, path, out = tree_step(run.sampling, run.generator, target, cache, tokens, parents, q_draft,
-                                       opts.verify)
+        d = run.draft_room(min(depth, k))
+        if chain:  # a chain of d guesses; top-k ones (drawn greedy) are point masses
+            guesses, q_draft = grow_chain(eagle, target, dcache, head_out, d, run.sampling if drawn else Sampling(),
+                                          run.generator) if d else ([], None)
+            [emitted], [n], out = chain_step(run.sampling, run.generator, target, cache, [last], [guesses],
+                                             q_draft if drawn else None, opts.verify)
+            tokens, path = [last] + guesses, list(range(1, n + 1))  # as a tree: the root, then the chain
+        else:
+            if drawn:  # q_draft (N, V): the laws the drawn children came from
+                tokens, parents, q_draft = grow_sampled_tree(eagle, target, dcache, last, head_out, d, width, k + 1,
+                                                             run.sampling, run.generator)
+            else:  # EAGLE-2's top-k tree: its guesses are point masses
+                (tokens, parents), q_draft = grow_tree(eagle, target, dcache, last, head_out, d, width, k + 1), None
+            emitted, path, out = tree_step(run.sampling, run.generator, target, cache, tokens, parents, q_draft,
+                                           opts.verify)
         draft_policy.update(len(tokens) - 1, path)
         run.emit(emitted, drafted=len(tokens) - 1)
         last = emitted[-1]  # the head reads the accepted nodes again, with the target's features at the node before

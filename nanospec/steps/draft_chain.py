@@ -15,18 +15,19 @@ import torch
 from nanospec.rules.verify import sample, warp
 
 
-def draft_chain(step, x, k, sampling, generator=None, stop=None):
+def draft_chain(step, x, k, sampling, generator=None, stop=None, first=None):
     """k guesses per row, each fed back: step(x) -> the drafter's logits (B, V) for the token after x, x (B, T)
     token ids (T = 1 after the first guess; one prompt is one row); each guess is drawn from q = warp(logits,
     *sampling) with `generator`. stop(logits, guess) -> True ends the chain after that guess (one row:
-    adaptive.DraftLength.stopper, --adaptive confidence).
+    adaptive.DraftLength.stopper, --adaptive confidence). first: the logits (B, V) of the first guess when the
+    drafter already gave them (eagle's head, after reading the accepted tokens): step then runs from the second on.
     Returns (drafts: B lists of j ints, q_draft (B, j, V)), j = k unless stopped."""
     if k == 0:
-        return [[] for _ in range(x.size(0))], None
+        return [[] for _ in range(x.size(0) if first is None else first.size(0))], None
     drafts = []  # (B,) each, on the device
     q_rows = []  # (B, V) each
-    for _ in range(k):
-        logits = step(x)  # (B, V)
+    for i in range(k):
+        logits = first if i == 0 and first is not None else step(x)  # (B, V)
         q_rows.append(warp(logits, *sampling))  # (B, V)
         drafts.append(logits.argmax(-1) if sampling.greedy else sample(q_rows[-1], generator))  # (B,) on the device
         x = drafts[-1][:, None]  # (B, 1) the next forward reads it there
