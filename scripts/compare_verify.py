@@ -41,8 +41,8 @@ RULES = [
 ]
 # --compare shape: (row label, method, one shape's options, the other's)
 SHAPES = [
-    ("eagle", "eagle", {"tree": "dynamic"}, {"tree": "chain"}),  # each shape at its default depth: 2 and 3
-    ("eagle, depth 2", "eagle", {"tree": "dynamic", "depth": 2}, {"tree": "chain", "depth": 2}),
+    ("eagle", "eagle", {"tree": "dynamic"}, {"tree": "chain"}),  # the defaults: depth 2 (the tree: width 4, 8 tokens)
+    ("eagle, depth 3", "eagle", {"tree": "dynamic", "depth": 3}, {"tree": "chain", "depth": 3}),
     ("eagle, depth 4", "eagle", {"tree": "dynamic", "depth": 4}, {"tree": "chain", "depth": 4}),
 ]
 PAIRS = {"verify": RULES, "shape": SHAPES}
