@@ -293,7 +293,7 @@ def test_absurd_trees_are_clear_errors_not_hangs(models):
     for options, message in [(dict(width=100000), "width must be in 1..32"), (dict(depth=0), "depth must be in 1..16"),
                              (dict(total_tokens=1), "total_tokens must be in 2..256"),
                              (dict(draft_sampling="beam"), "draft_sampling must be one of topk, sample"),
-                             (dict(tree="chain", verify="traversal"), "traversal does not judge a chain.*--tree dynamic"),
+                             (dict(tree="chain", verify="traversal"), "not judge a chain.*--tree dynamic"),
                              (dict(tree="wide"), "tree must be one of chain, dynamic")]:
         with pytest.raises(ValueError, match=message):
             METHODS["eagle"](m, prompt, 5, temperature=1.0, **options)
