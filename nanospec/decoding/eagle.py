@@ -17,8 +17,10 @@ through the target's own unembedding. Each step of the tree (--tree dynamic):
     target argmax after "(" = x, after x = ")", after ")" = ":"  ->  emit [x, ")", ":"] from one forward.
 Sampling (--draft-sampling sample, the default), the head DRAWS its guesses from its warped q, verified against q
 (verify_tree_without_replacement, or leaves up: --verify traversal); grow_sampled_tree fixes the tree's shape first.
---tree chain, the default: one guess per depth, the head a drafter like speculative's draft GPT (draft_chain, then
-chain_step). A tree's extra guesses cost a CPU more than they bring (docs/benchmark.md); --tree dynamic grows it.
+--tree chain, the default: one guess per depth, each drawn from the head's q after the one before (draft_chain):
+    root "(": q after "(" -> x; a head pass over x with its f̂ -> q after x -> ")"; one target forward over
+    ["(", x, ")"] judges them as a chain (chain_step). On a CPU a tree's extra guesses cost more than they bring
+    (docs/benchmark.md); --tree dynamic grows the tree.
 --adaptive cost: k + 1 tokens per step, k = 0 (a plain step: the head reads the new tokens when it next drafts)."""
 import torch
 
