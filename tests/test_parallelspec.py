@@ -230,3 +230,5 @@ def test_missing_drafter_is_a_clear_error():
     models.parallelspec = tiny_drafter(models.target)
     with pytest.raises(ValueError, match="draft_len"):
         METHODS["parallelspec"](models, [1, 2], 5, draft_len=4)
+    with pytest.raises(ValueError, match="block does not judge a tree of drawn guesses.*; or --tree chain$"):
+        METHODS["parallelspec"](models, [1, 2], 5, temperature=1.0, verify="block")

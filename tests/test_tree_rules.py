@@ -297,5 +297,7 @@ def test_an_unset_verify_judges_each_kind_of_guesses_by_its_default_rule():
     assert judge_of(None, "fixed_tree") is verify_tree_descend
     assert judge_of(None, "chain") is verify_chain
     assert judge_of("token", "drawn_tree") is verify_tree_without_replacement
-    with pytest.raises(ValueError, match="does not judge a tree of guesses not drawn.*token, typical"):
+    with pytest.raises(ValueError, match="does not judge a tree of guesses not drawn.*token, typical$"):
         judge_of("traversal", "fixed_tree")
+    with pytest.raises(ValueError, match="does not judge a chain of guesses.*token, block; or --tree dynamic$"):
+        judge_of("traversal", "chain", "--tree dynamic")

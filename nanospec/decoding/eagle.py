@@ -149,11 +149,9 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     chain, depth = opts.tree == "chain", opts.depth
     drawn = run.sampling.guesses_drawn(opts.draft_sampling)
-    if not run.sampling.greedy and opts.verify is not None:  # it must judge these guesses (block: a chain, ...)
-        try:
-            judge_of(opts.verify, "chain" if chain else "drawn_tree" if drawn else "fixed_tree")
-        except ValueError as e:  # say how to get the guesses it judges
-            raise ValueError(f"{e}; or --tree {'dynamic' if chain else 'chain'}") from None
+    if not run.sampling.greedy:  # the rule must judge these guesses (block: a chain; traversal: a drawn tree)
+        judge_of(opts.verify, "chain" if chain else "drawn_tree" if drawn else "fixed_tree",
+                 f"--tree {'dynamic' if chain else 'chain'}")
     size = depth + 1 if chain else opts.total_tokens  # the most: --adaptive cost chooses k + 1 tokens each step
     draft_policy = draft_length(opts, size - 1, costs=step_costs(models, __name__, run.sampling, opts))
     cache = cache_for(target, target.config.block_size, size)  # room for a whole tree at the context end

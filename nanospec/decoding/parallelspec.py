@@ -77,7 +77,8 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
     drawn = run.sampling.guesses_drawn(opts.draft_sampling)
     if not run.sampling.greedy:  # the rule must judge these guesses (block: a chain; traversal: a drawn tree)
-        judge_of(opts.verify, "chain" if paths is None else "drawn_tree" if drawn else "fixed_tree")
+        judge_of(opts.verify, "chain" if paths is None else "drawn_tree" if drawn else "fixed_tree",
+                 "--tree small" if paths is None else "--tree chain")
     most = n_masks if paths is None else len(paths)  # a chain's masks, or a tree's guesses
     costs = step_costs(models, __name__, run.sampling, opts)
     draft_policy = draft_length(opts, k if paths is None else most, most, costs)

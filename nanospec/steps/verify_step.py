@@ -24,15 +24,16 @@ from nanospec.rules.verify import host_path, point_mass, sample, verify_chain_gr
 from nanospec.steps.options import KIND_NAMES, VERIFY_RULES, rule_for, rules_for
 
 
-def judge_of(rule, kind):
+def judge_of(rule, kind, instead=None):
     """The function of VERIFY_RULES that judges guesses of `kind` ("chain", "drawn_tree", "fixed_tree") under
     --verify `rule` (None: the default for that kind, options.DEFAULT_RULE), or a one-line ValueError naming the
-    rules that do."""
+    rules that do, and `instead`, the option that makes guesses this rule judges, when the method has one
+    (eagle's chain: "--tree dynamic")."""
     rule = rule_for(rule, kind)
     judge = getattr(VERIFY_RULES[rule], kind) if rule in VERIFY_RULES else None
     if judge is None:
         raise ValueError(f"--verify {rule} does not judge {KIND_NAMES[kind]}; the rules that do: "
-                         f"{', '.join(rules_for(kind))}")
+                         f"{', '.join(rules_for(kind))}" + (f"; or {instead}" if instead else ""))
     return judge
 
 
