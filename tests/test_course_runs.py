@@ -7,7 +7,7 @@ promises these calls. Instructor-only: handouts leave this file out (tests/test_
 How a call is seen: each exercise function's code is swapped for a trampoline that counts the call and runs
 the original (`counting`), so a call counts wherever the caller found the function (`from nanospec.rules.verify
 import verify_chain_greedy` in verify_step.py, `cache.rollback(...)` on a KVCache, `expand` looked up in
-eagle.py). Then one seeded generation per run below, on each runtime, must have called every function the run
+eagle_tree.py). Then one seeded generation per run below, on each runtime, must have called every function the run
 names, e.g.
 
     speculative, t=1, static  -> verify_chain (exercise 4), accept_prob and residual (3), rollback (5)

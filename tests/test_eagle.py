@@ -15,6 +15,7 @@ from nanospec.model.checkpoint import save_atomic
 from nanospec.model.load import Models, load_eagle
 from nanospec.decoding import METHODS, check_method
 from nanospec.decoding import eagle as eagle_method
+from nanospec.steps import eagle_tree
 from nanospec.steps.options import Sampling
 from nanospec.steps.run import tensor
 from nanospec.model.cache import KVCache
@@ -107,17 +108,23 @@ def test_stops_at_eot_budget_and_context_like_ar(models, tree):
 # The tree and the head's cache against slow paths
 
 
+def head_at_root(seed):
+    """A random head on a random tiny target, after reading x_1..x_L with the target's true features f_0..f_{L-1}:
+    (target, head, seq x_0..x_L (x_L the root), features (L, C), the head's cache, its Output at the root)."""
+    target = tiny_gpt(seed)
+    head = random_head(target, seed)
+    seq = random_ids(4 + seed, seed=seed)
+    features = target(tensor(seq[:-1], "cpu")).hidden[0]  # (L, C)
+    dcache = head.new_cache()
+    return target, head, seq, features, dcache, head(target, tensor(seq[1:], "cpu"), features[None], cache=dcache)
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("seed", range(3))
 def test_grow_tree_equals_slow_sequential_oracle(seed):
-    target = tiny_gpt(seed)
-    head = random_head(target, seed)
-    seq = random_ids(4 + seed, seed=seed)  # x_0..x_L, x_L = the root
-    features = target(tensor(seq[:-1], "cpu")).hidden[0]  # (L, C) f_0..f_{L-1}
-    dcache = head.new_cache()
-    draft = head(target, tensor(seq[1:], "cpu"), features[None], cache=dcache)
+    target, head, seq, features, dcache, draft = head_at_root(seed)
     for depth, width, total in [(1, 3, 3), (3, 3, 8), (4, 2, 30)]:
-        got = eagle_method.grow_tree(head, target, dcache, seq[-1], draft, depth, width, total)
+        got = eagle_tree.grow_tree(head, target, dcache, seq[-1], draft, depth, width, total)
         assert dcache.length == len(seq) - 1  # the guessed nodes are forgotten
         assert got == slow_tree(head, target, seq[1:], features, seq[-1], depth, width, total)
         tokens, parents = got
@@ -153,7 +160,7 @@ def test_grow_tree_worked_example():
     dcache.advance(5)
     head = Head()
     draft = head(None, torch.tensor([[0]]), None)  # tokens: "(" 0, x 1, self 2, ")" 3, "," 4, other 5
-    tokens, parents = eagle_method.grow_tree(head, None, dcache, 0, draft, depth=2, width=2, total_tokens=4)
+    tokens, parents = eagle_tree.grow_tree(head, None, dcache, 0, draft, depth=2, width=2, total_tokens=4)
     assert (tokens, parents) == ([0, 1, 2, 3], [-1, 0, 0, 1])
 
 
@@ -239,17 +246,12 @@ def test_grow_sampled_tree_draws_from_the_slow_oracles_q(seed):
     """Every node of the drawn tree has the shape's place (tree.draw_rank_paths), and the law its children were
     drawn from is the head's warped q after the node's own path of DRAWN tokens, as a plain head forward without
     cache or mask gives it; the children are distinct tokens q allows, and the head's cache is left as it was."""
-    target = tiny_gpt(seed)
-    head = random_head(target, seed)
-    seq = random_ids(4 + seed, seed=seed)
-    features = target(tensor(seq[:-1], "cpu")).hidden[0]  # (L, C)
-    dcache = head.new_cache()
-    draft = head(target, tensor(seq[1:], "cpu"), features[None], cache=dcache)
+    target, head, seq, features, dcache, draft = head_at_root(seed)
     sampling, g = (0.9, 6, None), torch.Generator().manual_seed(seed)
-    tokens, parents, q_draft = eagle_method.grow_sampled_tree(head, target, dcache, seq[-1], draft, 3, 3, 9,
+    tokens, parents, q_draft = eagle_tree.grow_sampled_tree(head, target, dcache, seq[-1], draft, 3, 3, 9,
                                                               sampling, g)
     assert dcache.length == len(seq) - 1
-    assert parents == tree_from_paths(draw_rank_paths(8, 3, 3, eagle_method.ACCEPT_GUESS))[0]
+    assert parents == tree_from_paths(draw_rank_paths(8, 3, 3, eagle_tree.ACCEPT_GUESS))[0]
     for u in range(len(tokens)):
         children = [c for c in range(len(tokens)) if parents[c] == u]
         if not children:
@@ -271,12 +273,7 @@ def test_grow_chain_draws_each_guess_from_the_slow_oracles_q(seed):
     """--tree chain: guess i is drawn from the head's warped q after the path of guesses before it, each read with
     the f̂ the head predicted at the one before (a plain head forward without cache gives it); the head's cache is
     left as it was."""
-    target = tiny_gpt(seed)
-    head = random_head(target, seed)
-    seq = random_ids(4 + seed, seed=seed)
-    features = target(tensor(seq[:-1], "cpu")).hidden[0]  # (L, C)
-    dcache = head.new_cache()
-    draft = head(target, tensor(seq[1:], "cpu"), features[None], cache=dcache)
+    target, head, seq, features, dcache, draft = head_at_root(seed)
     sampling, g = Sampling(0.9, 6, None), torch.Generator().manual_seed(seed)
     guesses, q_draft = eagle_method.grow_chain(head, target, dcache, draft, 3, sampling, g)
     assert dcache.length == len(seq) - 1 and len(guesses) == 3 and q_draft.shape == (1, 3, target.config.vocab_size)

@@ -1,4 +1,4 @@
-"""Exercise 9 (EXERCISES.md): `grow_tree` in nanospec/decoding/eagle.py, EAGLE-2's tree of guesses grown by
+"""Exercise 9 (EXERCISES.md): `grow_tree` in nanospec/steps/eagle_tree.py, EAGLE-2's tree of guesses grown by
 confidence. A scripted head (its law depends only on the token it is fed) makes every step readable: the
 docstring's example, a deeper tree with the exact tokens, positions, masks and features the head must be fed,
 the rerank and its ties, the cache left as it was. Then a random head against the slow sequential oracle,
@@ -10,7 +10,7 @@ Run: python -m pytest -m ex9"""
 import pytest
 import torch
 
-from nanospec.decoding.eagle import grow_tree
+from nanospec.steps.eagle_tree import grow_tree
 from nanospec.model.drafters.eagle import eagle_config
 from nanospec.model.cache import KVCache
 from nanospec.model.gpt import Output

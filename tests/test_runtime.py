@@ -30,11 +30,12 @@ import torch
 
 from nanospec.fast import graphs
 from nanospec.decoding import METHODS
-from nanospec.decoding.eagle import grow_tree, refresh
+from nanospec.decoding.eagle import refresh
 from nanospec.model.gpt import Output
 from nanospec.model.load import Models
 from nanospec.fast.runtime import RUNTIMES, Fast, fast, prepare, runtime_path
 from nanospec.rules.tree import frontier_mask, tree_mask, tree_positions
+from nanospec.steps.eagle_tree import grow_tree
 from laws import exact_law, method_law, parallelspec_sampled_law, tv, tv_bound
 from toys import (SAMPLING_MODEL, SAMPLING_TREE, TOL, all_models, ids, parallelspec_sampling_models, random_adapter,
                   random_head, random_ids, tiny_drafter, tiny_gpt)
@@ -148,7 +149,7 @@ def test_gpt_layer_ranges(E):
 @torch.inference_mode()
 def test_eagle_head():
     """The head on its own cache: a causal refresh over the accepted tokens, then frontier passes under tree
-    masks with explicit positions (as eagle.expand runs them), then a rollback to the accepted slots."""
+    masks with explicit positions (as eagle_tree.expand runs them), then a rollback to the accepted slots."""
     target = tiny_gpt(1)
     head = random_head(target, 1)
     runner, g = Fast(head), torch.Generator().manual_seed(0)
@@ -192,7 +193,7 @@ def test_parallelspec_drafter():
 @pytest.mark.parametrize("depth, width, total", [(1, 3, 4), (2, 4, 8), (3, 2, 6), (3, 3, 30)])
 @torch.inference_mode()
 def test_eagle_grow_tree_through_a_fast_head(depth, width, total):
-    """eagle.grow_tree (exercise 9) with a Fast head grows the plain head's tree node for node, and leaves the
+    """eagle_tree.grow_tree (exercise 9) with a Fast head grows the plain head's tree node for node, and leaves the
     head's cache as it found it (its frontier passes are rolled back)."""
     for seed in range(2):
         target = tiny_gpt(seed)

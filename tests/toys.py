@@ -179,7 +179,7 @@ def slow_tree(head, target, prefix_tokens, prefix_features, root, depth, width, 
 
 
 def draw_tree(root, paths, q_root, next_q, generator=None):
-    """A DrawnTree filled by a drafter given as a function, the loop eagle.grow_sampled_tree runs with its head:
+    """A DrawnTree filled by a drafter given as a function, the loop eagle_tree.grow_sampled_tree runs with its head:
     next_q(d, level, tokens, parents) -> (K, V), the drafter's laws at the drawn nodes `level` of depth d, in the
     tree's numbering (the root 0: candidate c of the DrawnTree is node c + 1). Returns (tokens, parents, q_draft)."""
     tree = DrawnTree(paths)

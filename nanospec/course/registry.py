@@ -89,7 +89,7 @@ EXERCISES = (
              gates=("test_sampled_law_by_enumerating_every_draw", "test_sampled_law_through_verify_tree_descend",
                     "test_greedy_walks_on_random_trees")),
     Exercise(9, "EAGLE's dynamic tree, grown by confidence",
-             (("nanospec/decoding/eagle.py", "grow_tree"), ("nanospec/decoding/eagle.py", "expand"),
+             (("nanospec/steps/eagle_tree.py", "grow_tree"), ("nanospec/steps/eagle_tree.py", "expand"),
               ("nanospec/rules/tree.py", "frontier_mask")),
              "tests/test_ex09_eagle_tree.py", 7, 12, (6, 8),
              gates=("test_a_deeper_tree_and_what_the_head_is_fed", "test_random_head_grows_the_slow_oracles_tree")),

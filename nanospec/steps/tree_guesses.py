@@ -10,7 +10,7 @@ the root, then the first candidate below it.
                    ParallelSpec's masks): each depth's candidates are its top-k, or drawn as a DrawnTree
   DrawnTree        a shape filled with draws, each node's children drawn from its own q: all at once (fill_tree),
                    or one depth at a time by a drafter whose law at a node depends on the tokens above it (EAGLE's
-                   head: its loop is eagle.grow_sampled_tree)
+                   head: its loop is eagle_tree.grow_sampled_tree)
 """
 import torch
 
@@ -104,7 +104,7 @@ class DrawnTree:
     without replacement from the law q given for it, in rank order, independent of every other node's (traversal
     verification needs it). Where q allows fewer tokens than the shape has children (top-k, top-p), the rest are
     left undrawn, and out of the tree with everything under them.
-    Its nodes are numbered as a drafter grows them (eagle's grow_tree and expand): candidates 0.., the shape's
+    Its nodes are numbered as a drafter grows them (eagle_tree's grow_tree and expand): candidates 0.., the shape's
     nodes in order, parent -1 = the root. A drafter whose law at a node depends on the tokens above it (EAGLE's
     head) draws one depth at a time, in its own loop:
         tree = DrawnTree(paths)

@@ -25,8 +25,8 @@ up across steps. Training is teacher-forced on true features (the frozen target 
 
 the second term with the target's full distribution as a soft label (EAGLE used weights 1.0 and 0.1; what
 other weights, input noise and a second unrolled step did: docs/training-notes.md). The losses are in
-nanospec/training/drafter_losses.py, the loader in nanospec/model/load.py; the tree the head grows in
-nanospec/decoding/eagle.py.
+nanospec/training/drafter_losses.py, the loader in nanospec/model/load.py; the chain the head drafts in
+nanospec/decoding/eagle.py, the tree it grows in nanospec/steps/eagle_tree.py.
 """
 from dataclasses import replace
 
