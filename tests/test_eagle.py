@@ -60,8 +60,9 @@ def train_head(target, steps, seed=0):
 def models():
     random_target = tiny_gpt(1)
     trained = trained_tiny(n_future=2)
-    return {"random": Models(target=random_target, eagle=random_head(random_target)),
-            "trained": Models(target=trained, eagle=train_head(trained, 60)[0])}
+    return {"random": Models(target=random_target, eagle=random_head(random_target)),  # EAGLE-1's layer
+            "random-mlp": Models(target=random_target, eagle=random_head(random_target, attention=False)),
+            "trained": Models(target=trained, eagle=train_head(trained, 60)[0])}  # the default: no attention
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -73,7 +74,7 @@ OPTIONS = [{}, {"tree": "chain", "depth": 5}, {"tree": "dynamic"},  # the defaul
            {"tree": "dynamic", "depth": 3, "width": 5, "total_tokens": 40}]
 
 
-@pytest.mark.parametrize("name", ["random", "trained"])
+@pytest.mark.parametrize("name", ["random", "random-mlp", "trained"])
 @pytest.mark.parametrize("options", OPTIONS)
 def test_greedy_equals_ar(models, name, options):
     m = models[name]
@@ -164,7 +165,8 @@ def test_grow_tree_worked_example():
     assert (tokens, parents) == ([0, 1, 2, 3], [-1, 0, 0, 1])
 
 
-@pytest.mark.parametrize("name, sampling, tree", [("random", 0.0, "dynamic"), ("trained", 0.0, "dynamic"),
+@pytest.mark.parametrize("name, sampling, tree", [("random", 0.0, "dynamic"), ("random-mlp", 0.0, "dynamic"),
+                                                  ("trained", 0.0, "dynamic"),
                                                   ("trained", 1.0, "dynamic"), ("trained", 1.0, "chain"),
                                                   ("trained", 0.0, "chain")])
 def test_head_cache_after_each_step_equals_fresh_run_over_accepted_text(models, name, sampling, tree, monkeypatch):
@@ -319,6 +321,31 @@ def test_checkpoint_round_trip_and_missing_head_error(models, tmp_path):
         check_method("eagle", Models(target=m.target))
     with pytest.raises(ValueError, match="depth"):
         METHODS["eagle"](m, prompt, 5, depth=0)
+
+
+def test_a_head_without_attention_reads_each_token_alone(models):
+    """The default head (config.attention False): its guess of f_{t+1} comes from (x_{t+1}, f_t) alone, whatever the
+    head read before; EAGLE-1's layer (attention) sees the tokens before through its cache."""
+    target = models["random"].target
+    x, f = tensor(random_ids(6, seed=1), "cpu"), torch.randn(1, 6, target.config.n_embd, dtype=torch.float64)
+    for attention in (False, True):
+        head = random_head(target, 2, attention=attention).double()
+        alone = head(target, x[:, -1:], f[:, -1:], pos=torch.tensor([6])).hidden  # (1, 1, C)
+        after = head(target, x, f).hidden[:, -1:]  # the same token at the same position, after five others
+        assert torch.allclose(alone, after, atol=1e-12) != attention, attention
+    assert not hasattr(random_head(target, attention=False).block, "attn")  # no attention weights either
+
+
+def test_an_eagle_pt_from_before_the_attention_option_loads_as_eagle1s_layer(models, tmp_path):
+    """eagle.pt files written before EagleConfig.attention hold EAGLE-1's block: they load and decode as before."""
+    m = models["random"]
+    config = asdict(m.eagle.config)
+    del config["attention"]
+    save_atomic({"config": config, "model": m.eagle.state_dict(), "tokenizer": "tok"}, tmp_path / "eagle.pt")
+    head = load_eagle(str(tmp_path / "eagle.pt"), "tok").double()
+    assert head.config.attention and hasattr(head.block, "attn")
+    prompt = random_ids(3)
+    assert METHODS["eagle"](Models(target=m.target, eagle=head), prompt, 12)[0] == METHODS["ar"](m, prompt, 12)[0]
 
 
 def test_train_stage_trains_skips_and_retrains_for_a_new_target(tmp_path, capsys):

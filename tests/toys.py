@@ -101,9 +101,11 @@ SAMPLING_TREE = "0;1;2;0,0;0,1;1,0"  # 3 guesses for the first token after the r
 # Random drafters, and every part at once
 
 
-def random_head(target, seed=0):
+def random_head(target, seed=0, attention=True):
+    """A random EAGLE head; attention=True (EAGLE-1's layer, not the trained default) by default: its masks and
+    cache are what the tree and the fast layer can get wrong."""
     torch.manual_seed(seed)
-    head = Eagle(eagle_config(target.config)).to(target.wte.weight.dtype)
+    head = Eagle(eagle_config(target.config, attention)).to(target.wte.weight.dtype)
     for p in head.parameters():  # larger than the init, so the random head's guesses differ from node to node
         p.data.add_(0.3 * torch.randn_like(p))
     return head.eval()

@@ -1,10 +1,12 @@
 """
 `eagle`: a one-layer head on the target's features guesses a chain, or a tree grown by confidence; one forward
-checks it. EAGLE-1's draft head with EAGLE-2's dynamic tree (Li et al. 2024, arXiv 2401.15077 and 2406.16858).
+checks it. EAGLE-1's draft head (by default its layer without attention: cheaper on a CPU) with EAGLE-2's dynamic
+tree (Li et al. 2024, arXiv 2401.15077 and 2406.16858).
 
 The head (nanospec/model/drafters/eagle.py) guesses the target's next *feature* from [token ; feature] and reads it
 through the target's own unembedding, so one layer drafts well. Each step:
-  1. refresh: the head reads the tokens accepted since it last drafted, with the target's TRUE features;
+  1. refresh: the head reads the tokens accepted since it last drafted, with the target's TRUE features (the
+     default head has no attention and needs only the last; reading all keeps one path for both layers);
   2. draft: --tree chain, the default: one guess per depth, each drawn from the head's q after the one before
      (draft_chain; greedy: its argmax); --tree dynamic: EAGLE-2's tree (nanospec/steps/eagle_tree.py);
   3. verify: one target forward over the guesses (chain_step or tree_step: lossless); the head forgets them.

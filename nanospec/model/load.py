@@ -24,7 +24,7 @@ import torch
 
 from nanospec.model.checkpoint import (CheckpointError, check_target, load_checkpoint, load_gpt, load_module,
                                        load_weights, target_fingerprint)
-from nanospec.model.drafters.eagle import Eagle
+from nanospec.model.drafters.eagle import Eagle, EagleConfig
 from nanospec.model.drafters.early_exit import ExitAdapter
 from nanospec.model.drafters.parallelspec import ParallelSpec, ParallelSpecConfig
 from nanospec.model.gpt import GPT, GPTConfig
@@ -49,7 +49,7 @@ class Models:
 def load_eagle(path, tokenizer_identity=None, device="cpu", target_id=None):
     """The bare EAGLE head from eagle.pt; every call then takes the target it was trained on (target_id: that
     target's fingerprint, checked when given)."""
-    return load_module(path, tokenizer_identity, device, lambda cfg: Eagle(GPTConfig(**cfg)), "eagle", target_id)
+    return load_module(path, tokenizer_identity, device, lambda cfg: Eagle(EagleConfig(**{"attention": True, **cfg})), "eagle", target_id)
 
 
 def load_parallelspec(path, tokenizer_identity=None, device="cpu", target_id=None):

@@ -3,11 +3,20 @@ The EAGLE draft head (Li et al. 2024, arXiv 2401.15077): a one-layer drafter tha
 *feature* (its trunk output before the final norm, `Output.hidden`) instead of its next token.
 
 Why features? The target's top hidden state already holds everything its head needs to pick a token, so the
-next one is much easier to guess from it than from tokens alone: a single transformer layer on top of the
+next one is much easier to guess from it than from tokens alone: a single layer on top of the
 target's own features is enough. One draft step reads the token just chosen and the feature before it:
 
-    [ wte(x_{t+1}) + wpe(t+1) ; f_t ]  (2C)  -fc->  (C)  -one Block->  f̂_{t+1}   (the guess of f_{t+1})
+    [ wte(x_{t+1}) + wpe(t+1) ; f_t ]  (2C)  -fc->  (C)  -one layer->  f̂_{t+1}   (the guess of f_{t+1})
     ln_f + lm_head of the TARGET on f̂_{t+1}  ->  q_draft, the law of token x_{t+2}
+
+The layer: EAGLE-1's is a transformer block (attention over the head's own cache, then an MLP); nanospec's head,
+by default, is the block WITHOUT its attention, x + MLP(norm(x)) (config.attention = False). f_t already carries
+the context, so attention adds little: sum(min(p, q)) at t=1, teacher-forced on validation, 0.736 with it and
+0.717 without; but on a CPU it was most of a draft pass (0.48 of a target forward with it, 0.23 without), and
+without it `eagle` went from 1.13x to 1.18x `ar` at t=1, 1.24x to 1.30x greedy (docs/training-notes.md, "The
+head's attention"; docs/benchmark.md). A head trained with attention (config.attention = True, every eagle.pt
+from before the option) still loads and runs the same code: positions and the cache's lengths are kept either
+way, and a head without attention writes no keys.
 
 The embedding (wte, wpe) and the unembedding (ln_f, lm_head) are the target's, frozen and not stored in
 eagle.pt (which holds only fc and the block), so every call takes the target as its first argument.
@@ -28,23 +37,32 @@ other weights, input noise and a second unrolled step did: docs/training-notes.m
 nanospec/training/drafter_losses.py, the loader in nanospec/model/load.py; the chain the head drafts in
 nanospec/decoding/eagle.py, the tree it grows in nanospec/steps/eagle_tree.py.
 """
-from dataclasses import replace
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
 from nanospec.model.cache import KVCache, place
-from nanospec.model.gpt import Block, Output
+from nanospec.model.gpt import Block, GPTConfig, MTPHead, Output
+
+
+@dataclass
+class EagleConfig(GPTConfig):
+    """The target's GPTConfig (n_layer=1: one layer, a KVCache of one layer; n_future=0), and the head's own field."""
+    attention: bool = False  # the layer attends over the head's cache (EAGLE-1's block) or not (its MLP alone): on a
+    # CPU the attention cost most of a draft pass for 0.019 of acceptance (module docstring)
+
 
 class Eagle(nn.Module):
     def __init__(self, config):
-        """config: the target's GPTConfig with n_layer=1 (one Block; a KVCache of one layer), n_future=0."""
+        """config: an EagleConfig (eagle_config)."""
         super().__init__()
         self.config = config
         C = config.n_embd
         self.fc = nn.Linear(2 * C, C, bias=True)  # fuses [token embedding ; feature] back to the model width
-        self.block = Block(config)
+        # the layer: a Block (ln, attention, ln, MLP), or x + MLP(norm(x)) (an MTPHead's shape, trained here)
+        self.block = Block(config) if config.attention else MTPHead(config)
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -61,7 +79,7 @@ class Eagle(nn.Module):
         # the features at unit RMS: a target trained with Muon carries features of RMS ~8 beside embeddings of ~0.1
         features = F.rms_norm(features, (features.size(-1),))  # (B, T, C)
         x = self.fc(torch.cat([emb, features], dim=-1))  # (B, T, 2C) -> (B, T, C)
-        x = self.block(x, at, 0)  # (B, T, C) the predicted next feature
+        x = self.block(x, at, 0) if self.config.attention else self.block(x)  # (B, T, C) the predicted next feature
         if cache is not None:
             cache.advance(tokens.size(1))
         return Output(logits=target.unembed(x) if logits else None, hidden=x)
@@ -77,5 +95,6 @@ class Eagle(nn.Module):
         return KVCache(self.config, 1, w.device, w.dtype, max_len)
 
 
-def eagle_config(target_config):
-    return replace(target_config, n_layer=1, n_future=0, dropout=0.0)
+def eagle_config(target_config, attention=False):
+    """The head's EagleConfig on `target_config` (a GPTConfig): its width, vocabulary and context, one layer."""
+    return EagleConfig(**{**asdict(target_config), "n_layer": 1, "n_future": 0, "dropout": 0.0, "attention": attention})
