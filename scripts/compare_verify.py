@@ -3,12 +3,15 @@ Token-wise against joint verification on the trained model: for every method tha
 prompts and seeds verified with the token rule and with block verification (chains) or traversal verification
 (drawn trees), at the temperatures given. Prints a Markdown table: tokens per target forward and wall-clock
 speedup over `ar` in the same run, for each rule, and the gain of the joint rule. `--compare shape` sets eagle's
-tree against its chain the same way (greedy too: there the two differ).
+tree against its chain the same way (greedy too: there the two differ), `--compare depth` its chain of 2 against
+one of 3 and against block verification.
 
     python scripts/compare_verify.py                         # out/, temperatures 1 and 0.7, 3 prompts per category
     python scripts/compare_verify.py --temperatures 1 --prompts-per-category 6 --repeats 3
     python scripts/compare_verify.py --temperatures 1 --prompts-per-category 6 --adaptive cost   # the default rule
     python scripts/compare_verify.py --compare shape --temperatures 0,1 --prompts-per-category 6 --repeats 3
+    python scripts/compare_verify.py --compare depth --temperatures 0,1 --prompts-per-category 6 --repeats 3 \
+        --adaptive cost
 
 Greedy decoding is left out of the rules' comparison: both rules are then "accept while the guess is the argmax".
 """
@@ -45,7 +48,13 @@ SHAPES = [
     ("eagle, depth 3", "eagle", {"tree": "dynamic", "depth": 3}, {"tree": "chain", "depth": 3}),
     ("eagle, depth 4", "eagle", {"tree": "dynamic", "depth": 4}, {"tree": "chain", "depth": 4}),
 ]
-PAIRS = {"verify": RULES, "shape": SHAPES}
+# --compare depth: eagle's default chain (2 deep, the token rule) against a deeper one and block verification
+DEPTHS = [
+    ("eagle, depth 3", "eagle", {"tree": "chain"}, {"tree": "chain", "depth": 3}),
+    ("eagle, depth 3, block", "eagle", {"tree": "chain"}, {"tree": "chain", "depth": 3, "verify": "block"}),
+    ("eagle, block", "eagle", {"tree": "chain"}, {"tree": "chain", "verify": "block"}),
+]
+PAIRS = {"verify": RULES, "shape": SHAPES, "depth": DEPTHS}
 
 
 def label(options):
@@ -77,7 +86,8 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compare", default="verify", choices=list(PAIRS),
-                   help="verify (default): the token rule against the joint one; shape: eagle's tree against its chain")
+                   help="verify (default): the token rule against the joint one; shape: eagle's tree against its "
+                        "chain; depth: eagle's chain of 2 against one of 3 and against block verification")
     p.add_argument("--adaptive", default="off", choices=["off", "cost"],
                    help="off (default): every step drafts the method's whole default; cost: each method's default "
                         "rule, priced by this machine's calibration (kept in CKPT/calibration.json)")
