@@ -16,7 +16,8 @@ the context, so attention adds little: sum(min(p, q)) at t=1, teacher-forced on 
 without it `eagle` went from 1.13x to 1.18x `ar` at t=1, 1.24x to 1.30x greedy (docs/training-notes.md, "The
 head's attention"; docs/benchmark.md). A head trained with attention (config.attention = True, every eagle.pt
 from before the option) still loads and runs the same code: positions and the cache's lengths are kept either
-way, and a head without attention writes no keys.
+way, and a head without attention writes no keys. To train EAGLE-1's layer, give eagle_config attention=True in
+eagle_recipe (nanospec/training/drafters.py).
 
 The embedding (wte, wpe) and the unembedding (ln_f, lm_head) are the target's, frozen and not stored in
 eagle.pt (which holds only fc and the block), so every call takes the target as its first argument.
