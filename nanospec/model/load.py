@@ -49,7 +49,9 @@ class Models:
 def load_eagle(path, tokenizer_identity=None, device="cpu", target_id=None):
     """The bare EAGLE head from eagle.pt; every call then takes the target it was trained on (target_id: that
     target's fingerprint, checked when given)."""
-    return load_module(path, tokenizer_identity, device, lambda cfg: Eagle(EagleConfig(**{"attention": True, **cfg})), "eagle", target_id)
+    # an eagle.pt from before EagleConfig.attention has no such field: its layer is EAGLE-1's block, with attention
+    return load_module(path, tokenizer_identity, device, lambda cfg: Eagle(EagleConfig(**{"attention": True, **cfg})),
+                       "eagle", target_id)
 
 
 def load_parallelspec(path, tokenizer_identity=None, device="cpu", target_id=None):

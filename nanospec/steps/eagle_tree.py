@@ -95,4 +95,3 @@ def grow_sampled_tree(eagle, target, dcache, root, head_out, depth, width, total
         level = tree.draw(level, warp(out.logits[0], *sampling), generator)  # (K, V) their children's law
     dcache.rollback(L)
     return tree.result(root)
-
