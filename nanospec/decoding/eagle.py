@@ -52,11 +52,12 @@ def grow_chain(eagle, target, dcache, head_out, k, sampling, generator):
     """--tree chain: k guesses, one per depth, each drawn from the head's warped q (draft_chain): the first from
     head_out, the head's Output at the root, each later one from a pass over the guess before it, read with the f̂
     that drew it. Returns (guesses, q_draft (1, k, V)); the head's cache is left as it was."""
-    L, at = dcache.length, [head_out]
+    L, out = dcache.length, head_out
 
     def step(x):  # x (1, 1) the newest guess -> the head's logits (1, V) for the token after it
-        at[0] = eagle(target, x, at[0].hidden[:, -1:], cache=dcache)
-        return at[0].logits[:, -1]
+        nonlocal out  # the head's Output at the guess before: its f̂ is what the next pass reads
+        out = eagle(target, x, out.hidden[:, -1:], cache=dcache)
+        return out.logits[:, -1]
 
     guesses, q_draft = draft_chain(step, None, k, sampling, generator, first=head_out.logits[:, -1])
     dcache.rollback(L)
