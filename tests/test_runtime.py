@@ -23,7 +23,7 @@ into a forward fails these tests here as it would on a GPU. The CUDA test at the
 import gc
 import random
 import weakref
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import pytest
 import torch
@@ -147,11 +147,13 @@ def test_gpt_layer_ranges(E):
 
 
 @torch.inference_mode()
-def test_eagle_head():
+@pytest.mark.parametrize("attention", [True, False])
+def test_eagle_head(attention):
     """The head on its own cache: a causal refresh over the accepted tokens, then frontier passes under tree
-    masks with explicit positions (as eagle_tree.expand runs them), then a rollback to the accepted slots."""
+    masks with explicit positions (as eagle_tree.expand runs them), then a rollback to the accepted slots. A head
+    without attention (the default) places by positions alone: no mask, no slots reach its replay."""
     target = tiny_gpt(1)
-    head = random_head(target, 1)
+    head = random_head(target, 1, attention)
     runner, g = Fast(head), torch.Generator().manual_seed(0)
     plain, cache = head.new_cache(max_len=64), runner.new_cache(max_len=64)
     for step in range(5):
@@ -197,7 +199,7 @@ def test_eagle_grow_tree_through_a_fast_head(depth, width, total):
     head's cache as it found it (its frontier passes are rolled back)."""
     for seed in range(2):
         target = tiny_gpt(seed)
-        head = random_head(target, seed)
+        head = random_head(target, seed, attention=seed == 0)  # EAGLE-1's layer, then the default without attention
         seq = random_ids(7, seed=seed)
         features = target(ids(seq)).hidden[0, :-1]  # (6, C)
         trees = []
@@ -498,6 +500,21 @@ def test_static_path_gives_the_eager_paths_tokens(case, method, options, sampled
             assert got == METHODS["ar"](models, prompt, 40)[0]
         accepted += stats["new_tokens"] - stats["target_forwards"]
     assert accepted > 0 or method == "ar", "no guess kept: the rollbacks past accepted guesses never ran"
+
+
+@pytest.mark.parametrize("options", [{}, {"tree": "dynamic"}, {"tree": "dynamic", "draft_sampling": "topk"}])
+def test_static_path_with_a_head_without_attention(options):
+    """The default EAGLE head has no attention (the random heads of the other cases have): its forwards are placed
+    by positions alone, replayed on the static path as they run eagerly, chain and trees."""
+    accepted = 0
+    for sampling, seed in (("greedy", 0), ("t1", 1)):
+        models = all_models(seed)
+        models = replace(models, eagle=random_head(models.target, seed, attention=False))
+        (got, stats), (expected, plain_stats) = both_paths("eagle", models, random_ids(5, seed=seed), 40,
+                                                           SAMPLINGS[sampling], seed=seed, **options)
+        assert got == expected and stats["accepted_per_step"] == plain_stats["accepted_per_step"], sampling
+        accepted += stats["new_tokens"] - stats["target_forwards"]
+    assert accepted > 0, "no guess kept: the rollbacks past accepted guesses never ran"
 
 
 @pytest.mark.parametrize("sampling", ["greedy", "t1"])

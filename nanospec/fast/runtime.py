@@ -142,11 +142,14 @@ class Fast:
         at = self.model.place(*args, cache=cache, pos=pos, mask=mask, **kwargs)  # on the host, as tensors
         given = list(args) + list(kwargs.values())
         tensors = [a for a in given if torch.is_tensor(a)]  # the graph's inputs
-        every_slot = at.mask  # (.., T, S): the shapes depend on B and T alone
-        key = graph_key(cache, given, kwargs, (at.pos, every_slot, *tensors))
+        placed = (at.pos, at.mask, at.slots)  # at.mask (.., T, S): the shapes depend on B and T alone; a model
+        # that attends to nothing (an EAGLE head without attention) places by positions alone: no mask, no slots
+        placed_in = [t for t in placed if t is not None]
+        key = graph_key(cache, given, kwargs, (*placed_in, *tensors))
 
-        def fn(pos, mask, slots, *tensors):  # tensors in, tensors out: what a graph of this key records
-            it = iter(tensors)
+        def fn(*inputs):  # tensors in, tensors out: what a graph of this key records
+            it = iter(inputs)
+            pos, mask, slots = (None if t is None else next(it) for t in placed)
             filled = [next(it) if torch.is_tensor(a) else a for a in given]
             view = Placed(cache, slots)
             out = self.model(*filled[:len(args)], cache=view, pos=pos, mask=mask,
@@ -157,7 +160,7 @@ class Fast:
 
         try:
             Fast.inside += 1  # fn's Python (first sight, warm-up, capture) may call another Fast: it just runs
-            outputs = self.graphs(fn, at.pos, every_slot, at.slots, *tensors, key=key, protect=(cache.k, cache.v))
+            outputs = self.graphs(fn, *placed_in, *tensors, key=key, protect=(cache.k, cache.v))
         except CaptureFailed as e:
             self.gave_up(e)
             return self.model(*args, cache=cache, pos=pos, mask=mask, **kwargs)
