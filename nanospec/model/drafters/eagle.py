@@ -48,11 +48,19 @@ from nanospec.model.cache import KVCache, place
 from nanospec.model.gpt import Block, GPTConfig, MTPHead, Output
 
 
+FEATURE_NORMS = {"layer": F.layer_norm, "rms": F.rms_norm}  # EagleConfig.feature_norm
+
+
 @dataclass
 class EagleConfig(GPTConfig):
-    """The target's GPTConfig (n_layer=1: one layer, a KVCache of one layer; n_future=0), and the head's own field."""
+    """The target's GPTConfig (n_layer=1: one layer, a KVCache of one layer; n_future=0), and the head's own fields.
+    A head saved before a field existed loads with the value it was trained with (load.load_eagle)."""
     attention: bool = False  # the layer attends over the head's cache (EAGLE-1's block) or not (its MLP alone): on a
     # CPU the attention cost most of a draft pass for 0.019 of acceptance (module docstring)
+    gelu: str = "tanh"  # the layer's GELU, F.gelu's `approximate`: "tanh" or "none" (exact, as the target's); on
+    # this CPU the exact one (erf element by element) cost a seventh of a draft pass, the approximation a fiftieth
+    feature_norm: str = "layer"  # how f_t is brought to unit scale before fc: "layer" (F.layer_norm, no weights) or
+    # "rms" (F.rms_norm); the same job, and F.rms_norm cost three times as much here (docs/training-notes.md)
 
 
 class Eagle(nn.Module):
@@ -63,7 +71,9 @@ class Eagle(nn.Module):
         C = config.n_embd
         self.fc = nn.Linear(2 * C, C, bias=True)  # fuses [token embedding ; feature] back to the model width
         # the layer: a Block (ln, attention, ln, MLP), or x + MLP(norm(x)) (an MTPHead's shape, trained here)
-        self.block = Block(config) if config.attention else MTPHead(config)
+        self.block = Block(config, config.gelu) if config.attention else MTPHead(config, config.gelu)
+        if config.feature_norm not in FEATURE_NORMS:
+            raise ValueError(f"feature_norm must be one of {', '.join(FEATURE_NORMS)}, got {config.feature_norm!r}")
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -77,8 +87,8 @@ class Eagle(nn.Module):
         asked for; hidden (B, T, C) = f̂_{t+1})."""
         at = self.place(target, tokens, features, pos, cache, mask)
         emb = target.wte(tokens) + target.wpe(at.pos)  # (B, T, C) the target's own input embedding
-        # the features at unit RMS: a target trained with Muon carries features of RMS ~8 beside embeddings of ~0.1
-        features = F.rms_norm(features, (features.size(-1),))  # (B, T, C)
+        # the features at unit scale: a target trained with Muon carries features of RMS ~8 beside embeddings of ~0.1
+        features = FEATURE_NORMS[self.config.feature_norm](features, (features.size(-1),))  # (B, T, C)
         x = self.fc(torch.cat([emb, features], dim=-1))  # (B, T, 2C) -> (B, T, C)
         x = self.block(x, at, 0) if self.config.attention else self.block(x)  # (B, T, C) the predicted next feature
         if cache is not None:
