@@ -338,17 +338,18 @@ def test_a_head_without_attention_reads_each_token_alone(models):
 
 
 def test_an_eagle_pt_from_before_the_head_options_loads_as_it_was_trained(models, tmp_path):
-    """eagle.pt files written before EagleConfig's own fields hold EAGLE-1's block, with the exact GELU and
-    RMS-normed features: they load as such (the head computes what it computed then) and decode = `ar`."""
+    """eagle.pt files written before EagleConfig's own fields hold EAGLE-1's block, with the exact GELU, position
+    embeddings and RMS-normed features: they load as such (the head computes what it computed then), decode = `ar`."""
     m = models["random"]
     target, config = m.target, asdict(m.eagle.config)
-    for field in ("attention", "gelu", "feature_norm"):
+    for field in ("attention", "gelu", "positions", "feature_norm"):
         del config[field]
     save_atomic({"config": config, "model": m.eagle.state_dict(), "tokenizer": "tok"}, tmp_path / "eagle.pt")
     head = load_eagle(str(tmp_path / "eagle.pt"), "tok").double()
-    assert (head.config.attention, head.config.gelu, head.config.feature_norm) == (True, "none", "rms")
+    assert (head.config.attention, head.config.gelu, head.config.positions, head.config.feature_norm) == (
+        True, "none", True, "rms")
     x, f = tensor(random_ids(6, seed=3), "cpu"), 3 * torch.randn(1, 6, target.config.n_embd, dtype=torch.float64)
-    for then, same in ((dict(gelu="none", feature_norm="rms"), True), ({}, False)):  # as trained; today's defaults
+    for then, same in ((dict(gelu="none", positions=True, feature_norm="rms"), True), ({}, False)):  # then; now
         twin = Eagle(EagleConfig(**config, attention=True, **then)).double()
         twin.load_state_dict(m.eagle.state_dict())
         assert torch.allclose(head(target, x, f).logits, twin(target, x, f).logits, atol=1e-12) == same, then

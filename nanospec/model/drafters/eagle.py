@@ -6,7 +6,7 @@ Why features? The target's top hidden state already holds everything its head ne
 next one is much easier to guess from it than from tokens alone: a single layer on top of the
 target's own features is enough. One draft step reads the token just chosen and the feature before it:
 
-    [ wte(x_{t+1}) + wpe(t+1) ; f_t ]  (2C)  -fc->  (C)  -one layer->  f̂_{t+1}   (the guess of f_{t+1})
+    [ wte(x_{t+1}) ; norm(f_t) ]  (2C)  -fc->  (C)  -one layer->  f̂_{t+1}   (the guess of f_{t+1})
     ln_f + lm_head of the TARGET on f̂_{t+1}  ->  q_draft, the law of token x_{t+2}
 
 The layer: EAGLE-1's is a transformer block (attention over the head's own cache, then an MLP); nanospec's head,
@@ -19,8 +19,15 @@ from before the option) still loads and runs the same code: positions and the ca
 way, and a head without attention writes no keys. To train EAGLE-1's layer, give eagle_config attention=True in
 eagle_recipe (nanospec/training/drafters.py).
 
-The embedding (wte, wpe) and the unembedding (ln_f, lm_head) are the target's, frozen and not stored in
-eagle.pt (which holds only fc and the block), so every call takes the target as its first argument.
+Three more defaults make a pass cheaper on a CPU for no acceptance (sum(min(p, q)) at t=1 on validation 0.717
+before them, 0.716 after, 0.668 against 0.663 a step deeper): the MLP's GELU is the tanh approximation (torch's exact
+GELU computes erf element by element on a CPU), the features are normed by F.layer_norm rather than F.rms_norm (the
+same job in a third of the time), and no position embedding is added to the token's (f_t already carries where the
+token stands). Heads saved before these fields load with what they were trained with (load.load_eagle).
+
+The embedding (wte; wpe for a head with positions) and the unembedding (ln_f, lm_head) are the target's, frozen
+and not stored in eagle.pt (which holds only fc and the block), so every call takes the target as its first
+argument.
 
 Slot j of the head's own KV cache holds token x_{j+1} at position j+1, read together with the feature f_j:
 
@@ -44,7 +51,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from nanospec.model.cache import KVCache, place
+from nanospec.model.cache import KVCache, Placement, place
 from nanospec.model.gpt import Block, GPTConfig, MTPHead, Output
 
 
@@ -58,9 +65,10 @@ class EagleConfig(GPTConfig):
     attention: bool = False  # the layer attends over the head's cache (EAGLE-1's block) or not (its MLP alone): on a
     # CPU the attention cost most of a draft pass for 0.019 of acceptance (module docstring)
     gelu: str = "tanh"  # the layer's GELU, F.gelu's `approximate`: "tanh" or "none" (exact, as the target's); on
-    # this CPU the exact one (erf element by element) cost a seventh of a draft pass, the approximation a fiftieth
+    # the 2-core Xeon one token's 256 values took 7.2 us exact (erf element by element), 1.3 us with tanh
+    positions: bool = False  # add the target's position embedding to the token's (f_t already carries where it is)
     feature_norm: str = "layer"  # how f_t is brought to unit scale before fc: "layer" (F.layer_norm, no weights) or
-    # "rms" (F.rms_norm); the same job, and F.rms_norm cost three times as much here (docs/training-notes.md)
+    # "rms" (F.rms_norm): the same job; over 64 values 2.3 us against 7.6 us there (docs/training-notes.md)
 
 
 class Eagle(nn.Module):
@@ -86,7 +94,9 @@ class Eagle(nn.Module):
         mask (T, cached+T) bool, default causal. Returns Output(logits (B, T, V) for x_{t+2}, or None when not
         asked for; hidden (B, T, C) = f̂_{t+1})."""
         at = self.place(target, tokens, features, pos, cache, mask)
-        emb = target.wte(tokens) + target.wpe(at.pos)  # (B, T, C) the target's own input embedding
+        emb = target.wte(tokens)  # (B, T, C) the target's own token embedding
+        if self.config.positions:
+            emb = emb + target.wpe(at.pos)  # and its position embedding
         # the features at unit scale: a target trained with Muon carries features of RMS ~8 beside embeddings of ~0.1
         features = FEATURE_NORMS[self.config.feature_norm](features, (features.size(-1),))  # (B, T, C)
         x = self.fc(torch.cat([emb, features], dim=-1))  # (B, T, 2C) -> (B, T, C)
@@ -102,10 +112,12 @@ class Eagle(nn.Module):
         slot and no mask: its Placement is the positions alone, right after the cache's tokens (the cache still
         counts them), which spares two of a draft pass's ~20 tensor operations (on this CPU ~8% of a pass)."""
         T, table = tokens.size(1), self.config.block_size
-        if not self.config.attention:
-            first = 1 + (cache.length if cache is not None else 0)  # slot j holds position j+1
-            return place(None, T, pos, None, tokens.device, first=first, table=table)
-        return place(cache, T, pos, mask, tokens.device, first=1, table=table)
+        if self.config.attention:
+            return place(cache, T, pos, mask, tokens.device, first=1, table=table)
+        if not self.config.positions:  # it reads no position either: nothing to place
+            return Placement(pos=None)
+        first = 1 + (cache.length if cache is not None else 0)  # slot j holds position j+1
+        return place(None, T, pos, None, tokens.device, first=first, table=table)
 
     def new_cache(self, max_len=None):
         w = self.fc.weight
