@@ -3,8 +3,8 @@ Token-wise against joint verification on the trained model: for every method tha
 prompts and seeds verified with the token rule and with block verification (chains) or traversal verification
 (drawn trees), at the temperatures given. Prints a Markdown table: tokens per target forward and wall-clock
 speedup over `ar` in the same run, for each rule, and the gain of the joint rule. `--compare shape` sets eagle's
-tree against its chain the same way (greedy too: there the two differ), `--compare depth` its chain of 2 against
-one of 3 and against block verification.
+tree against its chain the same way (greedy too: there the two differ), `--compare depth` its chain (3 deep) against
+one of 2 or 4 and against block verification.
 
     python scripts/compare_verify.py                         # out/, temperatures 1 and 0.7, 3 prompts per category
     python scripts/compare_verify.py --temperatures 1 --prompts-per-category 6 --repeats 3
@@ -49,9 +49,9 @@ SHAPES = [
     ("eagle, depth 4", "eagle", {"tree": "dynamic", "depth": 4}, {"tree": "chain", "depth": 4}),
 ]
 # --compare depth: eagle's default chain (2 deep, the token rule) against a deeper one and block verification
-DEPTHS = [
-    ("eagle, depth 3", "eagle", {"tree": "chain"}, {"tree": "chain", "depth": 3}),
-    ("eagle, depth 3, block", "eagle", {"tree": "chain"}, {"tree": "chain", "depth": 3, "verify": "block"}),
+DEPTHS = [  # eagle's default chain is 3 deep (decoding/eagle.py, DEPTH)
+    ("eagle, depth 2", "eagle", {"tree": "chain"}, {"tree": "chain", "depth": 2}),
+    ("eagle, depth 4", "eagle", {"tree": "chain"}, {"tree": "chain", "depth": 4}),
     ("eagle, block", "eagle", {"tree": "chain"}, {"tree": "chain", "verify": "block"}),
 ]
 PAIRS = {"verify": RULES, "shape": SHAPES, "depth": DEPTHS}
@@ -87,7 +87,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compare", default="verify", choices=list(PAIRS),
                    help="verify (default): the token rule against the joint one; shape: eagle's tree against its "
-                        "chain; depth: eagle's chain of 2 against one of 3 and against block verification")
+                        "chain; depth: eagle's chain (3 deep) against one of 2 or 4 and against block verification")
     p.add_argument("--adaptive", default="off", choices=["off", "cost"],
                    help="off (default): every step drafts the method's whole default; cost: each method's default "
                         "rule, priced by this machine's calibration (kept in CKPT/calibration.json)")

@@ -225,7 +225,7 @@ def test_sampling_follows_the_target_law(draft_sampling, sampling, n, width, run
     accept a guess. The first case drew 1500 (bound 0.102); at 1000, a tree whose children are q's top-k taken
     as draws (no Gumbel noise) still comes out near 0.7. The top-k tree runs on the static path only:
     test_runtime.py holds that path to the eager path's tokens (the same draws), so the same case on the eager
-    path, once here too, drew the same 1000 samples again. A chain (the default) drafts 2 guesses, one per depth."""
+    path, once here too, drew the same 1000 samples again. The chain drafts 2 guesses here (depth 2), one per depth."""
     target = tiny_gpt(3, vocab_size=5, n_future=0, n_layer=1, n_embd=8, block_size=16)
     models, prompt = Models(target=target, eagle=train_head(target, 30, seed=3)[0]), [1, 2]
     models = prepare(models, runtime)[0]

@@ -7,7 +7,7 @@ The head (nanospec/model/drafters/eagle.py) guesses the target's next *feature* 
 through the target's own unembedding, so one layer drafts well. Each step:
   1. refresh: the head reads the tokens accepted since it last drafted, with the target's TRUE features (the
      default head has no attention and needs only the last; reading all keeps one path for both layers);
-  2. draft: --tree chain, the default: one guess per depth, each drawn from the head's q after the one before
+  2. draft: --tree chain, the default: one guess per depth (3), each drawn from the head's q after the one before
      (draft_chain; greedy: its argmax); --tree dynamic: EAGLE-2's tree (nanospec/steps/eagle_tree.py);
   3. verify: one target forward over the guesses (chain_step or tree_step: lossless); the head forgets them.
 
@@ -29,11 +29,13 @@ from nanospec.model.gpt import Output
 
 NEEDS = ("eagle",)
 USES = ()  # parts used when present
+DEPTH = {"chain": 3, "dynamic": 2}  # --depth's default for each --tree: the fastest measured on this CPU
 OPTIONS = {  # the defaults: docs/measurements.md (eagle) says where they were measured
     "tree": Option(str, "chain", "the guesses: chain (--depth of them, one per depth: the fastest measured on a CPU) "
                                  "or dynamic (EAGLE-2's tree of --depth, --width, --total-tokens)",
                    choices=("chain", "dynamic")),
-    "depth": Option(int, 2, "deepest guess below the root; the head runs this many passes per step", low=1, high=16),
+    "depth": Option(int, None, "deepest guess below the root; the head runs this many passes per step (None = "
+                               f"{DEPTH['chain']} for the chain, {DEPTH['dynamic']} for the tree)", low=1, high=16),
     "width": Option(int, 4, "nodes expanded per level, children per node (EAGLE-2's top_k)", low=1, high=32),
     "total_tokens": Option(int, 8, "tree size per target forward, root included (adaptive: the most)", low=2, high=256),
     **DRAFT_SAMPLING_OPTION, **PRICED_OPTIONS,  # cost: a tree of k guesses, k + 1 tokens
@@ -71,7 +73,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     eagle = drafter_of(models, "eagle")
     width = min(opts.width, target.config.vocab_size)  # a node has at most V distinct children
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
-    chain, depth = opts.tree == "chain", opts.depth
+    chain, depth = opts.tree == "chain", opts.depth or DEPTH[opts.tree]
     drawn = run.sampling.guesses_drawn(opts.draft_sampling)
     if not run.sampling.greedy:  # the rule must judge these guesses (block: a chain; traversal: a drawn tree)
         judge_of(opts.verify, "chain" if chain else "drawn_tree" if drawn else "fixed_tree",
