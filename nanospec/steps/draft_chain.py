@@ -8,7 +8,7 @@ pass (`mtp`'s heads, `parallelspec`'s masks): guess i never sees the guesses bef
     -> drafts [[5, 9, 2]] and q_draft [[q1, q2, q3]] (1, 3, V): Leviathan's rule needs the law each guess came from
 
 The guesses stay on the device while the chain runs (each forward reads the previous draw there) and come back to
-the host in one read at the end. Greedy, q is one-hot and the draw is the argmax.
+the host in one read at the end. Greedy, the guess is the argmax and no q is built.
 """
 import torch
 
@@ -21,19 +21,25 @@ def draft_chain(step, x, k, sampling, generator=None, stop=None, first=None):
     *sampling) with `generator`. stop(logits, guess) -> True ends the chain after that guess (one row:
     adaptive.DraftLength.stopper, --adaptive confidence). first: the logits (B, V) of the first guess when the
     drafter already gave them (eagle's head, after reading the accepted tokens): step then runs from the second on.
-    Returns (drafts: B lists of j ints, q_draft (B, j, V)), j = k unless stopped."""
+    Returns (drafts: B lists of j ints, q_draft (B, j, V)), j = k unless stopped; greedy, q_draft is None: every
+    rule then judges by the target's argmax alone (steps/verify_step.py), and a one-hot q would cost two tensor
+    operations a guess for nothing."""
     if k == 0:
         return [[] for _ in range(x.size(0) if first is None else first.size(0))], None
     drafts = []  # (B,) each, on the device
     q_rows = []  # (B, V) each
     for i in range(k):
         logits = first if i == 0 and first is not None else step(x)  # (B, V)
-        q_rows.append(warp(logits, *sampling))  # (B, V)
-        drafts.append(logits.argmax(-1) if sampling.greedy else sample(q_rows[-1], generator))  # (B,) on the device
+        if sampling.greedy:
+            drafts.append(logits.argmax(-1))  # (B,) on the device
+        else:
+            q_rows.append(warp(logits, *sampling))  # (B, V)
+            drafts.append(sample(q_rows[-1], generator))  # (B,) on the device
         x = drafts[-1][:, None]  # (B, 1) the next forward reads it there
         if stop is not None and stop(logits[0], drafts[-1][0]):
             break
-    return torch.stack(drafts, 1).tolist(), torch.stack(q_rows, 1)  # one host read: the guesses (B, j)
+    q_draft = torch.stack(q_rows, 1) if q_rows else None  # (B, j, V)
+    return torch.stack(drafts, 1).tolist(), q_draft  # one host read: the guesses (B, j)
 
 
 def chain_at_once(logits, draft_policy, sampling, drawn=False, generator=None):

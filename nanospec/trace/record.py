@@ -32,8 +32,8 @@ A step of the trace (one target forward; JSON):
     forward, kind         1, 2, ...; "prefill" (the forward that read the prompt), "plain" (ar), "chain", "tree"
     read, cache           tokens the forward read; [cache length before it, after the rollback]
     tokens, parents       the root (the newest token, not yet cached) and the guesses; a chain: [-1, 0, 1, ..]
-    guessed, verify       "drawn" (from a drafter's q) or "fixed" (copies, top-k, iterates: point masses);
-                          the method's --verify
+    guessed, verify       "drawn" (from a drafter's q) or "fixed" (copies, top-k, iterates: point masses), None
+                          when greedy (every rule then follows the argmax); the method's --verify
     rule                  greedy | token | block | descend | traversal | typical (see RULES)
     nodes                 one per guess: node, x, depth, p = p(x), q = q(x), accept = min(1, p/q), u (the uniform
                           that decided it) or draw (the target's token that it had to match), verdict "accepted",
@@ -522,7 +522,8 @@ class Trace:
             elif kind == "tree":
                 self.step.update(kind="tree", tokens=[int(t) for t in a["tokens"]],
                                  parents=[int(v) for v in a["parents"]])
-            self.step.update(guessed="fixed" if a["q_draft"] is None else "drawn", verify=a["rule"])
+            guessed = None if a["sampling"].greedy else "fixed" if a["q_draft"] is None else "drawn"  # greedy: every
+            self.step.update(guessed=guessed, verify=a["rule"])  # rule follows the argmax, however they were made
             return step_function(*args, **kwargs)
         return wrapper
 
