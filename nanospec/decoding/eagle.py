@@ -97,6 +97,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
             [emitted], [n], out = chain_step(run.sampling, run.generator, target, cache, [last], [guesses],
                                              q_draft if drawn else None, opts.verify)
             tokens, path = [last] + guesses, list(range(1, n + 1))  # as a tree: the root, then the chain
+            kept = out.hidden[0, :n + 1]  # (n+1, C) the target's features at the root and the accepted guesses
         else:
             if drawn:  # q_draft (N, V): the laws the drawn children came from
                 tokens, parents, q_draft = grow_sampled_tree(eagle, target, dcache, last, head_out, d, width, k + 1,
@@ -105,8 +106,9 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
                 (tokens, parents), q_draft = grow_tree(eagle, target, dcache, last, head_out, d, width, k + 1), None
             emitted, path, out = tree_step(run.sampling, run.generator, target, cache, tokens, parents, q_draft,
                                            opts.verify)
+            kept = out.hidden[0, [0] + path]  # (len(path)+1, C) at the root and the accepted path
         draft_policy.update(len(tokens) - 1, path)
         run.emit(emitted, drafted=len(tokens) - 1)
         last = emitted[-1]  # the head reads the accepted nodes again, with the target's features at the node before
-        unread, features = unread + emitted, features + [out.hidden[0, [0] + path]]  # each (emitted: path + last)
+        unread, features = unread + emitted, features + [kept]  # each (emitted: path + last)
     return run.out, run.stats(tree_nodes=sum(run.drafted_per_step) / max(1, run.target_forwards - 1))  # per tree

@@ -54,7 +54,10 @@ class Run:
         return max(0, min(k, self.room() - 1, self.max_new_tokens - len(self.out) - 1))
 
     def sample(self, logits):
-        """One token (an int) from the target's warped law: logits (V,)."""
+        """One token (an int) from the target's warped law: logits (V,). Greedy, the argmax itself (what drawing
+        from warp's one-hot gives, without building it: `ar`'s step pays no more than a method's greedy rule)."""
+        if self.sampling.greedy:
+            return int(logits.argmax())
         return int(sample(warp(logits, *self.sampling), self.generator))
 
     def emit(self, tokens, drafted=0):
