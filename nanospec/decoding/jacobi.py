@@ -67,7 +67,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         [emitted], [n], out = chain_step(run.sampling, run.generator, target, cache, [last], [iterate])  # one row
         # Row j of the logits predicts the token after y_j. Rows past the commit point (n + 1 tokens) are the
         # refined guesses for the tokens after the emitted ones.
-        iterate = out.logits[0, n + 1:].argmax(-1).tolist()  # k - n tokens: the next iterate
+        iterate = out.logits[0, n + 1:].argmax(-1).tolist() if k else []  # k - n tokens: the next iterate
         draft_policy.update(k, n)
         run.emit(emitted, drafted=k)
 

@@ -49,6 +49,9 @@ def chain_step(sampling, generator, target, cache, last, drafts, q_draft=None, r
     range of blocks to run, and hidden_in). Returns (emitted: B lists, each the row's accepted drafts +
     the target's next token; n: B ints, the drafts accepted; the forward's Output)."""
     judge = judge_of(rule, "chain")
+    if not any(drafts):  # no guesses: a plain step, as `ar` takes it (the cache then holds each row's `last`)
+        out = target(torch.tensor([[t] for t in last], device=cache.device), cache=cache, **forward)  # (B, 1)
+        return [[t] for t in own_token(out.logits[:, 0], sampling, generator)], [0] * len(last), out
     before = cache.row_lengths  # each row's tokens before its `last`
     k_rows = [len(d) for d in drafts]
     K = max(k_rows)
@@ -57,8 +60,6 @@ def chain_step(sampling, generator, target, cache, last, drafts, q_draft=None, r
     out = target(ids, cache=cache, **forward)
     if sampling.greedy:  # every rule is "accept while the guess is the argmax"
         n, nxt = zip(*[verify_chain_greedy(out.logits[b, :k + 1], drafts[b]) for b, k in enumerate(k_rows)])
-    elif K == 0:  # no guesses: a plain step
-        n, nxt = [0] * len(rows), own_token(out.logits[:, 0], sampling, generator)
     else:
         p_target = warp(out.logits, *sampling)  # (B, K+1, V)
         guesses = ids[:, 1:]  # (B, K)
@@ -74,8 +75,10 @@ def chain_step(sampling, generator, target, cache, last, drafts, q_draft=None, r
 
 
 def own_token(logits, sampling, generator):
-    """A plain step's token (no guesses to judge): every rule draws the target's own from its law, as `ar` does.
-    logits (B, V), each row's after its newest token -> B ints."""
+    """A plain step's token (no guesses to judge): every rule draws the target's own from its law, as `ar` does
+    (greedy: the argmax). logits (B, V), each row's after its newest token -> B ints."""
+    if sampling.greedy:
+        return logits.argmax(-1).tolist()
     return sample(warp(logits, *sampling), generator).tolist()
 
 

@@ -16,8 +16,8 @@ The trace is a layer, as the bench's timing is (bench/timing.py): no method know
 open, and only then, it wraps from outside:
   - the target (`Traced`, as timing.Timed): each target forward's length and the cache length before it;
   - run.Run.emit and Run.sample: a step ends when the method emits what its forward produced (`emit` counts the
-    forwards); a plain step's token comes from `Run.sample` (ar's), or from verify_step's `sample` (a step of a
-    drafting method that checked no guess);
+    forwards); a plain step's token comes from `Run.sample` (ar's), or from verify_step's `own_token` (a step of
+    a drafting method that checked no guess);
   - chain_step and tree_step, where the methods hold them: the guesses sent, a chain or a tree;
   - the rules verify_step calls (its greedy shortcuts, GREEDY, and those of options.VERIFY_RULES, RULES): each call
     runs inside `capturing`, which records what torch.rand returned (the uniforms the rule drew, not one more) and
@@ -488,16 +488,17 @@ class Trace:
                 if policy.rule == "cost":
                     trace.step["adaptive"]["chances"] = [num(c, 3) for c in policy.price.chances()]
 
-        step_sample = verify_step.sample
+        own_token = verify_step.own_token
 
-        def step_sample_(probs, generator=None):  # chain_step's plain step (no guesses): each row's token drawn
-            drawn = step_sample(probs, generator)  # from the target's law, probs (1, V), as Run.sample draws
-            if "rule" not in trace.step:  # (inside a rule, the rule's own record says it)
-                trace.step["law"] = law_of("p", probs[0], int(drawn[0]), drawn=int(drawn[0]))
-            return drawn
+        def own_token_(logits, sampling, generator):  # a drafting method's plain step (no guesses): the target's
+            tokens = own_token(logits, sampling, generator)  # own token, from logits (1, V), as Run.sample's
+            greedy = sampling.greedy
+            probs = torch.softmax(logits[0].double(), -1) if greedy else warp(logits[0], *sampling)
+            trace.step["law"] = law_of("argmax" if greedy else "p", probs, tokens[0], drawn=tokens[0])
+            return tokens
 
         patches = [(run_module.Run, "emit", emit_), (run_module.Run, "sample", sample_),
-                   (adaptive.DraftLength, "update", update_), (verify_step, "sample", step_sample_)]
+                   (adaptive.DraftLength, "update", update_), (verify_step, "own_token", own_token_)]
         for name, (rule, record) in GREEDY.items():
             patches.append((verify_step, name, self.judged(getattr(verify_step, name), rule, record)))
         for (name, kind), (rule, record) in RULES.items():
