@@ -50,7 +50,7 @@ def load_eagle(path, tokenizer_identity=None, device="cpu", target_id=None):
     """The bare EAGLE head from eagle.pt; every call then takes the target it was trained on (target_id: that
     target's fingerprint, checked when given)."""
     # an eagle.pt from before a field of EagleConfig has none: its head was trained as the heads were then, with
-    # attention (EAGLE-1's block), the exact GELU and RMS-normed features
+    # attention (EAGLE-1's block), the exact GELU, position embeddings and RMS-normed features
     before = {"attention": True, "gelu": "none", "positions": True, "feature_norm": "rms"}
     return load_module(path, tokenizer_identity, device, lambda cfg: Eagle(EagleConfig(**{**before, **cfg})),
                        "eagle", target_id)

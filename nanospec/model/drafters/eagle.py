@@ -15,8 +15,8 @@ the context, so attention adds little: sum(min(p, q)) at t=1, teacher-forced on 
 0.717 without; but on a CPU it was most of a draft pass (0.48 of a target forward with it, 0.23 without), and
 without it `eagle` went from 1.13x to 1.18x `ar` at t=1, 1.24x to 1.30x greedy (docs/training-notes.md, "The
 head's attention"; docs/benchmark.md). A head trained with attention (config.attention = True, every eagle.pt
-from before the option) still loads and runs the same code: positions and the cache's lengths are kept either
-way, and a head without attention writes no keys. To train EAGLE-1's layer, give eagle_config attention=True in
+from before the option) still loads and runs the same code: the cache's lengths are kept either way (they number
+the positions of a head that reads them), and a head without attention writes no keys. To train EAGLE-1's layer, give eagle_config attention=True in
 eagle_recipe (nanospec/training/drafters.py).
 
 Three more defaults make a pass cheaper on a CPU for no acceptance (sum(min(p, q)) at t=1 on validation 0.717
@@ -110,7 +110,8 @@ class Eagle(nn.Module):
         nanospec/model/cache.py's): slot j holds position j+1. It takes every argument of `forward`, as the fast
         layer hands them on; `target`, `features` and `logits` place nothing. A layer without attention reads no
         slot and no mask: its Placement is the positions alone, right after the cache's tokens (the cache still
-        counts them), which spares two of a draft pass's ~20 tensor operations (on this CPU ~8% of a pass)."""
+        counts them), which spared a few of a draft pass's ~20 tensor operations (on this CPU ~10% of a pass); a
+        head without positions either places nothing."""
         T, table = tokens.size(1), self.config.block_size
         if self.config.attention:
             return place(cache, T, pos, mask, tokens.device, first=1, table=table)
