@@ -16,8 +16,8 @@ the context, so attention adds little: sum(min(p, q)) at t=1, teacher-forced on 
 without it `eagle` went from 1.13x to 1.18x `ar` at t=1, 1.24x to 1.30x greedy (docs/training-notes.md, "The
 head's attention"; docs/benchmark.md). A head trained with attention (config.attention = True, every eagle.pt
 from before the option) still loads and runs the same code: the cache's lengths are kept either way (they number
-the positions of a head that reads them), and a head without attention writes no keys. To train EAGLE-1's layer, give eagle_config attention=True in
-eagle_recipe (nanospec/training/drafters.py).
+the positions of a head that reads them), and a head without attention writes no keys. To train EAGLE-1's layer,
+give eagle_config attention=True in eagle_recipe (nanospec/training/drafters.py).
 
 Three more defaults make a pass cheaper on a CPU for no acceptance (sum(min(p, q)) at t=1 on validation 0.717
 before them, 0.716 after, 0.668 against 0.663 a step deeper): the MLP's GELU is the tanh approximation (torch's exact
