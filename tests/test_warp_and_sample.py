@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanospec.rules.verify import sample, warp
+from nanospec.rules.verify import pick_token, sample, warp
 from laws import F64, N_DRAWS, dist, empirical_law, tv, tv_bound
 
 
@@ -100,3 +100,16 @@ def test_sample_follows_each_rows_law_and_never_draws_a_zero():
         law = empirical_law(y[:, row], 5)
         assert tv(law, p[row]) < tv_bound(5, n), f"row {row}: law {law.tolist()} against p {p[row].tolist()}"
         assert (law[p[row] == 0] == 0).all(), f"row {row} drew a token of probability 0: {law.tolist()}"
+
+
+def test_pick_token_is_a_draw_from_warp_and_greedy_its_argmax():
+    """pick_token (a plain step's token: `ar`'s and every method's): greedy, the argmax itself (the first on a tie,
+    as warp's one-hot), drawing nothing; sampled, exactly sample(warp(...)) with the same generator."""
+    logits = torch.tensor([[1.0, 3.0, 3.0, -2.0], [0.5, 0.1, 0.2, 0.4]], dtype=F64)
+    g = torch.Generator().manual_seed(3)
+    state = g.get_state()
+    assert pick_token(logits, 0.0, generator=g).tolist() == sample(warp(logits, 0.0)).tolist() == [1, 0]
+    assert torch.equal(g.get_state(), state)  # greedy draws nothing
+    for settings_ in ((1.0, None, None), (0.7, 3, 0.9)):
+        want = sample(warp(logits, *settings_), torch.Generator().manual_seed(5))
+        assert torch.equal(pick_token(logits, *settings_, generator=torch.Generator().manual_seed(5)), want)

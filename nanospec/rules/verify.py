@@ -86,6 +86,15 @@ def sample(probs, generator=None):
     return race(probs, generator).argmax(-1)
 
 
+def pick_token(logits, temperature=0.0, top_k=None, top_p=None, generator=None):
+    """The target's own token from its logits (..., V) -> LongTensor (...): a draw (`sample`) from warp(logits, ...),
+    or, greedy, the argmax itself, which is what drawing from warp's one-hot gives, without building it (a plain
+    step, `ar`'s or a method's, then costs one operation). Called pick_token(logits, *sampling, generator=g)."""
+    if temperature == 0.0:
+        return logits.argmax(-1)
+    return sample(warp(logits, temperature, top_k, top_p), generator)
+
+
 def race(probs, generator=None):
     """The race of `sample` and `gumbel_top_k`, probs (..., V) -> (..., V): minus each token's arrival time,
     log(u) / p = -E / p for E = -log(u) ~ Exp(1), u uniform in [0, 1) drawn fresh per entry, so the LARGEST

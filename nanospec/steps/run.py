@@ -17,7 +17,7 @@ import torch
 
 from nanospec.device import seeded_generator
 from nanospec.model.checkpoint import train_hint
-from nanospec.rules.verify import sample, warp
+from nanospec.rules.verify import pick_token
 from nanospec.steps.options import Sampling
 
 
@@ -54,11 +54,8 @@ class Run:
         return max(0, min(k, self.room() - 1, self.max_new_tokens - len(self.out) - 1))
 
     def sample(self, logits):
-        """One token (an int) from the target's warped law: logits (V,). Greedy, the argmax itself (what drawing
-        from warp's one-hot gives, without building it: `ar`'s step pays no more than a method's greedy rule)."""
-        if self.sampling.greedy:
-            return int(logits.argmax())
-        return int(sample(warp(logits, *self.sampling), self.generator))
+        """One token (an int) from the target's warped law: logits (V,) (greedy: the argmax, verify.pick_token)."""
+        return int(pick_token(logits, *self.sampling, generator=self.generator))
 
     def emit(self, tokens, drafted=0):
         """Record one target forward that checked `drafted` guesses and produced `tokens` (the accepted guesses,

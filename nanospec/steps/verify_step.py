@@ -20,7 +20,8 @@ judge, nothing else of the run (a batch's rows share them).
 import torch
 
 from nanospec.rules.tree import tree_mask, tree_positions
-from nanospec.rules.verify import host_path, point_mass, sample, verify_chain_greedy, verify_tree_greedy, warp
+from nanospec.rules.verify import (host_path, pick_token, point_mass, sample, verify_chain_greedy,
+                                   verify_tree_greedy, warp)
 from nanospec.steps.options import KIND_NAMES, VERIFY_RULES, rule_for, rules_for
 
 
@@ -77,9 +78,7 @@ def chain_step(sampling, generator, target, cache, last, drafts, q_draft=None, r
 def own_token(logits, sampling, generator):
     """A plain step's token (no guesses to judge): every rule draws the target's own from its law, as `ar` does
     (greedy: the argmax). logits (B, V), each row's after its newest token -> B ints."""
-    if sampling.greedy:
-        return logits.argmax(-1).tolist()
-    return sample(warp(logits, *sampling), generator).tolist()
+    return pick_token(logits, *sampling, generator=generator).tolist()
 
 
 def own_guesses(p_target, n, nxt, k_rows, generator):
