@@ -190,8 +190,8 @@ def drafter_is_complete(name, path, tokenizer_identity, config, target_id):
         return False
     ckpt = load_checkpoint(path, tokenizer_identity)
     if ckpt["config"] != config or ckpt.get("target") != target_id:
-        print(f"{name}: {path} was trained for another target.pt or another config (its size, layer, activation or "
-              "norm); training it anew")
+        print(f"{name}: {path} was trained for another target.pt, another config (its size, layer, activation or "
+              "norm) or without the target (a draft.pt from before it was distilled); training it anew")
         os.remove(path)
         return False
     if ckpt.get("done"):

@@ -1,5 +1,5 @@
 """
-The training stages of the drafters that learn from the frozen target: heads, eagle, parallelspec, early_exit.
+The training stages of the drafters that learn from the frozen target: heads, draft, eagle, parallelspec, early_exit.
 
 Every one follows the same skeleton, `train_drafter`:
 
@@ -16,17 +16,18 @@ Why each recipe is what it is (the measurements behind it): docs/training-notes.
 """
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 import numpy as np
 import torch
 
 from nanospec.model.checkpoint import drafter_is_complete, frozen_target
+from nanospec.model.gpt import GPT
 from nanospec.training import heads
 from nanospec.model.drafters.eagle import Eagle, eagle_config
 from nanospec.model.drafters.early_exit import ExitAdapter
-from nanospec.training.drafter_losses import eagle_losses, exit_losses, mask_losses
+from nanospec.training.drafter_losses import draft_losses, eagle_losses, exit_losses, mask_losses
 from nanospec.model.drafters.parallelspec import ParallelSpec, ParallelSpecConfig
 from nanospec.training.trainer import batch_rng, fixed_windows, train, windows
 
@@ -95,6 +96,18 @@ def train_drafter(ctx, name, recipe_of):
 
 # ---------------------------------------------------------------------------------------------------------
 # The recipes: recipe(ctx, target) -> Recipe, for the frozen target
+
+
+def draft_recipe(ctx, target):
+    """`speculative`'s draft: a GPT of the preset's draft shape (far smaller than the target) on the same tokenizer,
+    distilled to the target's next-token law over windows that fill its context (drafter_losses.draft_losses)."""
+    cfg = replace(ctx.cfg["draft"], vocab_size=ctx.tokenizer.vocab_size)
+
+    def losses(draft, w, rng):  # w (B, T)
+        out = draft_losses(draft, target, w)
+        return {"loss": out.pop("kl"), **out}
+
+    return Recipe(cfg, lambda: GPT(cfg), losses, window=cfg.block_size)
 
 
 def eagle_recipe(ctx, target):
@@ -185,6 +198,11 @@ def heads_recipe(ctx, target):
 def train_heads(ctx):
     """Stage "heads": out/heads.pt, the MTP heads retrained on the frozen target's own text."""
     train_drafter(ctx, "heads", heads_recipe)
+
+
+def train_draft(ctx):
+    """Stage "draft": out/draft.pt, the small GPT of `speculative`, distilled from the frozen target."""
+    train_drafter(ctx, "draft", draft_recipe)
 
 
 def train_eagle(ctx):

@@ -6,7 +6,7 @@ The stages of `make train`, in order, each skipped when its output already exist
     tokens     out/train.bin, out/val.bin     (both splits tokenized once, uint16, memory-mapped by training)
     target     out/target.pt                  (the GPT with its MTP heads, trained jointly)
     heads      out/heads.pt                   (the MTP heads retrained on the frozen target's own text)
-    draft      out/draft.pt                   (a much smaller GPT on the same tokenizer, for `speculative`)
+    draft      out/draft.pt                   (a much smaller GPT for `speculative`, distilled from the target)
     eagle      out/eagle.pt                   (EAGLE's one-layer draft head, on the target's features)
     parallelspec out/parallelspec.pt          (ParallelSpec's mask-token drafter: k guesses in one pass)
     early_exit out/early_exit.pt              (adapters that make the target's first layers a draft)
@@ -399,7 +399,7 @@ def gpt_is_complete(name, path, ctx, model_cfg):
 
 
 def train_gpt(name, ctx, model_cfg, train_cfg, head_weight, head_fraction=0.25):
-    """Train one GPT (target or draft) on the corpus, or skip it if its checkpoint is complete.
+    """Train one GPT (the target) on the corpus, or skip it if its checkpoint is complete.
     Returns the validation losses of the weights kept, the best (None when skipped); "bpb" is the main head's
     loss in bits per byte of validation text, which compares models across tokenizers."""
     path = os.path.join(ctx.out_dir, f"{name}.pt")
@@ -438,10 +438,6 @@ def stage_target(ctx):
                      ctx.cfg["head_fraction"])
 
 
-def stage_draft(ctx):
-    train_gpt("draft", ctx, ctx.cfg["draft"], ctx.train_cfg("draft_train"), 0.0)
-
-
 def after_target(drafter_stage):
     """A stage that learns from the frozen target: train the target first if missing (else it is skipped), then
     start this stage's clock, so that the target's training does not eat the stage's budget."""
@@ -455,7 +451,7 @@ def after_target(drafter_stage):
 
 # Run in this order by `--stage all`. corpus, tokenizer and tokens always run (skipped when present).
 STAGES = {"corpus": stage_corpus, "tokenizer": stage_tokenizer, "tokens": stage_tokens, "target": stage_target,
-          "heads": after_target(drafters.train_heads), "draft": stage_draft,
+          "heads": after_target(drafters.train_heads), "draft": after_target(drafters.train_draft),
           "eagle": after_target(drafters.train_eagle), "parallelspec": after_target(drafters.train_parallelspec),
           "early_exit": after_target(drafters.train_early_exit)}
 
