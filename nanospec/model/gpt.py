@@ -168,7 +168,8 @@ class GPT(nn.Module):
         (default all n_future): a drafter that guesses fewer tokens runs fewer heads."""
         if not len(self.heads):
             raise ValueError("this model has no MTP heads (n_future = 0)")
-        return torch.stack([self.unembed(h(hidden)) for h in self.heads[:n]], dim=1)
+        guesses = torch.stack([head(hidden) for head in list(self.heads)[:n]], dim=1)  # (B, n, T, C)
+        return self.unembed(guesses)  # one final norm and unembedding for all of them
 
     def new_cache(self, batch_size=1, max_len=None):
         """A fresh, empty KVCache for this model's layers, on its device and in its dtype."""
