@@ -47,8 +47,9 @@ def test_best_k_is_the_most_tokens_per_second():
 
 
 def test_interpolate_between_and_beyond_the_measured_k():
-    assert interpolate({0: 1.0, 2: 1.4}, 3) == pytest.approx([1.0, 1.2, 1.4, 1.6])
-    assert interpolate({1: 1.0, 2: 2.0, 5: 3.0}, 6)[1:] == pytest.approx([1.0, 2.0, 7 / 3, 8 / 3, 3.0, 10 / 3])
+    assert interpolate({0: 1.0, 2: 1.4}, 3) == pytest.approx([1.0, 1.2, 1.4, 1.4])  # above the measured: flat
+    assert interpolate({1: 1.0, 2: 2.0, 5: 3.0}, 6) == pytest.approx([1e-9, 1.0, 2.0, 7 / 3, 8 / 3, 3.0, 3.0])
+    assert interpolate({1: 1.0, 3: 1.4}, 4)[0] == pytest.approx(0.8)  # below: the line through the first two
     assert interpolate({3: 2.0}, 1) == [2.0, 2.0]
     with pytest.raises(ValueError):
         interpolate({}, 2)
@@ -254,3 +255,16 @@ def test_an_older_calibration_file_is_measured_again_and_replaced(models, tmp_pa
     path.write_text(later)
     calibration.attach(Models(**vars(models)), str(tmp_path), wanted)
     assert measured == ["speculative", "speculative"] and path.read_text() == later
+
+
+def test_a_menu_k_no_step_reaches_is_priced_at_the_largest_measured():
+    """`lookahead` prices all-or-nothing, its menu (0, 17), but its trees held 8-11 guesses in the calibration (what
+    its pool and window give). Drawn on as a line, 17 guesses cost 1.9 plain steps, and two rejected trees sent the
+    rule into plain steps for good (81% of greedy steps in the bench); priced as the 11 they are, it drafts on."""
+    costs = {"seconds": {0: 1.12e-3, 8: 1.40e-3, 11: 1.64e-3},
+             "chances": [0.35, 0.27, 0.27, 0.0, 0.0, 0.06, 0.0, 0.0, 0.026, 0.0, 0.0]}
+    price = Price(costs, 17, (0, 17))
+    assert price.seconds[17] == pytest.approx(1.64e-3) and price.best() == 17
+    price.observe(11, [])
+    price.observe(8, [])
+    assert price.best() == 17

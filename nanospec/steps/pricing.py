@@ -84,16 +84,20 @@ def best_k(pi, seconds, menu):
 
 def interpolate(seconds, most):
     """{k: seconds} measured at some k -> a list for k = 0..most: the measured ones, straight lines between them,
-    and beyond them the line through the nearest two. {0: 1.0, 2: 1.4}, most 3 -> [1.0, 1.2, 1.4, 1.6]."""
+    below them the line through the first two, and above them the largest's seconds. {0: 1.0, 2: 1.4}, most 3 ->
+    [1.0, 1.2, 1.4, 1.4]. Why flat above: a k the calibration's sweep asked for but never measured is one its steps
+    could not build, as `lookahead`'s "all" (17 guesses at most) is the 8-11 that its n-gram pool and window give,
+    priced at what those cost. A line drawn on through them priced it at 1.9 plain steps where it costs 1.5, and
+    greedy `lookahead` took plain steps on 81% of its steps where it drafted on 62% (docs/benchmark.md)."""
     known = sorted(seconds)
     if not known:
         raise ValueError("the cost rule needs the seconds of at least one step size")
     out = []
     for k in range(most + 1):
         below, above = [m for m in known if m <= k], [m for m in known if m >= k]
-        if k in seconds or len(known) == 1:
-            out.append(seconds[k] if k in seconds else seconds[known[0]])
+        if k in seconds or len(known) == 1 or not above:
+            out.append(seconds[k] if k in seconds else seconds[known[-1]] if not above else seconds[known[0]])
             continue
-        lo, hi = (below[-1], above[0]) if below and above else known[-2:] if below else known[:2]
+        lo, hi = (below[-1], above[0]) if below else known[:2]
         out.append(max(seconds[lo] + (seconds[hi] - seconds[lo]) * (k - lo) / (hi - lo), 1e-9))
     return out
