@@ -13,7 +13,7 @@ quote = '$(subst ','\'',$(strip $(1)))'
 # The first target, so that `make` alone lists the others; one printf, one write: `make | head -3` ends quietly.
 help:
 	@printf '%s\n' \
-	    "make train         the corpus, tokenizer, target and every drafter into out/ (~9 min on 2 CPU cores)" \
+	    "make train         the corpus, tokenizer, target and every drafter into out/ (~10 min on 2 CPU cores)" \
 	    "                   PRESET=gpu: the deep GPU preset, into out-gpu/; PRECISION=fp32: the README's figures" \
 	    "make test          the test suite (~4 min on 2 cores)" \
 	    "make bench         every method against ar, into bench_results.md (CKPT=out-gpu: another run folder)" \
