@@ -146,5 +146,5 @@ def test_the_summary_lists_every_trained_stage():
     c.val_tokens = None
     lines = pipeline.summary(c)
     assert lines[0].startswith("summary:") and "target" in lines[1] and "~1089" in lines[1]
-    assert any(line.startswith("warning: draft got only 50 steps of the ~363") for line in lines)
+    assert any(line.startswith("warning: draft got only 50 steps of the ~384") for line in lines)
     assert "accepted less often" in lines[-1] and not any("target got" in line for line in lines)

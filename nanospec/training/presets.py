@@ -37,8 +37,10 @@ PRESETS = {
                  heads_train=TrainConfig(max_iters=200, max_seconds=45, lr=3e-3, min_lr=3e-4, warmup_iters=10,
                                          weight_decay=0.0, eval_interval=50, expected_steps=113),
                  # draft: distilled from the target (drafter_losses.draft_losses), each step pays a target forward too;
-                 # sum(min(p, q)) at t=1 0.52 (corpus cross-entropy, 40 s) -> 0.63 (docs/training-notes.md)
-                 draft_train=TrainConfig(max_iters=450, max_seconds=90, lr=3e-3, optimizer="muon", expected_steps=363),
+                 # sum(min(p, q)) at t=1 0.52 (corpus cross-entropy, 40 s) -> 0.62 at the rates before (3e-3, Muon
+                 # 0.02) -> 0.68 at twice them; four times: 0.67 (docs/training-notes.md)
+                 draft_train=TrainConfig(max_iters=450, max_seconds=90, lr=6e-3, muon_lr=0.04, optimizer="muon",
+                                         expected_steps=384),
                  # eagle: twice the rate and 1.5x the steps of before (lr 6e-3, 300) in the same 60 s: t=1 chain
                  # tokens per forward 2.51 -> 2.67, like 1200 steps at the old rate (docs/training-notes.md)
                  eagle_train=TrainConfig(max_iters=450, max_seconds=60, lr=1.2e-2, warmup_iters=20, expected_steps=363),
