@@ -201,7 +201,8 @@ def draw_batch(path, table, title):
 
 
 STEP_PROMPTS = ["import os\nimport sys\n\n\ndef main(", "    def __init__(self, name):\n        self.name =",
-                "for i in range(len(", "def fibonacci(n):\n    if n < 2:\n        return n\n    return"]
+                "for i in range(len(", "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+                "    def __repr__(self):\n        return"]
 
 
 @torch.inference_mode()
