@@ -66,3 +66,25 @@ def test_a_draft_from_before_distillation_still_decodes_and_is_retrained(tmp_pat
     assert load_gpt(str(path), part="draft").config == CFG  # what load_models reads for `speculative`
     assert drafter_is_complete("draft", str(path), None, asdict(CFG), "0123456789abcdef") is False
     assert not path.exists() and "without the target" in capsys.readouterr().out
+
+
+def test_a_draft_of_another_size_is_refused_not_replaced(tmp_path):
+    """Any draft GPT on this tokenizer drafts for any target, so a draft.pt of another size (someone's own) is left as
+    it is, with a one-line error, as before the draft was distilled; one of this size goes on to training."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from nanospec.model.checkpoint import CheckpointError, gpt_checkpoint, save_atomic
+    from nanospec.training.drafters import train_draft
+    path = tmp_path / "draft.pt"
+    ctx = SimpleNamespace(out_dir=str(tmp_path), tokenizer=SimpleNamespace(identity=None, vocab_size=64),
+                          device="cpu", cfg={"draft": CFG}, preset="toy")
+    bigger = GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=32, n_future=0)
+    save_atomic({**gpt_checkpoint(GPT(bigger), None, part="draft"), "done": True}, str(path))
+    with pytest.raises(CheckpointError, match="another size than preset 'toy'"):
+        train_draft(ctx)
+    assert path.exists()
+    save_atomic({**gpt_checkpoint(GPT(CFG), None, part="draft"), "done": True}, str(path))
+    with pytest.raises(CheckpointError, match="target.pt"):  # this size: on to the stage, which needs the target
+        train_draft(ctx)

@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from nanospec.model.checkpoint import drafter_is_complete, frozen_target
+from nanospec.model.checkpoint import CheckpointError, drafter_is_complete, frozen_target, load_checkpoint
 from nanospec.model.gpt import GPT
 from nanospec.training import heads
 from nanospec.model.drafters.eagle import Eagle, eagle_config
@@ -201,7 +201,16 @@ def train_heads(ctx):
 
 
 def train_draft(ctx):
-    """Stage "draft": out/draft.pt, the small GPT of `speculative`, distilled from the frozen target."""
+    """Stage "draft": out/draft.pt, the small GPT of `speculative`, distilled from the frozen target. A draft.pt of
+    another size is refused, not replaced: unlike the other drafters' files, any draft GPT on this tokenizer still
+    drafts for any target (someone's own, perhaps); one of this size trained before (on the corpus, or for another
+    target) is trained anew, as train_drafter does."""
+    path = os.path.join(ctx.out_dir, "draft.pt")
+    if os.path.exists(path):
+        want = asdict(replace(ctx.cfg["draft"], vocab_size=ctx.tokenizer.vocab_size))
+        if load_checkpoint(path, ctx.tokenizer.identity, part="draft")["config"] != want:
+            raise CheckpointError(f"{path} holds a draft of another size than preset {ctx.preset!r}; delete it or "
+                                  "use another --out-dir")
     train_drafter(ctx, "draft", draft_recipe)
 
 
