@@ -43,7 +43,7 @@ PRESETS = {
                                          expected_steps=384),
                  # eagle: twice the rate and 1.5x the steps of before (lr 6e-3, 300) in the same 60 s: t=1 chain
                  # tokens per forward 2.51 -> 2.67, like 1200 steps at the old rate (docs/training-notes.md)
-                 eagle_train=TrainConfig(max_iters=450, max_seconds=60, lr=1.2e-2, warmup_iters=20, expected_steps=363),
+                 eagle_train=TrainConfig(max_iters=450, max_seconds=60, lr=1.2e-2, warmup_iters=20, expected_steps=450),
                  parallelspec_train=TrainConfig(max_iters=600, max_seconds=50, batch_size=8, lr=3e-3, warmup_iters=20,
                                                 expected_steps=600),
                  early_exit_train=TrainConfig(max_iters=150, max_seconds=25, lr=3e-3, warmup_iters=20,
