@@ -48,7 +48,7 @@ SHAPES = [
     ("eagle, depth 3", "eagle", {"tree": "dynamic", "depth": 3}, {"tree": "chain", "depth": 3}),
     ("eagle, depth 4", "eagle", {"tree": "dynamic", "depth": 4}, {"tree": "chain", "depth": 4}),
 ]
-# --compare depth: eagle's default chain (2 deep, the token rule) against a deeper one and block verification
+# --compare depth: eagle's default chain (3 deep, the token rule) against 2 and 4 deep and block verification
 DEPTHS = [  # eagle's default chain is 3 deep (decoding/eagle.py, DEPTH)
     ("eagle, depth 2", "eagle", {"tree": "chain"}, {"tree": "chain", "depth": 2}),
     ("eagle, depth 4", "eagle", {"tree": "chain"}, {"tree": "chain", "depth": 4}),

@@ -95,8 +95,8 @@ def interpolate(seconds, most):
     out = []
     for k in range(most + 1):
         below, above = [m for m in known if m <= k], [m for m in known if m >= k]
-        if k in seconds or len(known) == 1 or not above:
-            out.append(seconds[k] if k in seconds else seconds[known[-1]] if not above else seconds[known[0]])
+        if k in seconds or not above or len(known) == 1:  # measured; above them all; or one measured k
+            out.append(seconds[above[0] if above else known[-1]])
             continue
         lo, hi = (below[-1], above[0]) if below else known[:2]
         out.append(max(seconds[lo] + (seconds[hi] - seconds[lo]) * (k - lo) / (hi - lo), 1e-9))
