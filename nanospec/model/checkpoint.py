@@ -182,6 +182,14 @@ def frozen_target(name, out_dir, tokenizer_identity, device):
     return target, target_fingerprint(target)
 
 
+def refuse_another_size(path, config, want, preset):
+    """A checkpoint at `path` whose config is not `want` (the preset's): someone's model of another size, left as it
+    is with a one-line error. The target's stage and the draft's refuse such a file (any draft GPT still drafts)."""
+    if config != want:
+        raise CheckpointError(f"{path} holds a model of another size than preset {preset!r}; delete it or use "
+                              "another --out-dir")
+
+
 def drafter_is_complete(name, path, tokenizer_identity, config, target_id):
     """What a drafter's training stage does with the checkpoint already at `path`: True (skip the stage) if it
     is complete and was trained for this config and this very target; False (train) otherwise. A file trained

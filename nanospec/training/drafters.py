@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from nanospec.model.checkpoint import CheckpointError, drafter_is_complete, frozen_target, load_checkpoint
+from nanospec.model.checkpoint import drafter_is_complete, frozen_target, load_checkpoint, refuse_another_size
 from nanospec.model.gpt import GPT
 from nanospec.training import heads
 from nanospec.model.drafters.eagle import Eagle, eagle_config
@@ -207,10 +207,8 @@ def train_draft(ctx):
     target) is trained anew, as train_drafter does."""
     path = os.path.join(ctx.out_dir, "draft.pt")
     if os.path.exists(path):
-        want = asdict(replace(ctx.cfg["draft"], vocab_size=ctx.tokenizer.vocab_size))
-        if load_checkpoint(path, ctx.tokenizer.identity, part="draft")["config"] != want:
-            raise CheckpointError(f"{path} holds a draft of another size than preset {ctx.preset!r}; delete it or "
-                                  "use another --out-dir")
+        refuse_another_size(path, load_checkpoint(path, ctx.tokenizer.identity, part="draft")["config"],
+                            asdict(replace(ctx.cfg["draft"], vocab_size=ctx.tokenizer.vocab_size)), ctx.preset)
     train_drafter(ctx, "draft", draft_recipe)
 
 

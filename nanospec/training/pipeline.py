@@ -37,7 +37,8 @@ import torch
 from torch.nn import functional as F
 
 from nanospec.training import corpus
-from nanospec.model.checkpoint import CheckpointError, clean_orphans, gpt_checkpoint, load_checkpoint, load_gpt
+from nanospec.model.checkpoint import (CheckpointError, clean_orphans, gpt_checkpoint, load_checkpoint, load_gpt,
+                                      refuse_another_size)
 from nanospec.device import pick_device
 from nanospec.training import drafters
 from nanospec.model.gpt import GPT
@@ -390,9 +391,7 @@ def gpt_is_complete(name, path, ctx, model_cfg):
     if not os.path.exists(path):
         return False
     ckpt = load_checkpoint(path, ctx.tokenizer.identity, part=name)
-    if ckpt["config"] != asdict(model_cfg):
-        raise CheckpointError(f"{path} holds a model of another size than preset {ctx.preset!r}; "
-                              "delete it or use another --out-dir")
+    refuse_another_size(path, ckpt["config"], asdict(model_cfg), ctx.preset)
     if ckpt.get("done"):
         print(f"{name}: {path} is complete, skipping (delete it to retrain)")
     return bool(ckpt.get("done"))
