@@ -20,6 +20,7 @@ import torch
 
 from nanospec.bench import calibration
 from nanospec.decoding import METHODS, MODULES, parts_for
+from nanospec.steps import verify_step
 from nanospec.steps.adaptive import DraftLength
 from nanospec.steps.pricing import FORGET, Price, best_k, interpolate
 from nanospec.model.load import Models
@@ -78,6 +79,20 @@ def test_without_step_costs_the_rule_drafts_draft_len():
     assert (length.rule, length.k) == ("off", 4)
 
 
+def test_a_rule_that_starts_at_no_draft_never_drafts():
+    """A plain step offers no guess, so the books only fade towards the prior they start at: k = 0 for good."""
+    length = DraftLength("cost", 4, costs={"seconds": DEAR})
+    assert (length.never, length.k) == (True, 0)
+    for _ in range(500):
+        length.update(0, 0)
+        assert length.k == 0
+    assert not DraftLength("cost", 4, costs={"seconds": CHEAP}).never  # a draft pays: it drafts
+    dear_at_the_prior = {"seconds": {0: 1.0, 1: 1.6}}  # E/T at k = 1: 1.5 / 1.6 with pi_1 = 0.5; 1.9 / 1.6 at 0.9
+    assert DraftLength("cost", 1, costs=dear_at_the_prior).never
+    assert not DraftLength("cost", 1, costs={**dear_at_the_prior, "chances": [0.9]}).never  # the calibration's
+    assert not DraftLength("sweep", 4).never  # starts at k = 0, then tries the others
+
+
 @pytest.fixture(scope="module")
 def models():
     return every_part()
@@ -94,6 +109,21 @@ def test_greedy_is_ar_whether_drafting_pays_or_not(models, method):
     assert set(dear["drafted_per_step"]) == {0}, "a guess that costs ten steps was drafted"
     if method != "prompt-lookup":  # (random text: its lookups may find nothing to copy)
         assert max(cheap["drafted_per_step"]) > 0, "a guess that costs 1% of a step was never drafted"
+
+
+@pytest.mark.parametrize("method", PRICED)
+def test_a_method_no_draft_pays_for_runs_ars_own_steps(models, method, monkeypatch):
+    """When the cost rule starts at k = 0 it stays there (above), so the method's run is `ar`'s from the prefill on:
+    the same tokens for a seed at t = 1 too, and no step through the method's loop (its plain step's own_token)."""
+    def own_token(*args):
+        raise AssertionError("a plain step went through the method's loop")
+    monkeypatch.setattr(verify_step, "own_token", own_token)
+    prompt = random_ids(8, seed=4)
+    for temperature in (0.0, 1.0):
+        expect = METHODS["ar"](models, prompt, 30, temperature=temperature, seed=5)[0]
+        ids, stats = METHODS[method](priced(models, method, DEAR, temperature), prompt, 30, temperature=temperature,
+                                     seed=5, adaptive="cost")
+        assert ids == expect and set(stats["drafted_per_step"]) == {0}
 
 
 @pytest.mark.parametrize("method", ["speculative", "medusa", "eagle", "parallelspec", "lookahead"])

@@ -11,7 +11,7 @@ It is kept as the oracle that the cached path (and through it every fast method)
 import torch
 
 from nanospec.steps.options import Sampling, read_options
-from nanospec.steps.run import new_run, tensor
+from nanospec.steps.run import first_token, new_run, plain_steps, tensor
 
 NEEDS = ()  # model parts beyond the target
 USES = ()  # parts used when present
@@ -22,15 +22,10 @@ OPTIONS = {}  # method-specific options: name -> Option(type, default, help, ...
 def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, seed=None, **options):
     read_options(OPTIONS, options)
     run = new_run(models, prompt_ids, max_new_tokens, Sampling(temperature, top_k, top_p), seed)
-    target = models.target
-    cache = target.new_cache()
-    x = tensor(run.prompt, cache.device)  # (1, T) the prompt, then one token at a time
-    while True:
-        logits = target(x, cache=cache).logits[0, -1]  # (V,) the next token's logits
-        token = run.sample(logits)
-        if run.emit([token]):
-            return run.out, run.stats()
-        x = tensor([token], cache.device)
+    cache = models.target.new_cache()
+    first_token(run, models.target, cache)  # one forward over the whole prompt (the prefill) -> the first token
+    plain_steps(run, models.target, cache)  # then one forward per token, over the newest one alone
+    return run.out, run.stats()
 
 
 @torch.inference_mode()

@@ -84,7 +84,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     dcache = cache_for(eagle, target.config.block_size, max(depth * width, size))  # and for a grown one
 
     # prefill: the target reads the prompt and picks the first root; the head has x_1..x_P with f_0..f_{P-1} to read
-    last, out = first_token(run, target, cache)
+    last, out = first_token(run, target, cache, draft_policy)  # and all after it, as `ar`, if no draft pays
     unread, features, head_out = run.prompt[1:] + [last], [out.hidden[0]], None  # unread, and f before each
     while not run.done:
         k = draft_policy.k  # guesses, k + 1 tokens, as deep as the budget, context and k allow: d

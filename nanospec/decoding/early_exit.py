@@ -63,7 +63,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         hidden.append(target(x, cache=cache, layers=(0, E)).hidden)
         return exit_logits(target, adapter, E, hidden[-1])[:, -1]  # (1, V) the exit's guess of the next token
 
-    last, _ = first_token(run, target, cache)  # the whole target reads the prompt
+    last, _ = first_token(run, target, cache, draft_policy)  # the whole target reads the prompt (`ar` if no draft pays)
     while not run.done:
         k = run.draft_room(draft_policy.k)  # fewer guesses near the context end or budget
         drafts, q_draft, upper = [[]], None, {}  # k = 0: a plain step, one forward through every block

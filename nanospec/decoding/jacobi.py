@@ -57,7 +57,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     target = models.target
     cache = target.new_cache()
 
-    first_token(run, target, cache)  # the newest token, seq[-1], opens each verify forward
+    first_token(run, target, cache, draft_policy)  # seq[-1] opens each verify forward (`ar` if no draft pays)
     iterate = []  # no guesses yet: the first block pads
     while not run.done:
         last = run.seq[-1]

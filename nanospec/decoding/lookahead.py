@@ -132,7 +132,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     levels = [[rng.choice(run.prompt) for _ in range(W - (l == 0))] for l in range(N - 1)]
     accepted_window = step = 0  # step: Jacobi steps of the window so far
 
-    first_token(run, target, cache)  # the newest token, seq[-1], is each tree's root
+    first_token(run, target, cache, draft_policy)  # seq[-1] is each tree's root (`ar` if no draft pays)
     while not run.done:
         root = run.seq[-1]
         depth = run.draft_room(min(N - 1, draft_policy.k))  # shorter near the context end or budget; 0: a plain step

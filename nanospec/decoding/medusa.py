@@ -67,7 +67,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         n = len(paths[draft_policy.k - 1]) if draft_policy.k else 0
         return target.head_logits(hidden, n)[0, :, 0] if n else None
 
-    last, out = first_token(run, target, cache)
+    last, out = first_token(run, target, cache, draft_policy)  # and all after it, as `ar`, if no draft pays
     head_logits = heads_at(out.hidden[:, -1:])  # at the position that chose last
     while not run.done:
         d = run.draft_room(depth)  # near the end of the budget or context, a shallower tree

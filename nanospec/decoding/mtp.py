@@ -71,7 +71,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         return chain_at_once(head_logits, draft_policy, run.sampling, drawn, run.generator)
 
     # prefill: the main head gives the first token, the heads at the last prompt position the first guesses
-    last, out = first_token(run, model, cache)
+    last, out = first_token(run, model, cache, draft_policy)  # and all after it, as `ar`, if no draft pays
     drafts, q_draft = guesses_at(out.hidden[:, -1:])
     drafted = [0] * n_future  # per head: guesses verified
     accepted = [0] * n_future  # per head: guesses accepted

@@ -86,7 +86,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     draft_cache = drafter.new_cache()
 
     # prefill: the target gives the first token (the first root); the drafter's first pass reads the prompt too
-    last, _ = first_token(run, target, cache)
+    last, _ = first_token(run, target, cache, draft_policy)  # and all after it, as `ar`, if no draft pays
     new_tokens = run.prompt + [last]  # what the drafter has not read yet, ending with the root
     mask_logits = None  # (d, V) the drafter's, once it has made a pass
     while not run.done:

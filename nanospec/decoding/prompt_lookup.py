@@ -70,7 +70,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     target = models.target
     cache = target.new_cache()
 
-    first_token(run, target, cache)  # the newest token, seq[-1], opens each verify forward
+    first_token(run, target, cache, draft_policy)  # seq[-1] opens each verify forward (`ar` if no draft pays)
     while not run.done:
         seq = run.seq
         drafts = lookup(seq, opts.max_ngram, run.draft_room(draft_policy.k))  # fewer near the context end or budget

@@ -53,7 +53,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     target_cache = target.new_cache()
     draft_cache = draft.new_cache()
 
-    first_token(run, target, target_cache)  # the newest token, seq[-1], opens each verify forward
+    first_token(run, target, target_cache, draft_policy)  # seq[-1] opens each verify forward (`ar` if no draft pays)
     while not run.done:
         seq = run.seq
         k = run.draft_room(draft_policy.k)  # fewer guesses near the context end or the token budget

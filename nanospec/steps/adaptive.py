@@ -87,6 +87,9 @@ class DraftLength:
         if self.rule == "cost":
             self.price = Price(costs, draft_len, self.menu)
             self.k = self.price.best()
+        # No draft ever: the cost rule starts at k = 0, and a plain step offers no guess, so its books only fade
+        # towards the calibration's chances, where they start: k stays 0 (first_token then runs `ar`'s steps).
+        self.never = self.rule == "cost" and self.k == 0
         if self.rule == "sweep":
             self.k = self.menu[0]
 

@@ -142,14 +142,27 @@ def tensor(ids, device):
     return torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
 
 
-def first_token(run, target, cache):
+def first_token(run, target, cache, draft_policy=None):
     """The target reads the prompt and picks the first token itself, like `ar`; the run emits it (run.done says
     whether that was all). Returns (that token, the forward's Output: logits (1, P, V), hidden (1, P, C)). The
-    token is not in the cache yet: it opens the next forward."""
+    token is not in the cache yet: it opens the next forward.
+    draft_policy: the method's DraftLength. When it will never draft (`never`: the cost rule found that no draft
+    pays on this machine, and plain steps teach it nothing new), the rest of the run is `ar`'s too, plain_steps
+    without the method's bookkeeping per step, and the run is done on return."""
     out = target(tensor(run.prompt, cache.device), cache=cache)
     token = run.sample(out.logits[0, -1])
     run.emit([token])
+    if draft_policy is not None and draft_policy.never:
+        plain_steps(run, target, cache)
     return token, out
+
+
+def plain_steps(run, target, cache):
+    """`ar`'s steps until the run is done: one target forward over the newest token (emitted, not yet in the
+    cache), which attends to the cache of everything before it, and its next token from the target's law."""
+    while not run.done:
+        logits = target(tensor(run.out[-1:], cache.device), cache=cache).logits[0, -1]  # (V,) the next token's
+        run.emit([run.sample(logits)])
 
 
 def cache_for(model, context, forward, **kwargs):
