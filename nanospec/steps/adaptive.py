@@ -23,6 +23,8 @@ long wastes draft work and verify width when they are not, and the right k chang
               learnt from the steps verified so far (decayed, drawn back towards the calibration's chances, so
               that a stretch of plain steps tries a draft again). The books and a worked example: pricing.py.
               Without step_costs (a library call on models nobody calibrated) it drafts draft_len, as "off".
+              A run whose rule starts at k = 0 stays there (`never`: a plain step teaches it nothing), so it is
+              `ar`'s own loop from the prefill on (run.first_token), without the method's bookkeeping per step.
   sweep       what the calibration runs: every k of 0..draft_len in turn, SWEEP_STEPS steps each.
 
 Why this stays lossless: how many guesses a step makes depends only on the draft side (its guesses, its
