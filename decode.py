@@ -363,6 +363,8 @@ def main(argv=None):
     if colour:
         print(LEGEND)
     note = STOPS.get(stats["stop"], "")
+    if stats.get("no_draft_pays"):  # the cost rule priced every draft above a plain step on this machine
+        note += " [no draft pays here: `ar`'s plain steps; --adaptive off drafts anyway]"
     note += f" [runtime {path}]"  # which forwards ran: eager PyTorch, static, or static replayed from CUDA graphs
     if args.trace is not None:
         note += " [traced: the time includes the recording]"

@@ -122,6 +122,21 @@ def test_decode_groups_tokens_by_forward_in_brackets(toy, capsys):
     assert out.rstrip().endswith("[runtime eager]")  # the path the forwards took, on the summary line
 
 
+def test_decode_says_when_no_draft_pays(toy, tmp_path, capsys, monkeypatch):
+    """A method whose cost rule finds no draft that pays runs `ar`'s steps, and the summary line says why."""
+    import shutil
+    from nanospec.bench import calibration
+    base, _ = toy
+    shutil.copytree(base / "out", tmp_path / "out")  # the calibration.json written below is this test's own
+    monkeypatch.setattr(calibration, "measure", lambda *a, **k: {"seconds": {0: 1.0, 1: 11.0}, "chances": [0.5]})
+    args = ["--ckpt", str(tmp_path / "out"), "--method", "jacobi", "--prompt", "def run_3(x0):", "--max-new-tokens",
+            "6", "--device", "cpu", "--temperature", "1", "--seed", "0"]
+    decode.main(args)
+    assert "[no draft pays here: `ar`'s plain steps; --adaptive off drafts anyway]" in capsys.readouterr().out
+    decode.main(args + ["--adaptive", "off"])
+    assert "no draft pays" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("method", ["ar", "speculative"])
 def test_decode_runtime_static_gives_the_eager_greedy_text(toy, capsys, method):
     """--runtime wraps the models once (runtime.prepare); the method cannot tell, so greedy text is the same."""

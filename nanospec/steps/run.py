@@ -35,6 +35,7 @@ class Run:
     drafted_per_step: list = field(default_factory=list)  # guesses each target forward checked
     target_forwards: int = 0
     stop: str = None  # why generation ended: "eot", "max_new_tokens" or "context"
+    no_draft_pays: bool = False  # the cost rule found at the start that no draft pays here: `ar`'s steps (first_token)
 
     @property
     def seq(self):
@@ -95,7 +96,8 @@ class Run:
                 "accepted_per_step": self.accepted_per_step, "guesses_per_step": self.guesses_per_step,
                 "drafted_per_step": self.drafted_per_step,
                 "drafted": sum(self.drafted_per_step), "accepted": accepted, "judged": judged,
-                "acceptance_rate": accepted / max(1, judged), "stop": self.stop, **extra}
+                "acceptance_rate": accepted / max(1, judged), "stop": self.stop, "no_draft_pays": self.no_draft_pays,
+                **extra}
 
 
 def acceptance(guesses_per_step, drafted_per_step):
@@ -153,6 +155,7 @@ def first_token(run, target, cache, draft_policy=None):
     token = run.sample(out.logits[0, -1])
     run.emit([token])
     if draft_policy is not None and draft_policy.never:
+        run.no_draft_pays = True
         plain_steps(run, target, cache)
     return token, out
 
