@@ -313,6 +313,7 @@ class Page(HTMLParser):
     def __init__(self, dom):
         super().__init__()
         self.body, self.groups, self.bars, self.heading, self.problems_hidden = {}, [], 0, "", None
+        self.summary = ""
         self.open = []  # the stack of open elements: (tag, where its text goes)
         self.feed(dom)
 
@@ -332,6 +333,8 @@ class Page(HTMLParser):
             where = "heading"
         elif a.get("id") == "detail":
             where = "detail"
+        elif a.get("id") == "summary":
+            where = "summary"
         if tag not in ("meta", "br", "img", "input", "link"):
             self.open.append((tag, where))
 
@@ -345,6 +348,8 @@ class Page(HTMLParser):
             self.groups[-1] += data
         if "heading" in places:
             self.heading += data
+        if "summary" in places:
+            self.summary += data
 
 
 @pytest.mark.parametrize("case", [("speculative", "t=1", {}),
@@ -366,6 +371,22 @@ def test_the_page_shows_every_step_in_a_real_browser(chromium, runs, tmp_path, c
     assert page.groups == ["".join(s["text"]) or "\u2205" for s in doc["steps"]]
     assert "".join(page.groups) == "".join(f"<{t}>" for t in doc["ids"])
     assert page.heading.startswith(f"Step 2 of {steps}") and page.problems_hidden
+
+
+def test_the_page_says_when_no_draft_pays(chromium, models, runs, tmp_path):
+    """A run whose cost rule found that no draft pays takes `ar`'s steps; the page's summary says why there are no
+    guesses, and a run that drafted says nothing of the kind."""
+    name = calibration.key("jacobi", 1.0, {"adaptive": "cost"})
+    dear = Models(**{**vars(models["eager"]), "step_costs": {name: {"seconds": {0: 1.0, 1: 11.0}}}})
+    with trace.recording(dear) as recorder:
+        ids, stats = METHODS["jacobi"](recorder.models, PROMPT, NEW_TOKENS, **SAMPLINGS["t=1"])
+    assert stats["no_draft_pays"]
+    for doc, says in ((recorder.document(None, PROMPT, ids, stats), True),
+                      (runs[case_id(("speculative", "t=1", {}))][1][2], False)):
+        path = tmp_path / "run.html"
+        trace.write(str(path), doc)
+        dom, console = browser.dump_dom(path)
+        assert console == [] and ("no draft pays on this machine" in Page(dom).summary) == says
 
 
 def test_the_browser_test_sees_a_broken_page(chromium, runs, tmp_path):
