@@ -9,7 +9,8 @@ accepted guesses plus the target's own next token) and the number of guesses it 
 keeps what fits, says when to stop, and counts: the run is the one acceptance counter every method's stats come
 from (`acceptance`). How long the forwards and the drafting took is not the method's business: decode.py and the
 benchmark time them from outside (nanospec/bench/timing.py wraps the models). Beside the run: what every method
-does the same way, written once (the first token, a cache with room past the context, a drafter that fits).
+does the same way, written once (the first token, `ar`'s plain steps, a cache with room past the context, a drafter
+that fits).
 """
 from dataclasses import dataclass, field
 
