@@ -196,6 +196,12 @@ def test_medusa_with_the_cost_rule_follows_the_targets_law():
 FAKE = {"seconds": {0: 1.0, 1: 1.5}, "chances": [0.3]}  # what the tests below pretend was measured
 
 
+def test_a_step_costs_the_mean_of_its_steps_less_the_fastest_and_slowest_tenth():
+    assert calibration.trimmed_mean([1, 2, 3, 4, 5, 6, 7, 8, 9, 100]) == 5.5  # a stalled step left out
+    assert calibration.trimmed_mean([1, 1, 1, 2, 2, 2, 2, 2, 9, 9]) == 2.625  # slow steps a fifth of them: counted
+    assert calibration.trimmed_mean([3.0]) == 3.0 and calibration.trimmed_mean(list(range(9))) == 4.0  # none cut
+
+
 def test_the_calibration_times_every_k(models):
     costs = calibration.measure(models, "speculative", 1.0, {"draft_len": 3}, runs=1)
     assert sorted(costs["seconds"]) == [0, 1, 2, 3] and all(s > 0 for s in costs["seconds"].values())
@@ -280,7 +286,7 @@ def test_an_older_calibration_file_is_measured_again_and_replaced(models, tmp_pa
     m = calibration.attach(Models(**vars(models)), str(tmp_path), wanted)
     assert measured == ["speculative"] and m.step_costs[name] == FAKE
     data = json.loads(path.read_text())
-    assert data["format"] == calibration.FORMAT == 3 and here not in data["machines"]
+    assert data["format"] == calibration.FORMAT == 4 and here not in data["machines"]
     later = json.dumps({"format": calibration.FORMAT + 1, "machines": {}})
     path.write_text(later)
     calibration.attach(Models(**vars(models)), str(tmp_path), wanted)
