@@ -98,10 +98,15 @@ def train_drafter(ctx, name, recipe_of):
 # The recipes: recipe(ctx, target) -> Recipe, for the frozen target
 
 
+def draft_config(ctx):
+    """The preset's draft shape (far smaller than the target) on this run's tokenizer."""
+    return replace(ctx.cfg["draft"], vocab_size=ctx.tokenizer.vocab_size)
+
+
 def draft_recipe(ctx, target):
-    """`speculative`'s draft: a GPT of the preset's draft shape (far smaller than the target) on the same tokenizer,
-    distilled to the target's next-token law over windows that fill its context (drafter_losses.draft_losses)."""
-    cfg = replace(ctx.cfg["draft"], vocab_size=ctx.tokenizer.vocab_size)
+    """`speculative`'s draft: a GPT of draft_config distilled to the target's next-token law over windows that fill
+    its context (drafter_losses.draft_losses)."""
+    cfg = draft_config(ctx)
 
     def losses(draft, w, rng):  # w (B, T)
         out = draft_losses(draft, target, w)
@@ -208,7 +213,7 @@ def train_draft(ctx):
     path = os.path.join(ctx.out_dir, "draft.pt")
     if os.path.exists(path):
         refuse_another_size(path, load_checkpoint(path, ctx.tokenizer.identity, part="draft")["config"],
-                            asdict(replace(ctx.cfg["draft"], vocab_size=ctx.tokenizer.vocab_size)), ctx.preset)
+                            asdict(draft_config(ctx)), ctx.preset)
     train_drafter(ctx, "draft", draft_recipe)
 
 
