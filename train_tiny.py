@@ -45,7 +45,7 @@ def build_parser():
     p = argparse.ArgumentParser(description="Train nanospec's corpus, tokenizer, target GPT and draft models.")
     p.error = lambda message: sys.exit(f"error: {message} (see python train_tiny.py --help)")  # one line, no usage
     p.add_argument("--preset", default="tiny", choices=PRESETS,
-                   help="model and training sizes (tiny: 2-core CPU, ~9 min; gpu: one H100, ~5 min; toy: tests)")
+                   help="model and training sizes (tiny: 2-core CPU, ~10 min; gpu: one H100, ~5 min; toy: tests)")
     p.add_argument("--stage", default="all", choices=["all", *STAGES], help="run one stage (and what it needs) or all")
     p.add_argument("--corpus", default=None, help="UTF-8 text file or folder to train on (default: Python's stdlib source)")
     p.add_argument("--data-dir", default=None,
