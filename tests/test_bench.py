@@ -144,8 +144,8 @@ def test_timed_files_each_call_as_drafting_or_a_target_forward(runtime, temperat
     filed there. Early-exit: every pass through the target's first E layers drafts (a pass), and so do the
     adapter and the borrowed unembedding after each guess (no pass: they finish it); the verify over
     layers E..L is a target forward (a step with no guess is one forward through every layer). Speculative: every
-    call of the draft GPT is a pass. mtp: its heads, run after each forward on the target's state, draft (no pass:
-    they are the target's own). ar: no drafting at all. The EAGLE head reads the target's modules inside its own call,
+    call of the draft GPT is a pass. mtp: its heads, run alone on the target's state after the prompt, draft (no
+    pass: they are the target's own); in a verify forward (heads=k) they are the forward's time. ar: no drafting at all. The EAGLE head reads the target's modules inside its own call,
     which is its own time, not a second entry. The spies on the real modules see every call on the eager path
     only: the static path replays its captured forwards (a CUDA graph, or its emulation on a CPU) without
     calling the module, so there the ledger is checked against the method's own counts alone."""
@@ -169,8 +169,8 @@ def test_timed_files_each_call_as_drafting_or_a_target_forward(runtime, temperat
             if called:
                 assert target_calls.count((0, E)) == lower
                 assert target_calls.count((E, L)) == guessing  # every verify after a draft; the others: None
-        elif method == "mtp":  # the heads after the prefill and after every verify
-            assert got["passes"] == 0 and got["drafting"] == stats["target_forwards"] and not draft_calls
+        elif method == "mtp":  # the heads alone after the prefill; every verify forward runs them itself
+            assert got["passes"] == 0 and got["drafting"] == 1 and not draft_calls
         elif method == "speculative":
             assert got["passes"] == got["drafting"] > 0 and (not called or got["passes"] == len(draft_calls))
         elif method == "eagle":

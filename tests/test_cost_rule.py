@@ -286,7 +286,7 @@ def test_an_older_calibration_file_is_measured_again_and_replaced(models, tmp_pa
     m = calibration.attach(Models(**vars(models)), str(tmp_path), wanted)
     assert measured == ["speculative"] and m.step_costs[name] == FAKE
     data = json.loads(path.read_text())
-    assert data["format"] == calibration.FORMAT == 4 and here not in data["machines"]
+    assert data["format"] == calibration.FORMAT == 5 and here not in data["machines"]
     later = json.dumps({"format": calibration.FORMAT + 1, "machines": {}})
     path.write_text(later)
     calibration.attach(Models(**vars(models)), str(tmp_path), wanted)

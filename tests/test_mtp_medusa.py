@@ -140,6 +140,8 @@ CASES = [  # (method, options)
     ("medusa", {"tree": "wide"}),  # depth 1, ten children
     ("medusa", {"tree": "0;1;0,0;0,1;1,0;0,0,0;0,1,0"}),
     ("medusa", {"verify": "typical"}),  # typical acceptance is exact under greedy
+    ("mtp", {"adaptive": "sweep"}),  # k moves every few steps: the heads the forward ran are sometimes too few
+    ("medusa", {"adaptive": "sweep"}),  # (steps.run.heads_at then runs them at the accepted position)
 ]
 
 
@@ -332,3 +334,57 @@ def test_walk_predicts_medusas_own_steps(models, tree):
         assert steps[:len(full)] == full
         seen += full
     assert {1, 2, 3} <= set(seen)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The heads run inside the verify forward
+
+
+def test_a_forward_asked_for_heads_gives_the_same_logits_and_the_heads_own():
+    model = tiny_gpt(2, n_future=3)
+    ids = torch.tensor([random_ids(9, seed=1)])
+    plain = model(ids)
+    for n in (1, 2, 3):
+        out = model(ids, heads=n)
+        assert out.head_logits.shape == (1, n, 9, 11)
+        torch.testing.assert_close(out.logits, plain.logits)  # the main head's logits are unchanged
+        torch.testing.assert_close(out.head_logits, model.head_logits(plain.hidden, n))  # the heads' own
+    assert plain.head_logits is None and model(ids, layers=(0, 1)).head_logits is None  # not asked; stops early
+
+
+class CountingHeads:
+    """A target whose separate head_logits calls are counted (the forward's own heads are not)."""
+
+    def __init__(self, target):
+        self.target, self.calls = target, 0
+
+    def __call__(self, *args, **kwargs):
+        return self.target(*args, **kwargs)
+
+    def head_logits(self, *args):
+        self.calls += 1
+        return self.target.head_logits(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.target, name)
+
+
+@pytest.mark.parametrize("method, options", [("mtp", {"adaptive": "off"}), ("mtp", {"adaptive": "off", "draft_len": 1}),
+                                             ("medusa", {"adaptive": "off"})])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_next_guesses_come_from_the_heads_the_verify_forward_ran(models, method, options, temperature):
+    """With k fixed, the heads are called on their own once (after the prompt's forward, which runs no heads);
+    every later step's guesses come from the verify forward's (target(..., heads=k)). The tokens are those of a run
+    whose heads are all called on their own (the forward asked for none)."""
+    m = models["trained n_future=3"]
+    counting = CountingHeads(m.target)
+    prompt = random_ids(6, seed=3)
+    ids, stats = METHODS[method](Models(target=counting), prompt, 24, temperature=temperature, seed=5, **options)
+    assert counting.calls == 1 and stats["target_forwards"] > 3
+
+    class NoHeads(CountingHeads):  # the forward ignores `heads`: every guess from a call of its own
+        def __call__(self, *args, heads=0, **kwargs):
+            return self.target(*args, **kwargs)
+    separate = NoHeads(m.target)
+    assert METHODS[method](Models(target=separate), prompt, 24, temperature=temperature, seed=5, **options)[0] == ids
+    assert separate.calls == stats["target_forwards"]  # one per forward: after the prompt and after each step

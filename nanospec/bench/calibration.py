@@ -34,7 +34,8 @@ from nanospec.bench.timing import Ledger, timed_models
 from nanospec.tokenizer import write_atomic
 
 FILE = "calibration.json"
-FORMAT = 4  # 4: each k's seconds a trimmed mean (3: a median; 2: entries keyed on the target's trunk alone)
+FORMAT = 5  # 5: mtp's and medusa's heads run in the verify forward (4: each k's seconds a trimmed mean; 3: a
+# median; 2: entries keyed on the target's trunk alone): a file of an older format is measured again
 TEXTS = (  # what the sweeps continue, one after the other: code, prose, and text that repeats itself
     "    def close(self):\n        if self._file is not None:\n            self._file.close()\n",
     "The module provides functions for reading and writing files, and for finding out how large",

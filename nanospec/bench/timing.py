@@ -15,8 +15,9 @@ A decoding method has no timer and no counter in it; the bench wraps the models 
 Which calls draft: every call of the draft GPT, the EAGLE head and the ParallelSpec drafter (a drafter pass
 each), and every target call through its first blocks only (`drafts`: early-exit's passes). The early-exit
 adapter and the target's methods that drafters call outside its forward (BORROWED: `unembed`, for the exit's and
-the EAGLE head's logits, and `head_logits`, the MTP heads) add their seconds to drafting but no pass: they finish
-the pass before them. Every other target call is a target forward. This is the bench's knowledge of how the
+the EAGLE head's logits, and `head_logits`, the MTP heads run alone) add their seconds to drafting but no pass:
+they finish the pass before them. Every other target call is a target forward (one that runs the MTP heads too,
+`heads=n`, included: their seconds are then the forward's). This is the bench's knowledge of how the
 methods use the parts, kept here and not in the models. A call made inside another timed call (the EAGLE head
 reading the target's embedding) is its caller's time.
 

@@ -20,9 +20,9 @@ verify="typical", Medusa's typical acceptance judges the top-k guesses and is LO
 guess, so the output no longer follows the target's law. (A head's q is a marginal over the tokens before its
 own: see mtp.py.) With verify="traversal" a drawn tree is judged from its leaves up (verify.verify_tree_traversal):
 lossless too.
-The heads run after the verify forward, on the trunk's state at the node accepted last (and not at all before a
-step that guesses nothing). The default tree was measured on the trained model (scripts/medusa_tree.py;
-tree_guesses.py, docs/measurements.md).
+The heads run inside the verify forward, on every node (target(..., heads=n), as `mtp`'s), and the next
+candidates come from those at the node accepted last (none before a step that guesses nothing). The default tree
+was measured on the trained model (scripts/medusa_tree.py; tree_guesses.py, docs/measurements.md).
 
 Papers: Cai et al. 2024, Medusa, arXiv 2401.10774; Stern et al. 2018, Blockwise Parallel Decoding,
 arXiv 1811.03115; Gloeckle et al. 2024, Multi-token Prediction, arXiv 2404.19737.
@@ -33,7 +33,7 @@ from nanospec.steps.adaptive import PRICED_OPTIONS, draft_length
 from nanospec.steps.options import (DRAFT_SAMPLING_OPTION, VERIFY_RULES, Option, Sampling, read_options, rule_for,
                                     verify_option)
 from nanospec.steps.pricing import step_costs
-from nanospec.steps.run import cache_for, first_token, new_run
+from nanospec.steps.run import cache_for, first_token, heads_at, new_run
 from nanospec.steps.tree_guesses import TREES, fill_tree, parse_tree  # noqa: F401 (TREES: the presets)
 from nanospec.steps.verify_step import tree_step
 from nanospec.rules.tree import print_verified_tree
@@ -63,18 +63,20 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     cache = cache_for(target, target.config.block_size, len(paths) + 1)  # room for a tree at the context end
 
     # prefill: the main head gives the first token (the first root), the heads the first candidates
-    def heads_at(hidden):  # (n, V): the heads the next tree reaches, n = the depth of its first k paths (by depth)
-        n = len(paths[draft_policy.k - 1]) if draft_policy.k else 0
-        return target.head_logits(hidden, n)[0, :, 0] if n else None
+    def heads():  # how many heads the next tree reaches: the depth of its first k paths (by depth)
+        return len(paths[draft_policy.k - 1]) if draft_policy.k else 0
+
+    def heads_there(out, node):  # (n, V) those heads' logits at `node` of a forward's Output; None: no guesses next
+        return heads_at(target, out, node, heads()) if heads() else None
 
     last, out = first_token(run, target, cache, draft_policy)  # and all after it, as `ar`, if no draft pays
-    head_logits = heads_at(out.hidden[:, -1:])  # at the position that chose last
+    head_logits = heads_there(out, -1)  # at the position that chose last
     while not run.done:
         d = run.draft_room(depth)  # near the end of the budget or context, a shallower tree
         step_paths = [p for p in paths if len(p) <= d][:draft_policy.k]  # its first k guesses
         tokens, parents, q_draft = fill_tree(last, head_logits, step_paths, run.sampling, drawn, run.generator)
         emitted, path, out = tree_step(run.sampling, run.generator, target, cache, tokens, parents, q_draft,
-                                       opts.verify)
+                                       opts.verify, heads=heads())  # the heads run in the forward, on every node
         if opts.show_tree and run.target_forwards <= 2:  # the first two trees (the first forward read the prompt)
             print_verified_tree(f"medusa step {run.target_forwards}", tokens, parents, path, emitted, models.tokenizer,
                                 drawn, paths=None if drawn else step_paths)
@@ -82,7 +84,7 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         run.emit(emitted, drafted=len(tokens) - 1)
         last = emitted[-1]
         node = path[-1] if path else 0  # the last accepted node: its main head chose `last`, its heads guess on
-        head_logits = heads_at(out.hidden[:, node:node + 1])  # None when the next step guesses nothing
+        head_logits = heads_there(out, node)
     stats = run.stats()
     trees = max(1, run.target_forwards - 1)  # the first forward read the prompt
     return run.out, {**stats, "tree_nodes": stats["drafted"] / trees, "accepted_per_tree": stats["accepted"] / trees}

@@ -25,8 +25,8 @@ verified against, given the guesses before it, because that q does not depend on
 draws). What the marginal costs is acceptance: the accept rate sum(min(p_i, q_i)) falls with the distance
 between the conditional p_i and the marginal q_i, which grows with i (docs/measurements.md, mtp).
 
-The heads run after the verify forward, on the trunk's state at the last accepted position (the forward returns
-it as `hidden`), and only as many as the next step guesses: none before a plain step.
+The heads run inside the verify forward (target(..., heads=k): on every position, unembedded with the main head
+at once), and the next guesses come from those at the last accepted position; none before a plain step.
 
 Papers: Stern et al. 2018, Blockwise Parallel Decoding, arXiv 1811.03115; Gloeckle et al. 2024, Better &
 Faster Large Language Models via Multi-token Prediction, arXiv 2404.19737.
@@ -37,7 +37,7 @@ from nanospec.steps.adaptive import ADAPTIVE_OPTIONS, draft_length
 from nanospec.steps.draft_chain import chain_at_once
 from nanospec.steps.options import DRAFT_SAMPLING_OPTION, Option, Sampling, read_options, verify_option
 from nanospec.steps.pricing import step_costs
-from nanospec.steps.run import first_token, new_run
+from nanospec.steps.run import first_token, heads_at, new_run
 from nanospec.steps.verify_step import chain_step
 
 NEEDS = ()  # the MTP heads are part of the target
@@ -63,23 +63,23 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
     drawn = run.sampling.guesses_drawn(opts.draft_sampling)  # else each head's top-1
     cache = model.new_cache()
 
-    def guesses_at(hidden):  # hidden (1, 1, C): the next step's k guesses from the heads there, and their
-        # q_draft (1, k, V); none before a plain step (k = 0)
+    def guesses_at(out, n):  # the next step's k guesses from the heads at position n of `out`, the forward's
+        # Output, and their q_draft (1, k, V); none before a plain step (k = 0)
         if not draft_policy.k:
             return [], None
-        head_logits = model.head_logits(hidden, draft_policy.k)[0, :, 0]  # (k, V)
+        head_logits = heads_at(model, out, n, draft_policy.k)  # (k, V)
         return chain_at_once(head_logits, draft_policy, run.sampling, drawn, run.generator)
 
     # prefill: the main head gives the first token, the heads at the last prompt position the first guesses
     last, out = first_token(run, model, cache, draft_policy)  # and all after it, as `ar`, if no draft pays
-    drafts, q_draft = guesses_at(out.hidden[:, -1:])
+    drafts, q_draft = guesses_at(out, -1)
     drafted = [0] * n_future  # per head: guesses verified
     accepted = [0] * n_future  # per head: guesses accepted
     while not run.done:
         drafts = drafts[:run.draft_room(len(drafts))]  # near the end of the budget or context, guess fewer
         q_draft = q_draft[:, :len(drafts)] if q_draft is not None and drafts else None
         [emitted], [n], out = chain_step(run.sampling, run.generator, model, cache, [last], [drafts], q_draft,
-                                         opts.verify)  # one row
+                                         opts.verify, heads=draft_policy.k)  # one row; heads: see below
         for i in range(len(drafts)):
             drafted[i] += 1
             accepted[i] += i < n
@@ -87,5 +87,6 @@ def generate(models, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=None,
         run.emit(emitted, drafted=len(drafts))
         last = emitted[-1]
         # position n is the last accepted token's, whose main head chose `last`: its heads guess the tokens after
-        drafts, q_draft = guesses_at(out.hidden[:, n:n + 1])
+        # (the forward ran this step's k of them on every position: the next step's k, unless the rule moved it)
+        drafts, q_draft = guesses_at(out, n)
     return run.out, run.stats(head_acceptance=[a / d for a, d in zip(accepted, drafted) if d])  # heads used

@@ -104,6 +104,7 @@ class MTPHead(nn.Module):
 class Output:
     logits: torch.Tensor  # (B, T, V) main head: token t+1 (None from a forward that stops below the last block)
     hidden: torch.Tensor  # (B, T, C) trunk output before the final norm: the feature drafters read
+    head_logits: torch.Tensor = None  # (B, n, T, V) MTP heads 1..n, from a forward asked for them (heads=n)
 
 
 class GPT(nn.Module):
@@ -134,7 +135,7 @@ class GPT(nn.Module):
     def num_params(self):
         return sum(p.numel() for p in self.parameters()) - self.wpe.weight.numel()
 
-    def forward(self, idx, cache=None, pos=None, mask=None, layers=None, hidden_in=None):
+    def forward(self, idx, cache=None, pos=None, mask=None, layers=None, hidden_in=None, heads=0):
         """idx (B, T) new tokens; cache: a KVCache their keys and values are written to (then advanced by T);
         pos (T,) or (B, T) position ids, default right after the cache; mask (T, cached+T) bool, True = may attend,
         default causal (`place` turns these into the Placement the blocks read).
@@ -142,6 +143,11 @@ class GPT(nn.Module):
         layers (start, end): run only blocks start..end-1 (early exit). A range that starts above 0 reads
         hidden_in (B, T, C), the output of block start-1, in place of idx (pass idx=None); a range that
         stops below the last block returns only `hidden` (its output), no logits.
+
+        heads: also run MTP heads 1..heads on every position, unembedded with the main head in one norm and one
+        matmul (out.head_logits (B, heads, T, V)). `mtp` and `medusa` draw their next guesses from the heads at the
+        last accepted position: run here, the heads need no call, norm and unembedding of their own (~2% of a
+        drafting step on a CPU).
         """
         start, end = layers if layers is not None else (0, self.config.n_layer)
         at = self.place(idx, cache, pos, mask, layers, hidden_in)
@@ -150,9 +156,14 @@ class GPT(nn.Module):
             x = self.blocks[i](x, at, i)
         if cache is not None:
             cache.advance(x.size(1), range(start, end))
-        return Output(logits=self.unembed(x) if end == self.config.n_layer else None, hidden=x)
+        if end < self.config.n_layer:
+            return Output(logits=None, hidden=x)
+        if not heads:
+            return Output(logits=self.unembed(x), hidden=x)
+        logits = self.head_logits(x, heads, main=True)  # (B, 1+heads, T, V)
+        return Output(logits=logits[:, 0], hidden=x, head_logits=logits[:, 1:])
 
-    def place(self, idx, cache=None, pos=None, mask=None, layers=None, hidden_in=None):
+    def place(self, idx, cache=None, pos=None, mask=None, layers=None, hidden_in=None, heads=0):
         """The Placement `forward` gives its new tokens, from its own arguments (the fast layer calls it too: the
         contract is nanospec/model/cache.py's): after the tokens its first block holds."""
         start = layers[0] if layers is not None else 0
@@ -163,13 +174,14 @@ class GPT(nn.Module):
         """(..., C) trunk output, or a drafter's guess of it -> (..., V) logits: the final norm, then the head."""
         return self.lm_head(self.ln_f(hidden))
 
-    def head_logits(self, hidden, n=None):
+    def head_logits(self, hidden, n=None, main=False):
         """hidden (B, T, C) trunk output -> (B, n, T, V): head i's logits for token t+1+i, for the first n heads
-        (default all n_future): a drafter that guesses fewer tokens runs fewer heads."""
+        (default all n_future): a drafter that guesses fewer tokens runs fewer heads. main: the main head's logits
+        first, (B, 1+n, T, V) (forward's `heads`)."""
         if not len(self.heads):
             raise ValueError("this model has no MTP heads (n_future = 0)")
-        guesses = torch.stack([head(hidden) for head in list(self.heads)[:n]], dim=1)  # (B, n, T, C)
-        return self.unembed(guesses)  # one final norm and unembedding for all of them
+        states = [hidden] * main + [head(hidden) for head in list(self.heads)[:n]]
+        return self.unembed(torch.stack(states, dim=1))  # (B, n, T, C) -> one final norm and unembedding for all
 
     def new_cache(self, batch_size=1, max_len=None):
         """A fresh, empty KVCache for this model's layers, on its device and in its dtype."""

@@ -169,6 +169,16 @@ def plain_steps(run, target, cache):
         run.emit([run.sample(logits)])
 
 
+def heads_at(target, out, n, k):
+    """The MTP heads 1..k's logits (k, V) at position n of a target forward's Output (one row): the ones the
+    forward ran itself (target(..., heads=k or more): out.head_logits), else run now on its trunk state there
+    (after the prompt, or when this step guesses more than the forward before it asked for). `mtp` and `medusa`
+    guess their next tokens with them."""
+    if out.head_logits is not None and out.head_logits.size(1) >= k:
+        return out.head_logits[0, :k, n]  # (k, V)
+    return target.head_logits(out.hidden[:, n, None], k)[0, :, 0]  # (1, C) -> (k, V)
+
+
 def cache_for(model, context, forward, **kwargs):
     """`model`'s KV cache for a sequence of up to `context` tokens and then one forward of `forward` more: a tree, a
     window or a padded chain read at the context's end takes slots past it (each node one slot, whatever its

@@ -91,7 +91,7 @@ def own_guesses(p_target, n, nxt, k_rows, generator):
     return torch.where(full, k_rows, n), torch.where(full, after, nxt)
 
 
-def tree_step(sampling, generator, target, cache, tokens, parents, q_draft=None, rule=None):
+def tree_step(sampling, generator, target, cache, tokens, parents, q_draft=None, rule=None, **forward):
     """One target forward over a tree of guesses and the tree rule; the cache then holds the prefix, the root and
     the accepted path.
 
@@ -99,7 +99,7 @@ def tree_step(sampling, generator, target, cache, tokens, parents, q_draft=None,
     emitted token, not yet in the cache); q_draft (N, V): for a tree whose children were DRAWN, the law node u's
     children were drawn from (without replacement, in index order), else None; rule: a name in VERIFY_RULES that
     judges such a tree, None: options.DEFAULT_RULE's ("traversal" needs each node's children drawn on their own:
-    tree_guesses.DrawnTree).
+    tree_guesses.DrawnTree). forward: more arguments of the target's forward (medusa's heads).
     Returns (emitted, path, out): emitted = the accepted guesses + the target's next token; path = the accepted
     nodes (root excluded), so the last accepted node is path[-1] if path else 0; out = the forward's Output
     (out.hidden[:, node] is the trunk state there, for drafting the next tree)."""
@@ -109,7 +109,7 @@ def tree_step(sampling, generator, target, cache, tokens, parents, q_draft=None,
     device = cache.device
     ids = torch.tensor([tokens], device=device)  # (1, N)
     out = target(ids, pos=tree_positions(parents, prefix, device) if tree else None, cache=cache,
-                 mask=tree_mask(parents, prefix, device) if tree else None)  # logits (1, N, V)
+                 mask=tree_mask(parents, prefix, device) if tree else None, **forward)  # logits (1, N, V)
     logits = out.logits[0]  # (N, V)
     if sampling.greedy:  # every rule is "follow the argmax"
         path, nxt = verify_tree_greedy(logits, tokens, parents)
