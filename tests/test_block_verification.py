@@ -322,7 +322,7 @@ def test_the_tree_sampler_follows_its_exact_law():
 
 
 @pytest.mark.parametrize("method, options, L, n", [
-    ("mtp", {"verify": "block"}, 3, 1500),
+    ("mtp", {"verify": "block", "draft_sampling": "sample"}, 3, 1500),
     ("mtp", {"verify": "block", "draft_sampling": "topk"}, 2, 800),
     ("medusa", {"verify": "traversal", "tree": "0;1;0,0;1,0"}, 3, 1500),
 ])

@@ -22,7 +22,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nanospec.rules.verify import accept_prob, residual, sample, verify_chain, verify_chain_greedy, warp
+from nanospec.rules.verify import (accept_prob, race_noise, residual, sample, verify_chain, verify_chain_coupled,
+                                   verify_chain_greedy, warp)
 from laws import (DELTA, EXACT, F64, N_DRAWS, P_BIGRAM, SEEDS, SINGLE_STEP_CASES, START, V3, V10, bigram_law, dist,
                   empirical_law, greedy_target, node_law, on_host, one_hot, pairs, run_chain, sequence_codes, tv,
                   tv_bound, verify_chain_point_mass)
@@ -296,3 +297,53 @@ def test_uses_only_the_given_generator():
     g = torch.Generator().manual_seed(0)
     again = [on_host(verify_chain(p.expand(4, 4), q.expand(3, 4), torch.tensor([0, 1, 2]), g)) for _ in range(50)]
     assert results == again
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Coupled guesses: the drafter and the target run one race per position (verify_chain_coupled)
+
+
+def same_winner(p, q):
+    """P(q and p pick the same token in one race) = sum_v 1 / sum_y max(p_y / p_v, q_y / q_v): v wins both when
+    every other clock E_y beats E_v max(p_y / p_v, q_y / q_v), with E_v = e: prod_y exp(-e m_y), integrated
+    against exp(-e)."""
+    ratios = torch.maximum(p[None, :] / p[:, None], q[None, :] / q[:, None])  # (V, V) row v
+    return float((1.0 / ratios.sum(1)).sum())
+
+
+def test_a_coupled_chain_emits_p_at_every_position_and_accepts_as_often_as_one_race_agrees():
+    """Two guesses, V = 4, fixed p (3 positions) and q (2), N races each: the first token's law is p_0, the second's
+    (given the first guess accepted) p_1, within tv_bound(4, n) with probability 1 - 1e-6; guess 1 is accepted as
+    often as the two laws win one race alike (same_winner, Hoeffding: within sqrt(ln(2/delta) / 2N)), which is
+    at most sum(min(p, q)), Leviathan's rule's chance."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(3, 4, generator=g, dtype=torch.float64), -1)
+    q = torch.softmax(torch.randn(2, 4, generator=g, dtype=torch.float64), -1)
+    N = 20000
+    first, second, accepted = [], [], 0
+    for _ in range(N):
+        noise = race_noise((3, 4), g, torch.float64)
+        guesses = sample(q, noise=noise[:2]).tolist()
+        n, nxt = verify_chain_coupled(p, noise, guesses)
+        emitted = guesses[:n] + [nxt]
+        first.append(emitted[0])
+        accepted += n >= 1
+        if n >= 1:
+            second.append(emitted[1])
+    law = lambda tokens: torch.bincount(torch.tensor(tokens), minlength=4).double() / len(tokens)  # noqa: E731
+    assert 0.5 * (law(first) - p[0]).abs().sum() < tv_bound(4, N)
+    assert 0.5 * (law(second) - p[1]).abs().sum() < tv_bound(4, len(second))
+    chance = same_winner(p[0], q[0])
+    assert abs(accepted / N - chance) < math.sqrt(math.log(2 / DELTA) / (2 * N))
+    assert 0.2 < chance <= float(torch.minimum(p[0], q[0]).sum())
+
+
+def test_coupled_rule_literal():
+    """The docstring's example: p_0 = [0.2, 0.8], q_0 = [0.6, 0.4], u = [0.5, 0.6]: the draft's race is won by 0
+    (times E / q = [1.16, 1.28]), the target's by 1 ([3.47, 0.64]): rejected, 1 comes out. A guess that is the
+    target's winner is accepted, and the winner after it is the bonus."""
+    p = torch.tensor([[0.2, 0.8], [0.5, 0.5]])
+    noise = torch.tensor([[0.5, 0.6], [0.9, 0.1]]).log()
+    assert sample(torch.tensor([0.6, 0.4]), noise=noise[0]).item() == 0
+    assert verify_chain_coupled(p, noise, [0]) == (0, 1)
+    assert verify_chain_coupled(p, noise, [1]) == (1, 0)  # times after it: [0.21, 4.6] -> 0

@@ -70,7 +70,8 @@ RUNS = {
     "prompt-lookup-t1": ("prompt-lookup", 1.0, {}, ("lookup",) + CHAIN_SAMPLED),
     "jacobi-t1": ("jacobi", 1.0, {}, CHAIN_SAMPLED),
     "speculative-t1": ("speculative", 1.0, {}, CHAIN_SAMPLED),
-    "mtp-t1": ("mtp", 1.0, {}, CHAIN_SAMPLED),
+    "mtp-t1": ("mtp", 1.0, {}, CHAIN),  # coupled, the default: greedy's rule on each race's winners
+    "mtp-sample-t1": ("mtp", 1.0, {"draft_sampling": "sample"}, CHAIN_SAMPLED),
     "mtp-topk-t1": ("mtp", 1.0, {"draft_sampling": "topk"}, CHAIN_SAMPLED),
     "early-exit-t1": ("early-exit", 1.0, {}, CHAIN_SAMPLED),
     "parallelspec-chain-t1": ("parallelspec", 1.0, {"tree": "chain"}, PSPEC + CHAIN_SAMPLED),
@@ -91,7 +92,7 @@ RUNS = {
     "parallelspec-token-t1": ("parallelspec", 1.0, {"verify": "token"}, PSPEC + DRAWN_TREE_TOKEN),
     # --verify block: a chain drafted from a q is judged by exercise 14 in place of 4 (greedy: still exercise 2)
     "speculative-block-t1": ("speculative", 1.0, {"verify": "block"}, BLOCK),
-    "mtp-block-t1": ("mtp", 1.0, {"verify": "block"}, BLOCK),
+    "mtp-block-t1": ("mtp", 1.0, {"verify": "block", "draft_sampling": "sample"}, BLOCK),
     "early-exit-block-t1": ("early-exit", 1.0, {"verify": "block"}, BLOCK),
     "parallelspec-chain-block-t1": ("parallelspec", 1.0, {"tree": "chain", "verify": "block"}, PSPEC + BLOCK),
     "eagle-block-t1": ("eagle", 1.0, {"verify": "block"}, BLOCK),

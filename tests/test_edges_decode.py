@@ -110,8 +110,16 @@ def test_show_tree_on_another_method_is_a_lowercase_one_line_error(ckpt):
 
 def test_the_same_flags_sample_at_temperature_1(ckpt, capsys):
     decode.main(["--ckpt", ckpt, *ARGS, "--prompt", "x", "--temperature", "1", "--seed", "1", "--top-k", "3",
-                 "--top-p", "0.9", "--method", "mtp", "--verify", "block", "--json"])
+                 "--top-p", "0.9", "--method", "mtp", "--verify", "block", "--draft-sampling", "sample", "--json"])
     assert len(json.loads(capsys.readouterr().out)["ids"]) == 4
+
+
+def test_a_verify_rule_for_coupled_guesses_is_a_clear_error(ckpt):
+    """mtp's default guesses at t > 0 are coupled (drawn in the target's own races), which --verify's rules do not
+    judge: one line that says what to do, not a run that ignores the flag."""
+    with pytest.raises(SystemExit, match="coupled guesses have their own rule: leave --verify out"):
+        decode.main(["--ckpt", ckpt, *ARGS, "--prompt", "x", "--temperature", "1", "--method", "mtp", "--verify",
+                     "block"])
 
 
 def test_the_largest_seed_samples(ckpt, capsys):

@@ -27,9 +27,10 @@ NEW_TOKENS = 48
 LIMITS = {"ar": (1.0, 1.0), "prompt-lookup": (1.0, 1.0), "jacobi": (2.0, 2.0), "lookahead": (2.0, 2.0),
           "speculative": (2.0, 2.0), "mtp": (2.0, 2.0), "early-exit": (2.0, 2.0),
           "medusa": (2.5, 3.5), "eagle": (7.2, 3.6), "parallelspec": (2.5, 4.6)}
-OTHER_MODE = {"sample": "topk", "topk": "sample"}  # a --draft-sampling method also runs in its other mode
-RUNS = [(m, {}) for m in METHODS] + [(m, {"draft_sampling": OTHER_MODE[MODULES[m].OPTIONS["draft_sampling"][1]]})
-                                     for m in METHODS if "draft_sampling" in MODULES[m].OPTIONS]
+RUNS = [(m, {}) for m in METHODS] + [(m, {"draft_sampling": mode}) for m in METHODS  # and in its other modes
+                                     if "draft_sampling" in MODULES[m].OPTIONS
+                                     for mode in MODULES[m].OPTIONS["draft_sampling"].choices
+                                     if mode != MODULES[m].OPTIONS["draft_sampling"].default]
 
 
 @pytest.fixture(scope="module")

@@ -274,6 +274,8 @@ def test_tree_step_accepts_long_paths_and_keeps_the_cache_exact(models):
     ("medusa", "topk", 3, (1.0, None, None), 1500, "eager"),
     ("mtp", "sample", 2, (0.8, 4, None), 1500, "static"),  # warping (temperature, top-k) must reach q and p alike
     ("mtp", "topk", 2, (0.8, 4, None), 800, "eager"),
+    ("mtp", "coupled", 3, (0.9, None, 0.9), 1500, "eager"),  # the default: one race per position, drafter and target
+    ("mtp", "coupled", 2, (0.8, 4, None), 1500, "static"),
 ])
 def test_sampling_follows_the_target_law(method, draft_sampling, L, sampling, n, runtime):
     """First L tokens, V = 5: 5**L outcomes. With n draws, a correct sampler's empirical law is within
@@ -293,6 +295,22 @@ def test_sampling_follows_the_target_law(method, draft_sampling, L, sampling, n,
                                draft_sampling=draft_sampling, **options)
     assert tv(law, exact_law(models.target, prompt, L, sampling)) < tv_bound(5 ** L, n)
     assert accepted > n / 8, accepted
+
+
+def test_coupled_guesses_in_one_race_for_every_position_are_lossy(monkeypatch):
+    """Negative control for coupled drafting: every position must get a race of its own. With one race run at
+    every position of a step (the noise of the first repeated), the target's tokens there come out of the same
+    clocks, so they agree far more often than its law says: the law test above sees it."""
+    import nanospec.decoding.mtp as mtp_module
+    real = mtp_module.race_noise
+
+    def one_race(shape, *args):
+        noise = real(shape, *args)
+        return noise[:, :1].expand_as(noise).contiguous()  # (1, k+1, V): position 0's race everywhere
+    monkeypatch.setattr(mtp_module, "race_noise", one_race)
+    models = Models(target=tiny_gpt(3, **SAMPLING_MODEL))
+    law, _ = method_law(models, [1, 2], 3, 1500, "mtp", (0.9, None, 0.9), draft_sampling="coupled")
+    assert tv(law, exact_law(models.target, [1, 2], 3, (0.9, None, 0.9))) > tv_bound(5 ** 3, 1500)
 
 
 def test_typical_acceptance_is_lossy():

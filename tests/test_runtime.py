@@ -441,7 +441,7 @@ CASES = [
     ("mtp", {}),
     ("mtp", {"draft_sampling": "topk", "draft_len": 2}),
     ("mtp", {"adaptive": "confidence", "confidence": 0.12}),
-    ("mtp", {"verify": "block"}),
+    ("mtp", {"verify": "block", "draft_sampling": "sample"}), ("mtp", {"draft_sampling": "sample"}),
     ("medusa", {}),
     ("medusa", {"tree": "large", "draft_sampling": "topk"}),
     ("medusa", {"verify": "typical"}),

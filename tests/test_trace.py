@@ -53,14 +53,14 @@ SAMPLINGS = {"greedy": {}, "t=1": {"temperature": 1.0, "seed": 0},
 COSTS = {k: 1.0 + 0.3 * k for k in range(64)}  # made-up step costs for --adaptive cost: a guess costs 30% of a step
 CASES = [(m, s, {}) for m in METHODS for s in ("greedy", "t=1", "t=0.7 top-p 0.9", "t=0.1")] + [
     ("speculative", "t=1 top-k 5", {}),
-    ("speculative", "t=0.1", {"verify": "block"}), ("mtp", "t=1", {"verify": "block"}),
+    ("speculative", "t=0.1", {"verify": "block"}), ("mtp", "t=1", {"verify": "block", "draft_sampling": "sample"}),
     ("early-exit", "t=0.7 top-p 0.9", {"verify": "block"}),
     ("parallelspec", "t=0.1", {"tree": "chain", "verify": "block"}),
     ("medusa", "t=0.1", {"verify": "traversal"}), ("eagle", "t=0.1", {"tree": "dynamic", "verify": "traversal"}),
     ("eagle", "greedy", {"tree": "dynamic"}), ("parallelspec", "t=0.7 top-p 0.9", {"verify": "traversal"}),
     ("medusa", "t=0.1", {"verify": "typical"}),
     ("medusa", "t=1", {"verify": "typical"}),
-    ("mtp", "t=0.1", {"draft_sampling": "topk"}), ("medusa", "t=0.1", {"draft_sampling": "topk"}),
+    ("mtp", "t=0.1", {"draft_sampling": "topk"}), ("mtp", "t=0.1", {"draft_sampling": "sample"}), ("medusa", "t=0.1", {"draft_sampling": "topk"}),
     ("eagle", "t=0.1", {"draft_sampling": "topk"}), ("eagle", "t=0.1", {"tree": "dynamic", "draft_sampling": "topk"}),
     ("eagle", "t=1", {"tree": "dynamic"}), ("parallelspec", "t=1", {"draft_sampling": "topk"}),
     ("speculative", "t=0.1", {"adaptive": "history"}), ("mtp", "t=0.1", {"adaptive": "confidence"}),
@@ -143,7 +143,7 @@ def test_the_cases_judge_every_rule_both_ways(runs):
                 tested = g["verdict"] != "unused" and (s["rule"] != "traversal" or g["w"] is not None)
                 if s["rule"] in ("token", "block", "traversal") and tested:  # (traversal: a node under one that
                     assert g["u"] is not None, (s["rule"], g)  # passed is kept untested)
-    assert set(seen) == {"greedy", "token", "block", "descend", "traversal", "typical"}
+    assert set(seen) == {"greedy", "coupled", "token", "block", "descend", "traversal", "typical"}
     assert all({"accepted", "rejected"} <= verdicts for verdicts in seen.values()), seen
     typical = runs[case_id(("medusa", "t=0.1", {"verify": "typical"}))][1][2]
     assert all(s.get("lossy") for s in typical["steps"] if "rule" in s)
@@ -210,8 +210,8 @@ WRAPPED = {  # name: (the function, the wrong one, the case it runs, what check 
     #          (verify_chain, accept_prob) are wrapped rather than edited: a handout blanks their bodies
     "a rule that keeps the first rejected guess": (verify.verify_chain, keeps_the_first_rejected,
                                                    ("speculative", "t=0.1", {}), "yet accepted"),
-    "accept_prob answering sqrt(min(1, p/q))": (verify.accept_prob, sqrt_accept_prob, ("mtp", "t=0.1", {}),
-                                                "is not min(1, p/q)"),
+    "accept_prob answering sqrt(min(1, p/q))": (verify.accept_prob, sqrt_accept_prob,
+                                                ("mtp", "t=0.1", {"draft_sampling": "sample"}), "is not min(1, p/q)"),
 }
 BROKEN = {  # name: (the function, the edit, the case it runs, what check says)
     "a rejected guess left in the output": (
@@ -234,6 +234,9 @@ BROKEN = {  # name: (the function, the edit, the case it runs, what check says)
     "block verification passing u > h": (
         verify.verify_block, "passed = (u < h) | (length == 0)", "passed = (u > h) | (length == 0)",
         ("speculative", "t=0.1", {"verify": "block"}), "prefix"),
+    "a coupled chain judged in a fresh race, not the one its guesses ran in": (
+        verify.verify_chain_coupled, "race(p_target, noise=noise)", "race(p_target)", ("mtp", "t=0.1", {}),
+        "where the law's draw gave"),
     "traversal's coin against sqrt(w)": (
         verify.verify_tree_traversal, "lambda prob: next(coins) < prob", "lambda prob: next(coins) < prob ** 0.5",
         ("medusa", "t=0.1", {"verify": "traversal"}), "tested u"),

@@ -66,7 +66,6 @@ from nanospec.bench import report
 from nanospec.bench.report import one_line
 from nanospec.model.checkpoint import CheckpointError
 from nanospec.decoding import MODULES, METHODS, check_method, parts_for
-from nanospec.steps.options import DRAFT_SAMPLING
 from nanospec.device import MAX_SEED, add_runtime_flag, add_threads_flag, check_seed, pick_device, set_threads
 from nanospec.model.load import load_models
 from nanospec.bench.timing import (REPLAY_WARMUPS, Ledger, counting_host_reads, counting_ops, fastest, timed,
@@ -360,15 +359,16 @@ def table_rows(names, temperature, paths=("eager",)):
     """The rows of one temperature's table, row label -> (method, options, path): every method with its defaults
     on the first of `paths` (the runtime paths, e.g. ("static", "eager") when comparing), and on each other path
     as a row "name (path)" right after it, so that eager and replayed show side by side. When sampling, also each
-    method that has a --draft-sampling switch in its other mode, labelled like "eagle (topk)", so that the two
-    ways of drafting show side by side (at temperature 0 they are the same thing)."""
+    method that has a --draft-sampling switch in its other modes, labelled like "eagle (topk)", so that the ways
+    of drafting show side by side (at temperature 0 they are the same thing)."""
     rows = {}
     first, *others = paths
     for name in names:
         rows[name] = (name, {}, first)
         rows.update({f"{name} ({path})": (name, {}, path) for path in others})
-        default = MODULES[name].OPTIONS.get("draft_sampling", (None, None))[1]
-        for mode in DRAFT_SAMPLING if default is not None and temperature > 0 else ():
+        option = MODULES[name].OPTIONS.get("draft_sampling")
+        default, modes = (option.default, option.choices) if option else (None, ())
+        for mode in modes if temperature > 0 else ():
             if mode != default:
                 rows[f"{name} ({mode})"] = (name, {"draft_sampling": mode}, first)
     return rows

@@ -26,7 +26,7 @@ Bump VERSION and add a line to EXERCISES.md's changelog whenever an exercise, it
 """
 from dataclasses import dataclass
 
-VERSION = "1.9"
+VERSION = "1.10"
 
 
 @dataclass(frozen=True)

@@ -76,14 +76,16 @@ def warp(logits, temperature=0.0, top_k=None, top_p=None):
     return probs
 
 
-def sample(probs, generator=None):
+def sample(probs, generator=None, noise=None):
     """Draw one token per row from probabilities (..., V) -> LongTensor (...), as a race: every token v gets an
     exponential clock of rate p(v), arrival time E_v / p(v) with E_v ~ Exp(1), and the first to arrive wins, which
     happens with probability p(v). (In logs it is Gumbel-max: -log E_v is Gumbel noise added to log p(v).) A
     one-hot row always gives its hot index, so greedy decoding through `sample` is deterministic; a zero never
     wins (its time is infinite); rows need not sum to exactly 1. Four tensor operations for any number of rows:
-    on a CPU about half of torch.multinomial's one row, and no host read (multinomial reads on a GPU)."""
-    return race(probs, generator).argmax(-1)
+    on a CPU about half of torch.multinomial's one row, and no host read (multinomial reads on a GPU).
+    noise: the race's log-uniforms (..., V) (`race_noise`), given to run this race with noise another race ran
+    with (coupled drafting: the drafter's guess and the target's token race on the same clocks); None: fresh."""
+    return race(probs, generator, noise).argmax(-1)
 
 
 def pick_token(logits, temperature=0.0, top_k=None, top_p=None, generator=None):
@@ -95,12 +97,19 @@ def pick_token(logits, temperature=0.0, top_k=None, top_p=None, generator=None):
     return sample(warp(logits, temperature, top_k, top_p), generator)
 
 
-def race(probs, generator=None):
+def race(probs, generator=None, noise=None):
     """The race of `sample` and `gumbel_top_k`, probs (..., V) -> (..., V): minus each token's arrival time,
-    log(u) / p = -E / p for E = -log(u) ~ Exp(1), u uniform in [0, 1) drawn fresh per entry, so the LARGEST
-    arrives first. A token of probability 0 (or with u = 0) gets -inf: it never arrives."""
-    u = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)  # (..., V)
-    return torch.log(u) / probs
+    log(u) / p = -E / p for E = -log(u) ~ Exp(1), u uniform in [0, 1) drawn fresh per entry (or noise = log(u)
+    given), so the LARGEST arrives first. A token of probability 0 (or with u = 0) gets -inf: it never arrives."""
+    if noise is None:
+        noise = race_noise(probs.shape, generator, probs.dtype, probs.device)
+    return noise / probs
+
+
+def race_noise(shape, generator=None, dtype=torch.float32, device="cpu"):
+    """A race's randomness, log(u) for u uniform in [0, 1) per entry, (...) = shape: drawn once, it can run two
+    races (`sample(q, noise=n)` and `sample(p, noise=n)`: see verify_chain_coupled)."""
+    return torch.rand(shape, generator=generator, dtype=dtype, device=device).log_()
 
 
 def sample_without_replacement(probs, k, generator=None):
@@ -232,6 +241,22 @@ def verify_chain_greedy(logits, draft_tokens):
         n += 1
     return n, best[n]
     # END SOLUTION ex2
+
+
+def verify_chain_coupled(p_target, noise, draft_tokens):
+    """A chain drawn with the target's own randomness (coupled drafting; Daliri, Musco and Suresh 2024, "Coupling
+    without Communication and Drafter-Invariant Speculative Decoding", arXiv 2408.07978): the token at each position
+    is the winner of ONE race, noise[i] (`race_noise`), and the drafter drew guess i by running its q in that race,
+    sample(q_i, noise=noise[i]). The target's token there is sample(p_i, noise=noise[i]), a draw from p_i since the
+    race's noise is fresh (no token before position i depended on it); a guess is accepted while it IS that token.
+    So the rule is the greedy one on the two races' winners, with no distribution built and nothing drawn here.
+    p_target (k+1, V), noise (k+1, V), draft_tokens (k,) -> (n accepted, the next token), ints.
+    Example: p_0 = [0.2, 0.8], q_0 = [0.6, 0.4], noise_0 = log [0.5, 0.6]: the draft's race -> times [1.16, 1.28]
+    (E / q), guess 0; the target's -> [3.47, 0.64], token 1: rejected, emit 1.
+    It accepts less than Leviathan's rule (P(same winner) <= sum(min(p, q)); here 0.33 against 0.38 for the MTP
+    heads' first guess at t=1, docs/benchmark.md), and costs the host no more than greedy decoding: when
+    sampling, every sampled rule's work (accept_prob, a uniform per guess, the residual and its draw) is gone."""
+    return verify_chain_greedy(race(p_target, noise=noise), draft_tokens)  # the winners: argmax of -E / p
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -42,11 +42,15 @@ def draft_chain(step, x, k, sampling, generator=None, stop=None, first=None):
     return torch.stack(drafts, 1).tolist(), q_draft  # one host read: the guesses (B, j)
 
 
-def chain_at_once(logits, draft_policy, sampling, drawn=False, generator=None):
+def chain_at_once(logits, draft_policy, sampling, drawn=False, generator=None, noise=None):
     """The chain of a drafter that guesses every position at once: logits (k, V), row i for guess i+1. The guesses
     are each row's top-1 (q_draft None: point masses), or when `drawn`, draws from each row's warped law q_draft
-    (warped like the target's p); cut after the first unconfident one (draft_policy.cut, --adaptive confidence).
+    (warped like the target's p), or, given `noise` (k+1 or more rows, verify.race_noise: --draft-sampling coupled),
+    each row's winner in the race of its position, the one the target's token will win (q_draft None: the coupled
+    rule needs none); cut after the first unconfident one (draft_policy.cut, --adaptive confidence).
     Returns (guesses: j ints, q_draft (1, j, V) or None): one row, as chain_step takes it."""
+    if noise is not None:
+        return draft_policy.cut(logits, sample(warp(logits, *sampling), noise=noise[:len(logits)]).tolist()), None
     if not drawn:
         return draft_policy.cut(logits, logits.argmax(-1).tolist()), None
     q_draft = warp(logits, *sampling)  # (k, V)

@@ -47,6 +47,11 @@ class Sampling(NamedTuple):
         temperature > 0; otherwise it takes its top-k (greedy: q is one-hot and both modes are the same)."""
         return draft_sampling == "sample" and not self.greedy
 
+    def guesses_coupled(self, draft_sampling):
+        """Does the drafter run its q in the race the target's token will win (--draft-sampling coupled, temperature
+        > 0), so that its guesses are judged by verify_chain_coupled?"""
+        return draft_sampling == "coupled" and not self.greedy
+
 
 class Option(NamedTuple):
     """One method option: decode.py makes it a --kebab-case flag, `read_options` fills in and checks it."""
@@ -66,6 +71,18 @@ DRAFT_SAMPLING_OPTION = {
                                             "without replacement) and verify with rejection sampling against that "
                                             "q; topk = its most likely tokens, verified as point masses. Greedy "
                                             "always uses topk", choices=DRAFT_SAMPLING),
+}
+# A chain drafter that guesses every position at once (mtp's heads) may also draw in the target's own race: the
+# guess at each position is q's winner in the race whose winner under p is the target's token there.
+COUPLED_DRAFT_SAMPLING_OPTION = {
+    "draft_sampling": Option(str, "coupled", "how the drafter guesses when sampling (temperature > 0): coupled = "
+                                             "each guess is the winner under the drafter's q of the race the "
+                                             "target's token at that position wins under p (one random draw per "
+                                             "position for both), accepted while the two are the same token: no "
+                                             "rejection sampling, the same law (verify_chain_coupled; --verify "
+                                             "does not apply); sample = draw from q, rejection sampling against "
+                                             "it (--verify); topk = its most likely tokens, as point masses. "
+                                             "Greedy always uses topk", choices=DRAFT_SAMPLING + ("coupled",)),
 }
 
 

@@ -13,15 +13,16 @@ In a tree forward each node sees the cached prefix and its own ancestors (tree_m
 Which rule: the method's --verify names one in options.VERIFY_RULES, the one table of them, which says the function
 of nanospec/rules/verify.py that judges a chain, a tree of DRAWN guesses (against the q_draft they came from) or a
 tree of guesses not drawn (n-gram copies, top-k, Jacobi iterates: point masses, q = one_hot). Greedy, every rule
-is "accept while the guess is the argmax" (verify_chain_greedy, verify_tree_greedy: no law built), and a step with
-no guesses draws the target's own token, as `ar` does. Both steps take the sampling settings and the generator that
+is "accept while the guess is the argmax" (verify_chain_greedy, verify_tree_greedy: no law built), as it is, when
+sampling, for a chain drawn with the target's own race noise (--draft-sampling coupled: verify_chain_coupled), and a
+step with no guesses draws the target's own token, as `ar` does. Both steps take the sampling settings and the generator that
 judge, nothing else of the run (a batch's rows share them).
 """
 import torch
 
 from nanospec.rules.tree import tree_mask, tree_positions
-from nanospec.rules.verify import (host_path, pick_token, point_mass, sample, verify_chain_greedy,
-                                   verify_tree_greedy, warp)
+from nanospec.rules.verify import (host_path, pick_token, point_mass, sample, verify_chain_coupled,
+                                   verify_chain_greedy, verify_tree_greedy, warp)
 from nanospec.steps.options import KIND_NAMES, VERIFY_RULES, rule_for, rules_for
 
 
@@ -38,7 +39,7 @@ def judge_of(rule, kind, instead=None):
     return judge
 
 
-def chain_step(sampling, generator, target, cache, last, drafts, q_draft=None, rule="token", **forward):
+def chain_step(sampling, generator, target, cache, last, drafts, q_draft=None, rule="token", noise=None, **forward):
     """One target forward over each row's [last, d1..dk] and the chain rule; the cache then holds each row's
     sequence up to its last accepted draft (`last` included, the new token not yet). One prompt is one row.
 
@@ -46,7 +47,9 @@ def chain_step(sampling, generator, target, cache, last, drafts, q_draft=None, r
     last: B ints, each row's newest emitted token, not yet in the cache; drafts: B lists of guesses for the tokens
     after it (a row's own k_b of them, the shorter rows padded up to K = max k_b); q_draft (B, K, V): the law
     each was drawn from, or None for deterministic guesses; rule: a name in VERIFY_RULES that judges a chain
-    ("token", or "block" for one row). forward: more arguments of the target's forward (early-exit's layers, the
+    ("token", or "block" for one row). noise (B, K+1, V): the race noise coupled guesses were drawn with (one row
+    per position: --draft-sampling coupled); they are then judged by verify_chain_coupled, whatever `rule` names.
+    forward: more arguments of the target's forward (early-exit's layers, the
     range of blocks to run, and hidden_in). Returns (emitted: B lists, each the row's accepted drafts +
     the target's next token; n: B ints, the drafts accepted; the forward's Output)."""
     judge = judge_of(rule, "chain")
@@ -61,6 +64,10 @@ def chain_step(sampling, generator, target, cache, last, drafts, q_draft=None, r
     out = target(ids, cache=cache, **forward)
     if sampling.greedy:  # every rule is "accept while the guess is the argmax"
         n, nxt = zip(*[verify_chain_greedy(out.logits[b, :k + 1], drafts[b]) for b, k in enumerate(k_rows)])
+    elif noise is not None:  # coupled guesses: "accept while the guess is the target's own draw in its race"
+        p_target = warp(out.logits, *sampling)  # (B, K+1, V)
+        n, nxt = zip(*[verify_chain_coupled(p_target[b, :k + 1], noise[b, :k + 1], drafts[b])
+                       for b, k in enumerate(k_rows)])
     else:
         p_target = warp(out.logits, *sampling)  # (B, K+1, V)
         guesses = ids[:, 1:]  # (B, K)

@@ -32,9 +32,10 @@ A step of the trace (one target forward; JSON):
     forward, kind         1, 2, ...; "prefill" (the forward that read the prompt), "plain" (ar), "chain", "tree"
     read, cache           tokens the forward read; [cache length before it, after the rollback]
     tokens, parents       the root (the newest token, not yet cached) and the guesses; a chain: [-1, 0, 1, ..]
-    guessed, verify       "drawn" (from a drafter's q) or "fixed" (copies, top-k, iterates: point masses), None
-                          when greedy (every rule then follows the argmax); the method's --verify
-    rule                  greedy | token | block | descend | traversal | typical (see RULES)
+    guessed, verify       "drawn" (from a drafter's q), "fixed" (copies, top-k, iterates: point masses) or
+                          "coupled" (the drafter's winner in the target's own race), None when greedy (every rule
+                          then follows the argmax); the method's --verify
+    rule                  greedy | coupled | token | block | descend | traversal | typical (see GREEDY, RULES)
     nodes                 one per guess: node, x, depth, p = p(x), q = q(x), accept = min(1, p/q), u (the uniform
                           that decided it) or draw (the target's token that it had to match), verdict "accepted",
                           "rejected" or "unused" (drawn for but never looked at); block: w, h; typical: threshold
@@ -240,6 +241,19 @@ def chain_greedy(step, a, calls, result):
     step["law"] = law_of("argmax", torch.softmax(logits[n].double(), -1), nxt, drawn=best[n], row=n)
 
 
+def chain_coupled(step, a, calls, result):
+    """verify_chain_coupled: each position's race run under the drafter's q (the guess) and the target's p (its
+    token); a guess is accepted while it is the target's winner, whose race the token after the last accepted came
+    from. q is not kept by the rule: each node shows p(x) and the target's winner."""
+    p, noise, drafts = a["p_target"], a["noise"], [int(x) for x in a["draft_tokens"]]
+    n, nxt = result
+    won = verify.race(p, noise=noise).argmax(-1).tolist()  # the target's winner at each position
+    step["nodes"] = [guess(i + 1, x, i + 1, p[i, x], float("nan"), draw=won[i], verdict=chain_verdict(i, n))
+                     for i, x in enumerate(drafts)]
+    step["path"] = list(range(1, n + 1))
+    step["law"] = law_of("race", p[n], nxt, drawn=won[n], row=n)
+
+
 def chain_token(step, a, calls, result):
     """verify_chain: guess i passes when its uniform is below accept_prob; the token after comes from the residual
     at the first rejection, or from p after the last guess (the bonus)."""
@@ -392,6 +406,7 @@ def tree_typical(step, a, calls, result):
 
 GREEDY = {  # verify_step's greedy shortcuts, by name -> (the trace's name for the rule, what it recorded)
     "verify_chain_greedy": ("greedy", chain_greedy),
+    "verify_chain_coupled": ("coupled", chain_coupled),  # sampling, but greedy's rule on the races' winners
     "verify_tree_greedy": ("greedy", tree_greedy),
 }
 RULES = {  # (a rule of options.VERIFY_RULES, the guesses it judged) -> (the trace's name for it, what it recorded)
@@ -523,7 +538,8 @@ class Trace:
             elif kind == "tree":
                 self.step.update(kind="tree", tokens=[int(t) for t in a["tokens"]],
                                  parents=[int(v) for v in a["parents"]])
-            guessed = None if a["sampling"].greedy else "fixed" if a["q_draft"] is None else "drawn"  # greedy: every
+            guessed = (None if a["sampling"].greedy else "coupled" if a.get("noise") is not None  # greedy: every
+                       else "fixed" if a["q_draft"] is None else "drawn")
             self.step.update(guessed=guessed, verify=a["rule"])  # rule follows the argmax, however they were made
             return step_function(*args, **kwargs)
         return wrapper
@@ -657,7 +673,7 @@ def verdict_problems(s):
                 problems.append(f"{node}: accept {a:.6g} is not min(1, p/q) = min(1, {p:.6g}/{q:.6g})")
             if (g["u"] < a) != (verdict == "accepted"):
                 problems.append(f"{node}: u = {g['u']:.6g} against accept {a:.6g}, yet {verdict}")
-        elif rule in ("greedy", "descend"):
+        elif rule in ("greedy", "descend", "coupled"):
             if (g["x"] == g["draw"]) != (verdict == "accepted"):
                 problems.append(f"{node}: token {g['x']} against the target's {g['draw']}, yet {verdict}")
         elif rule == "block" and g["u"] is not None:
