@@ -169,6 +169,6 @@ def test_the_header_gives_c_for_each_path_that_drafted():
     text = drafter_costs_text({"speculative": 0.41, "eagle": None, "parallelspec": 0.3, "early-exit": None,
                                "mtp": None}, {"speculative": 0.38, "eagle": 0.52})
     assert text == ("speculative 0.41 (eager 0.38), eagle no pass (eager 0.52), parallelspec 0.30; mtp: the "
-                    "target's own heads (their seconds are drafting, with no drafter pass); early-exit: made no "
-                    "drafter pass")
+                    "target's own heads (run in its verify forward, their seconds the forward's; run alone, drafting "
+                    "with no drafter pass); early-exit: made no drafter pass")
     assert drafter_costs_text({}, {}) == "no method with a trained drafter ran"

@@ -336,8 +336,8 @@ def drafter_costs_text(c, eager):
     heads = [name for name, cost in c.items() if cost is None and "heads" in parts_for([name])]
     idle = [name for name, cost in c.items() if cost is None and not eager.get(name) and name not in heads]
     costs = [measured] if measured else []
-    costs += [f"{', '.join(heads)}: the target's own heads (their seconds are drafting, with no drafter pass)"] \
-        if heads else []
+    costs += [f"{', '.join(heads)}: the target's own heads (run in its verify forward, their seconds the forward's; "
+              "run alone, drafting with no drafter pass)"] if heads else []
     costs += [f"{', '.join(idle)}: made no drafter pass"] if idle else []
     return "; ".join(costs) or "no method with a trained drafter ran"
 
