@@ -145,7 +145,8 @@ def test_timed_files_each_call_as_drafting_or_a_target_forward(runtime, temperat
     adapter and the borrowed unembedding after each guess (no pass: they finish it); the verify over
     layers E..L is a target forward (a step with no guess is one forward through every layer). Speculative: every
     call of the draft GPT is a pass. mtp: its heads, run alone on the target's state after the prompt, draft (no
-    pass: they are the target's own); in a verify forward (heads=k) they are the forward's time. ar: no drafting at all. The EAGLE head reads the target's modules inside its own call,
+    pass: they are the target's own); in a verify forward (heads=k) they are the forward's time. ar: no drafting at
+    all. The EAGLE head reads the target's modules inside its own call,
     which is its own time, not a second entry. The spies on the real modules see every call on the eager path
     only: the static path replays its captured forwards (a CUDA graph, or its emulation on a CPU) without
     calling the module, so there the ledger is checked against the method's own counts alone."""

@@ -454,8 +454,9 @@ def split_section(m):
             "call of a drafter, timed by wrapping the models: the draft GPT, the EAGLE head, the ParallelSpec "
             "drafter, early-exit's passes through the target's first layers and its exit head, the MTP heads "
             "when mtp and medusa run them alone), the target's forwards (prefill and verify; with the MTP heads "
-            "they ran, `heads=n`) and the rest, the host's work between them (building trees, the verify rules, Python). On a GPU the calls are timed "
-            "by CUDA events, so a forward that waits for the host to launch its kernels counts that wait.", ""]
+            "they ran, `heads=n`) and the rest, the host's work between them (building trees, the verify rules, "
+            "Python). On a GPU the calls are timed by CUDA events, so a forward that waits for the host to launch its "
+            "kernels counts that wait.", ""]
 
 
 def chosen(steps, most=6):

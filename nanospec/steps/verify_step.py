@@ -15,7 +15,8 @@ of nanospec/rules/verify.py that judges a chain, a tree of DRAWN guesses (agains
 tree of guesses not drawn (n-gram copies, top-k, Jacobi iterates: point masses, q = one_hot). Greedy, every rule
 is "accept while the guess is the argmax" (verify_chain_greedy, verify_tree_greedy: no law built), as it is, when
 sampling, for a chain drawn with the target's own race noise (--draft-sampling coupled: verify_chain_coupled), and a
-step with no guesses draws the target's own token, as `ar` does. Both steps take the sampling settings and the generator that
+step with no guesses draws the target's own token, as `ar` does. Both steps take the sampling settings and the
+generator that
 judge, nothing else of the run (a batch's rows share them).
 """
 import torch
