@@ -180,7 +180,7 @@ class GPT(nn.Module):
         first, (B, 1+n, T, V) (forward's `heads`)."""
         if not len(self.heads):
             raise ValueError("this model has no MTP heads (n_future = 0)")
-        states = [hidden] * main + [head(hidden) for head in list(self.heads)[:n]]
+        states = ([hidden] if main else []) + [head(hidden) for head in list(self.heads)[:n]]
         return self.unembed(torch.stack(states, dim=1))  # (B, n, T, C) -> one final norm and unembedding for all
 
     def new_cache(self, batch_size=1, max_len=None):

@@ -63,27 +63,29 @@ class Option(NamedTuple):
     choices: tuple = None
 
 
-# How a drafter with a distribution picks its guesses when sampling: draw them from q_draft, or take its top-k.
+# How a drafter with a distribution picks its guesses when sampling: draw them from q_draft, or take its top-k; a
+# chain drafter that guesses every position at once (mtp's heads) may also run its q in the target's own race.
 DRAFT_SAMPLING = ("topk", "sample")
-DRAFT_SAMPLING_OPTION = {
-    "draft_sampling": Option(str, "sample", "how the drafter guesses when sampling (temperature > 0): sample = "
-                                            "draw each guess from the drafter's own warped q (a tree's siblings "
-                                            "without replacement) and verify with rejection sampling against that "
-                                            "q; topk = its most likely tokens, verified as point masses. Greedy "
-                                            "always uses topk", choices=DRAFT_SAMPLING),
-}
-# A chain drafter that guesses every position at once (mtp's heads) may also draw in the target's own race: the
-# guess at each position is q's winner in the race whose winner under p is the target's token there.
-COUPLED_DRAFT_SAMPLING_OPTION = {
-    "draft_sampling": Option(str, "coupled", "how the drafter guesses when sampling (temperature > 0): coupled = "
-                                             "each guess is the winner under the drafter's q of the race the "
-                                             "target's token at that position wins under p (one random draw per "
-                                             "position for both), accepted while the two are the same token: no "
-                                             "rejection sampling, the same law (verify_chain_coupled; --verify "
-                                             "does not apply); sample = draw from q, rejection sampling against "
-                                             "it (--verify); topk = its most likely tokens, as point masses. "
-                                             "Greedy always uses topk", choices=DRAFT_SAMPLING + ("coupled",)),
-}
+DRAFT_SAMPLING_MEANINGS = {
+    "coupled": "each guess is the winner under the drafter's q of the race the target's token at that position wins "
+               "under p (one random draw per position for both), accepted while the two are the same token: the "
+               "same law without rejection sampling (verify_chain_coupled; --verify does not apply)",
+    "sample": "draw each guess from the drafter's own warped q (a tree's siblings without replacement) and verify "
+              "with rejection sampling against that q (--verify)",
+    "topk": "its most likely tokens, verified as point masses"}
+
+
+def draft_sampling_option(coupled=False):
+    """The --draft-sampling option: sample (the default) or topk; with `coupled`, coupled too, and the default."""
+    modes = (("coupled",) if coupled else ()) + ("sample", "topk")
+    meanings = "; ".join(f"{mode} = {DRAFT_SAMPLING_MEANINGS[mode]}" for mode in modes)
+    return {"draft_sampling": Option(str, modes[0], f"how the drafter guesses when sampling (temperature > 0): "
+                                                    f"{meanings}. Greedy always uses topk",
+                                     choices=DRAFT_SAMPLING + (("coupled",) if coupled else ()))}
+
+
+DRAFT_SAMPLING_OPTION = draft_sampling_option()
+COUPLED_DRAFT_SAMPLING_OPTION = draft_sampling_option(coupled=True)
 
 
 # The verification rules, by the name every method's --verify option takes: the one table of them, which
