@@ -61,6 +61,7 @@ CASES = [(m, s, {}) for m in METHODS for s in ("greedy", "t=1", "t=0.7 top-p 0.9
     ("medusa", "t=0.1", {"verify": "typical"}),
     ("medusa", "t=1", {"verify": "typical"}),
     ("mtp", "t=0.1", {"draft_sampling": "topk"}), ("mtp", "t=0.1", {"draft_sampling": "sample"}),
+    ("mtp", "t=1", {"draft_sampling": "sample"}),
     ("medusa", "t=0.1", {"draft_sampling": "topk"}),
     ("eagle", "t=0.1", {"draft_sampling": "topk"}), ("eagle", "t=0.1", {"tree": "dynamic", "draft_sampling": "topk"}),
     ("eagle", "t=1", {"tree": "dynamic"}), ("parallelspec", "t=1", {"draft_sampling": "topk"}),
@@ -312,12 +313,12 @@ def chromium():
 
 class Page(HTMLParser):
     """What the test reads of the dumped DOM: the body's attributes, the text of each output group, the strip's
-    bars, the step detail's heading."""
+    bars, the step detail's heading and its whole text."""
 
     def __init__(self, dom):
         super().__init__()
         self.body, self.groups, self.bars, self.heading, self.problems_hidden = {}, [], 0, "", None
-        self.summary = ""
+        self.summary, self.detail = "", ""
         self.open = []  # the stack of open elements: (tag, where its text goes)
         self.feed(dom)
 
@@ -354,6 +355,8 @@ class Page(HTMLParser):
             self.heading += data
         if "summary" in places:
             self.summary += data
+        if "detail" in places:
+            self.detail += data
 
 
 @pytest.mark.parametrize("case", [("speculative", "t=1", {}),
@@ -391,6 +394,22 @@ def test_the_page_says_when_no_draft_pays(chromium, models, runs, tmp_path):
         trace.write(str(path), doc)
         dom, console = browser.dump_dom(path)
         assert console == [] and ("no draft pays on this machine" in Page(dom).summary) == says
+
+
+def test_the_page_names_coupled_guesses_and_their_rule(chromium, runs, tmp_path):
+    """mtp's default chain at t=1 is drawn in the target's own races: its step says so and gives the coupled rule,
+    where a chain drawn from q (--draft-sampling sample) reads as drawn, judged by Leviathan's rule."""
+    for options, says, not_says in (({}, ("coupled: each the drafter's winner", "Coupled: each position holds one race"),
+                                      "fixed (point masses"),
+                                     ({"draft_sampling": "sample"}, ("drawn from the drafter's q", "Leviathan's rule"),
+                                      "Coupled:")):
+        _, (_, _, doc) = runs[case_id(("mtp", "t=1", options))]
+        shown = next(i for i, st in enumerate(doc["steps"]) if st.get("rule") in ("coupled", "token"))
+        path = tmp_path / "run.html"
+        trace.write(str(path), doc)
+        dom, console = browser.dump_dom(f"{path}#step={shown + 1}")
+        detail = Page(dom).detail
+        assert console == [] and all(text in detail for text in says) and not_says not in detail, options
 
 
 def test_the_browser_test_sees_a_broken_page(chromium, runs, tmp_path):
